@@ -1,0 +1,80 @@
+"""The one protocol every executor implements (local processes, Kubernetes, Slurm).
+
+The reconciler drives executors only through this protocol. An executor knows nothing about
+the database: it gets a LaunchRequest, returns a handle (plain JSON-able data that the control
+plane stores with the attempt), and answers polls. After a control-plane restart the reconciler
+hands the stored handle back to `reattach` to find the workload again.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from tensoryard.spec.job import JobSpec
+
+__all__ = ["AttemptPhase", "AttemptStatus", "Executor", "LaunchRequest"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything needed to start one attempt of a job."""
+
+    job_id: str
+    attempt: int  # 1-based
+    spec: JobSpec
+    run_dir: Path  # per-job directory; the executor writes attempt logs under it
+    env: dict[str, str] = field(default_factory=dict)  # TYARD_* contract vars, merged over spec.env
+    placement: dict[str, list[int]] = field(default_factory=dict)  # node -> GPU indices
+
+
+class AttemptPhase(enum.StrEnum):
+    STARTING = "starting"  # launched, workers not yet confirmed running
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # stopped on our request
+    LOST = "lost"  # the workload cannot be found any more (reattach failed, node gone)
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    phase: AttemptPhase
+    exit_code: int | None = None
+    reason: str = ""  # human-readable: "rank 1 exited with code 137 (killed by SIGKILL)"
+    failed_ranks: tuple[int, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.phase not in (AttemptPhase.STARTING, AttemptPhase.RUNNING)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Starts, watches and stops attempts. Handles are JSON-able dicts."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the attempt; return a handle to store. Raise ExecutorError on failure."""
+        ...
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        """Current status of the attempt behind `handle`. Never blocks for long."""
+        ...
+
+    def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
+        """Ask the workload to stop (SIGTERM-like), force it after `grace_s`. Idempotent;
+        returns at once, the escalation happens in the background or on later polls."""
+        ...
+
+    def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
+        """After a control-plane restart: find the workload again and report its status
+        (LOST when it cannot be found and left no exit record)."""
+        ...
+
+    def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
+        """Rank -> log file, for `tyard logs`."""
+        ...

@@ -1,0 +1,131 @@
+"""Shared pieces of the spec language: strict base model, quantities, error translation."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tensoryard.errors import FieldIssue, SpecError
+
+__all__ = [
+    "StrictModel",
+    "load_yaml_text",
+    "parse_duration_s",
+    "parse_memory_bytes",
+    "spec_error_from_validation",
+]
+
+
+class StrictModel(BaseModel):
+    """Base of every spec: unknown fields are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+_MEM_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]i?)?[bB]?\s*$")
+
+
+def parse_memory_bytes(value: Any) -> int:
+    """'16Gi' -> 17179869184; ints are bytes. Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a size like '16Gi', not a boolean")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("memory must not be negative")
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError("memory must be a size like '16Gi' or a number of bytes")
+    match = _MEM_RE.match(value)
+    if not match:
+        raise ValueError(f"cannot read memory size {value!r}; write it like '512Mi' or '16Gi'")
+    number, unit = match.groups()
+    return int(float(number) * _MEM_UNITS[(unit or "").lower()])
+
+
+_DUR_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DUR_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration_s(value: Any) -> float:
+    """'1h30m' -> 5400.0; numbers are seconds. Raises ValueError naming the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be like '30m', not a boolean")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration must not be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("a duration must be like '90s', '30m', '2h' or a number of seconds")
+    text = value.strip().replace(" ", "")
+    parts = _DUR_RE.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"cannot read duration {value!r}; write it like '90s', '30m' or '1h30m'")
+    return float(sum(float(n) * _DUR_UNITS[u] for n, u in parts))
+
+
+def load_yaml_text(text: str, *, source: str = "") -> Any:
+    """Parse YAML, turning syntax errors into a SpecError that points at the line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(
+            [FieldIssue("", f"malformed YAML at {where}: {problem}", "fix the YAML syntax")],
+            source=source,
+        ) from exc
+
+
+_FIX_BY_TYPE = {
+    "extra_forbidden": "remove this field or check its spelling",
+    "missing": "add this field",
+    "int_type": "give a whole number",
+    "int_parsing": "give a whole number",
+    "float_parsing": "give a number",
+    "bool_parsing": "give true or false",
+    "string_type": "give a string",
+    "list_type": "give a list",
+    "dict_type": "give a mapping of keys to values",
+    "model_type": "give a mapping of fields",
+    "greater_than_equal": "use a larger value",
+    "greater_than": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "less_than": "use a smaller value",
+    "literal_error": "use one of the allowed values",
+    "enum": "use one of the allowed values",
+    "string_too_short": "give a non-empty value",
+    "string_pattern_mismatch": "use lowercase letters, digits and '-' (start with a letter)",
+    "too_short": "give at least one item",
+}
+
+
+def spec_error_from_validation(exc: ValidationError, *, source: str = "") -> SpecError:
+    """Translate pydantic's errors into FieldIssues with dotted paths and a fix each."""
+    issues: list[FieldIssue] = []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in err.get("loc", ()))
+        kind = str(err.get("type", ""))
+        message = str(err.get("msg", "invalid value"))
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        fix = _FIX_BY_TYPE.get(kind, "")
+        if kind == "value_error" and "(fix:" in message:
+            message, _, rest = message.partition(" (fix: ")
+            fix = rest.rstrip(")")
+        issues.append(FieldIssue(path, message, fix))
+    return SpecError(issues, source=source)

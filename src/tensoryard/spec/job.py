@@ -1,0 +1,193 @@
+"""JobSpec: what a researcher submits. Validated once at the edge (CLI, API)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+
+from tensoryard.errors import FieldIssue, SpecError
+from tensoryard.spec._common import (
+    StrictModel,
+    load_yaml_text,
+    parse_duration_s,
+    parse_memory_bytes,
+    spec_error_from_validation,
+)
+
+__all__ = [
+    "CheckpointSpec",
+    "JobSpec",
+    "ResourcesSpec",
+    "RestartPolicy",
+    "SchedulingSpec",
+    "load_job_spec",
+    "parse_job_spec",
+]
+
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+
+# Sanity ceilings: beyond these a value is a typo, not a request.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 16
+MAX_PROCS_PER_NODE = 256
+MAX_CPU = 1024
+MAX_MEMORY = 64 * 1024**4  # 64 TiB
+
+Bytes = Annotated[int, BeforeValidator(parse_memory_bytes)]
+Seconds = Annotated[float, BeforeValidator(parse_duration_s)]
+
+
+class ResourcesSpec(StrictModel):
+    """What one job needs: a gang of `nodes` identical workers."""
+
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of nodes (all or nothing).")
+    gpus_per_node: int = Field(
+        0, ge=0, le=MAX_GPUS_PER_NODE, description="GPUs on each node; 0 runs on the CPU."
+    )
+    processes_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PROCS_PER_NODE,
+        description="Worker processes per node; defaults to gpus_per_node (or 1 on the CPU).",
+    )
+    cpu: float = Field(1.0, gt=0, le=MAX_CPU, description="CPU cores per node.")
+    memory: Bytes = Field(
+        2 * 1024**3, ge=1, le=MAX_MEMORY, description="Memory per node, like '16Gi'."
+    )
+
+    @model_validator(mode="after")
+    def _procs_match_gpus(self) -> ResourcesSpec:
+        if self.processes_per_node is None:
+            self.processes_per_node = self.gpus_per_node or 1
+        if self.gpus_per_node and self.processes_per_node not in (1, self.gpus_per_node):
+            raise ValueError(
+                f"processes_per_node={self.processes_per_node} with gpus_per_node="
+                f"{self.gpus_per_node} (fix: use one process per GPU, i.e. "
+                f"processes_per_node: {self.gpus_per_node}, or 1 for a single controller)"
+            )
+        return self
+
+    @property
+    def procs(self) -> int:
+        """Processes per node, with the default applied."""
+        return self.processes_per_node or (self.gpus_per_node or 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class CheckpointSpec(StrictModel):
+    """Where the job keeps checkpoints and how often the runtime writes one."""
+
+    dir: str | None = Field(
+        None, description="Checkpoint directory; defaults to the job's run directory."
+    )
+    interval: int = Field(50, ge=1, le=10_000_000, description="Write a checkpoint every N steps.")
+    keep: int = Field(3, ge=1, le=1000, description="Keep the last K checkpoints.")
+
+
+class RestartPolicy(StrictModel):
+    """How failures are retried: restart from the latest checkpoint up to max_restarts times."""
+
+    max_restarts: int = Field(3, ge=0, le=1000)
+    backoff: Seconds = Field(2.0, ge=0, le=3600, description="Wait before a restart, like '10s'.")
+
+
+class SchedulingSpec(StrictModel):
+    """Hints for the scheduler."""
+
+    gpu_model: str | None = Field(None, description="Required GPU model, like 'H100'.")
+    topology: Literal["none", "preferred", "required"] = Field(
+        "preferred", description="Keep a multi-node gang under one leaf switch."
+    )
+    preemptible: bool = Field(True, description="May be preempted (after a checkpoint grace).")
+
+
+class JobSpec(StrictModel):
+    """A training job: a gang of processes running `command` under a launcher."""
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="Job name (lowercase, digits, '-').")
+    team: str = Field("default", pattern=NAME_PATTERN, description="Team whose queue runs it.")
+    user: str = Field("anonymous", min_length=1, max_length=128)
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first.")
+    resources: ResourcesSpec = Field(default_factory=lambda: ResourcesSpec())
+    launcher: Literal["torchrun", "python"] = Field("torchrun")
+    command: list[str] = Field(..., min_length=1, description="Script and arguments.")
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(None, description="Working directory; defaults to the spec's.")
+    image: str | None = Field(None, description="Container image (cluster executors only).")
+    checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec())
+    restart: RestartPolicy = Field(default_factory=lambda: RestartPolicy())
+    max_runtime: Seconds | None = Field(None, gt=0, description="Stop after this long, like '2h'.")
+    scheduling: SchedulingSpec = Field(default_factory=lambda: SchedulingSpec())
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return shlex.split(value)
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty_command(cls, value: list[str]) -> list[str]:
+        if not value or not value[0].strip():
+            raise ValueError("command is empty (fix: give the script to run, like ['train.py'])")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _launcher_fits_resources(self) -> JobSpec:
+        if self.launcher == "python" and self.resources.world_size > 1:
+            raise ValueError(
+                "launcher 'python' runs a single process but resources ask for "
+                f"{self.resources.world_size} (fix: use launcher: torchrun, or one node and "
+                "processes_per_node: 1)"
+            )
+        return self
+
+
+def parse_job_spec(data: Any, *, source: str = "") -> JobSpec:
+    """Validate a mapping into a JobSpec, or raise SpecError naming every bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            [FieldIssue("", "a job spec must be a mapping of fields", "start with 'name: ...'")],
+            source=source,
+        )
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, source=source) from exc
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read a YAML file into a JobSpec; `workdir` defaults to the file's directory."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(
+            [FieldIssue("", f"cannot read {file}: {exc.strerror}", "check the path")],
+            source=str(file),
+        ) from exc
+    data = load_yaml_text(text, source=str(file))
+    spec = parse_job_spec(data, source=str(file))
+    if spec.workdir is None:
+        spec.workdir = str(file.resolve().parent)
+    elif not Path(spec.workdir).is_absolute():
+        spec.workdir = str((file.resolve().parent / spec.workdir).resolve())
+    return spec
