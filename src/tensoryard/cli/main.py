@@ -16,7 +16,12 @@ app = typer.Typer(
 )
 
 # Modules that add commands to `app` through register(app).
-_COMMAND_MODULES = ("tensoryard.cli.sim", "tensoryard.cli.data")
+_COMMAND_MODULES = (
+    "tensoryard.cli.jobs",
+    "tensoryard.cli.demo",
+    "tensoryard.cli.sim",
+    "tensoryard.cli.data",
+)
 
 
 def _register_all() -> None:
@@ -33,3 +38,7 @@ def _register_all() -> None:
 def main() -> None:
     _register_all()
     app()
+
+
+if __name__ == "__main__":
+    main()

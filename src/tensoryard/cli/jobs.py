@@ -1,0 +1,293 @@
+"""`tyard server|submit|jobs|describe|logs|cancel|teams`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tensoryard.cli._common import (
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    ago,
+    client_for,
+    console,
+    print_json,
+    user_errors,
+)
+from tensoryard.spec.job import load_job_spec
+from tensoryard.spec.states import TERMINAL_STATES, JobState
+
+__all__ = ["register", "wait_for_job"]
+
+STATE_STYLE = {
+    "PENDING": "yellow",
+    "ADMITTED": "cyan",
+    "STARTING": "cyan",
+    "RUNNING": "green",
+    "RESTARTING": "magenta",
+    "SUCCEEDED": "bold green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
+}
+
+
+def _state(value: str) -> str:
+    return f"[{STATE_STYLE.get(value, 'white')}]{value}[/]"
+
+
+def server(
+    home: Annotated[
+        Path | None, typer.Option(help="State directory (default $TYARD_HOME or ~/.tyard).")
+    ] = None,
+    db_url: Annotated[
+        str | None,
+        typer.Option(
+            "--db-url", envvar="TYARD_DB_URL", help="SQLAlchemy URL; default SQLite in home."
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
+    cpu_slots: Annotated[
+        float | None, typer.Option(help="CPU cores jobs may use (default: all usable).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run the control plane here: REST API, scheduler loop, local executor."""
+    from tensoryard.server.config import ServerConfig, default_home
+    from tensoryard.server.main import run_server
+
+    config = ServerConfig(
+        home=home or default_home(), db_url=db_url, host=host, port=port, cpu_slots=cpu_slots
+    )
+    with user_errors():
+        console.print(
+            f"tensoryard control plane on http://{host}:{port} (state in {config.home}; "
+            f"admin token in {config.token_path})",
+            highlight=False,
+        )
+        run_server(config, log_level=log_level)
+
+
+def submit(
+    file: Annotated[Path, typer.Argument(help="JobSpec YAML file.", show_default=False)],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+    wait: Annotated[bool, typer.Option(help="Wait until the job ends.")] = False,
+) -> None:
+    """Validate a job spec and submit it."""
+    with user_errors():
+        spec = load_job_spec(file)
+        with client_for(server, token) as client:
+            job = client.submit(spec.model_dump(mode="json"))
+            if not wait:
+                if json_out:
+                    print_json(job)
+                else:
+                    console.print(f"submitted job [bold]{job['id']}[/] ({job['name']})")
+                return
+            final = wait_for_job(client, int(job["id"]))
+            if json_out:
+                print_json(final)
+            else:
+                console.print(
+                    f"job {final['id']} ended: {_state(final['state'])} {final['reason']}"
+                )
+            if final["state"] != JobState.SUCCEEDED:
+                raise typer.Exit(1)
+
+
+def wait_for_job(client: Any, job_id: int, poll_s: float = 1.0) -> dict[str, Any]:
+    """Block with a spinner until the job reaches a terminal state."""
+    with console.status(f"waiting for job {job_id}") as status:
+        while True:
+            job: dict[str, Any] = client.job(job_id)
+            status.update(f"job {job_id}: {job['state']} {job['reason']}")
+            if job["state"] in TERMINAL_STATES:
+                return job
+            time.sleep(poll_s)
+
+
+def jobs(
+    state: Annotated[
+        list[str] | None, typer.Option("--state", "-s", help="Filter by state (repeatable).")
+    ] = None,
+    team: Annotated[str | None, typer.Option(help="Filter by team.")] = None,
+    user: Annotated[str | None, typer.Option(help="Filter by user.")] = None,
+    limit: Annotated[int, typer.Option(help="Page size.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="Continue from a previous page.")] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List jobs, newest first."""
+    with user_errors(), client_for(server, token) as client:
+        page = client.jobs(state=state, team=team, user=user, limit=limit, cursor=cursor)
+    if json_out:
+        print_json(page)
+        return
+    table = Table(title=f"{page['total']} job(s)", title_justify="left")
+    for col in ("ID", "NAME", "TEAM", "USER", "STATE", "RESTARTS", "AGE", "REASON"):
+        table.add_column(col, overflow="fold")
+    for j in page["items"]:
+        reason = j["pending_reason"] if j["state"] == "PENDING" else j["reason"]
+        table.add_row(
+            str(j["id"]),
+            j["name"],
+            j["team"],
+            j["user"],
+            _state(j["state"]),
+            str(j["restarts"]),
+            ago(j["created_at"]),
+            reason,
+        )
+    console.print(table)
+    if page.get("next_cursor"):
+        console.print(f"more: tyard jobs --cursor {page['next_cursor']}")
+
+
+def describe(
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """State, attempts, events, pending reason and summary of one job."""
+    with user_errors(), client_for(server, token) as client:
+        job = client.job(job_id)
+        attempts = client.attempts(job_id)
+        events = client.events(job_id)
+        summary = client.summary(job_id)
+    if json_out:
+        print_json({**job, "attempts_detail": attempts, "events": events, "summary": summary})
+        return
+    res = job["spec"]["resources"]
+    console.print(
+        f"[bold]job {job['id']}[/] {job['name']}  {_state(job['state'])}  {job['reason']}"
+    )
+    console.print(
+        f"team {job['team']}, user {job['user']}, priority {job['priority']}; "
+        f"{res['nodes']} node(s) x {res['processes_per_node']} process(es), "
+        f"{res['gpus_per_node']} GPU/node; run dir {job['run_dir']}",
+        highlight=False,
+    )
+    if job["state"] == "PENDING":
+        eta = job["pending_eta"] or "unknown"
+        console.print(
+            f"[yellow]pending:[/] {job['pending_reason'] or '-'} (estimated start: {eta})"
+        )
+    if summary.get("steps"):
+        console.print(_summary_line(summary), highlight=False)
+    table = Table(title="attempts", title_justify="left")
+    for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
+        table.add_column(col, overflow="fold")
+    for a in attempts:
+        table.add_row(
+            str(a["number"]),
+            a["state"],
+            ago(a["started_at"]),
+            "" if a["exit_code"] is None else str(a["exit_code"]),
+            "" if a["resumed_from_step"] is None else f"step {a['resumed_from_step']}",
+            a["reason"],
+        )
+    console.print(table)
+    etable = Table(title="events", title_justify="left")
+    for col in ("TIME", "KIND", "MESSAGE"):
+        etable.add_column(col, overflow="fold")
+    for e in events[-30:]:
+        etable.add_row(e["ts"][11:19], e["kind"], e["message"])
+    console.print(etable)
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    parts = [f"steps {summary['steps']}"]
+    if summary["initial_loss"] is not None and summary["final_loss"] is not None:
+        parts.append(f"loss {summary['initial_loss']:.4f} -> {summary['final_loss']:.4f}")
+    parts.append(f"restarts {summary['restarts']}")
+    if summary["goodput"] is not None:
+        parts.append(f"goodput {summary['goodput']:.1%} ({summary['steps_lost']} step(s) redone)")
+    return ", ".join(parts)
+
+
+def logs(
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
+    rank: Annotated[int, typer.Option(help="Which rank's log.")] = 0,
+    attempt: Annotated[
+        int | None, typer.Option(help="Attempt number (default: latest).", show_default=False)
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Print (or follow) the log of one rank of a job."""
+    with user_errors(), client_for(server, token) as client:
+        if follow:
+            for chunk in client.follow_logs(job_id, rank=rank, attempt=attempt):
+                typer.echo(chunk, nl=False)
+        else:
+            text, _ = client.logs(job_id, rank=rank, attempt=attempt)
+            typer.echo(text, nl=False)
+
+
+def cancel(
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Cancel a job: SIGTERM (time to checkpoint), then SIGKILL after a grace period."""
+    with user_errors(), client_for(server, token) as client:
+        job = client.cancel(job_id)
+    if json_out:
+        print_json(job)
+    else:
+        console.print(f"cancel requested for job {job_id} ({job['state']})")
+
+
+teams_app = typer.Typer(help="Teams (queues) that jobs are submitted to.", no_args_is_help=True)
+
+
+@teams_app.command("list")
+def teams_list(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    """List teams."""
+    with user_errors(), client_for(server, token) as client:
+        teams = client.teams()
+    if json_out:
+        print_json(teams)
+        return
+    table = Table()
+    for col in ("TEAM", "GPU QUOTA", "DESCRIPTION"):
+        table.add_column(col)
+    for t in teams:
+        quota = "-" if t["gpu_quota"] is None else str(t["gpu_quota"])
+        table.add_row(t["name"], quota, t["description"])
+    console.print(table)
+
+
+@teams_app.command("create")
+def teams_create(
+    name: Annotated[str, typer.Argument(help="Team name.", show_default=False)],
+    gpu_quota: Annotated[int | None, typer.Option(help="Nominal GPU quota.")] = None,
+    description: Annotated[str, typer.Option(help="Free text.")] = "",
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create a team (idempotent)."""
+    with user_errors(), client_for(server, token) as client:
+        team = client.create_team(name, gpu_quota=gpu_quota, description=description)
+    console.print(f"team {team['name']} ready")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(server)
+    app.command()(submit)
+    app.command()(jobs)
+    app.command()(describe)
+    app.command()(logs)
+    app.command()(cancel)
+    app.add_typer(teams_app, name="teams")

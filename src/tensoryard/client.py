@@ -1,0 +1,195 @@
+"""Python SDK for the control plane's REST API. The CLI is built on it.
+
+from tensoryard.client import Client
+with Client.from_env() as c:
+    job = c.submit(load_job_spec("job.yaml").model_dump(mode="json"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tensoryard.errors import ClientError
+from tensoryard.server.config import DEFAULT_PORT, default_home
+
+__all__ = ["Client", "resolve_connection"]
+
+API = "/api/v1"
+
+
+def _config_file(home: Path) -> dict[str, Any]:
+    path = home / "config.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ClientError(0, f"cannot read {path}: {exc} (fix: correct or delete it)") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_connection(
+    server: str | None = None, token: str | None = None, home: Path | None = None
+) -> tuple[str, str | None]:
+    """Server URL and token: flag, then env (TYARD_SERVER, TYARD_TOKEN), then
+    `$TYARD_HOME/config.yaml`, then the local control plane's files in $TYARD_HOME."""
+    home = home or default_home()
+    conf = _config_file(home)
+    url = server or os.environ.get("TYARD_SERVER") or conf.get("server")
+    if not url:
+        try:
+            url = json.loads((home / "server.json").read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            url = f"http://127.0.0.1:{DEFAULT_PORT}"
+    tok = token or os.environ.get("TYARD_TOKEN") or conf.get("token")
+    if not tok:
+        try:
+            tok = (home / "admin.token").read_text().strip() or None
+        except OSError:
+            tok = None
+    return str(url).rstrip("/"), tok
+
+
+class Client:
+    """A thin, typed-enough wrapper over the v1 API; errors become ClientError."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url
+        self._http = httpx.Client(
+            base_url=url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    @classmethod
+    def from_env(cls, server: str | None = None, token: str | None = None) -> Client:
+        return cls(*resolve_connection(server, token))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- plumbing -----------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ClientError(
+                0,
+                f"cannot reach the control plane at {self.url}: {exc} "
+                "(fix: start it with `tyard server`, or pass --server / set TYARD_SERVER)",
+            ) from exc
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    # ---- API ----------------------------------------------------------------------------------
+
+    def healthz(self) -> dict[str, Any]:
+        return dict(self._json("GET", "/healthz"))
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._json("POST", f"{API}/jobs", json={"spec": spec}))
+
+    def jobs(
+        self,
+        *,
+        state: list[str] | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        for key, value in (("state", state), ("team", team), ("user", user), ("cursor", cursor)):
+            if value:
+                params[key] = value
+        return dict(self._json("GET", f"{API}/jobs", params=params))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/jobs/{job_id}"))
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return dict(self._json("POST", f"{API}/jobs/{job_id}/cancel"))
+
+    def attempts(self, job_id: int) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/jobs/{job_id}/attempts"))
+
+    def events(self, job_id: int, after: int = 0) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/jobs/{job_id}/events", params={"after": after}))
+
+    def metrics(self, job_id: int, *, after_step: int | None = None) -> list[dict[str, Any]]:
+        params = {"after_step": after_step} if after_step is not None else {}
+        return list(self._json("GET", f"{API}/jobs/{job_id}/metrics", params=params))
+
+    def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/jobs/{job_id}/checkpoints"))
+
+    def summary(self, job_id: int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/jobs/{job_id}/summary"))
+
+    def logs(
+        self, job_id: int, *, rank: int = 0, attempt: int | None = None, offset: int = 0
+    ) -> tuple[str, int]:
+        params: dict[str, Any] = {"rank": rank, "offset": offset}
+        if attempt:
+            params["attempt"] = attempt
+        response = self._request("GET", f"{API}/jobs/{job_id}/logs", params=params)
+        return response.text, int(response.headers.get("X-Next-Offset", offset))
+
+    def follow_logs(
+        self, job_id: int, *, rank: int = 0, attempt: int | None = None
+    ) -> Iterator[str]:
+        params: dict[str, Any] = {"rank": rank, "follow": True}
+        if attempt:
+            params["attempt"] = attempt
+        try:
+            with self._http.stream(
+                "GET", f"{API}/jobs/{job_id}/logs", params=params, timeout=None
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error_of(response)
+                yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise ClientError(0, f"log stream from {self.url} broke: {exc}") from exc
+
+    def teams(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/teams"))
+
+    def create_team(
+        self, name: str, *, gpu_quota: int | None = None, description: str = ""
+    ) -> dict[str, Any]:
+        body = {"name": name, "gpu_quota": gpu_quota, "description": description}
+        return dict(self._json("POST", f"{API}/teams", json=body))
+
+
+def _error_of(response: httpx.Response) -> ClientError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"message": response.text}
+    message = body.get("message") or str(body.get("detail") or response.reason_phrase)
+    return ClientError(response.status_code, message, body.get("detail"))

@@ -1,0 +1,62 @@
+"""Control-plane configuration: where state lives and how the loops pace themselves."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DEFAULT_PORT", "ServerConfig", "default_home"]
+
+DEFAULT_PORT = 8642
+
+
+def default_home() -> Path:
+    """`$TYARD_HOME`, else `~/.tyard`: the database, admin token and job run dirs live here."""
+    return Path(os.environ.get("TYARD_HOME") or Path.home() / ".tyard").expanduser()
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    """Settings of one control plane. Every field has a production default."""
+
+    home: Path = field(default_factory=default_home)
+    """State directory: SQLite database, admin token (0600), runs/."""
+
+    db_url: str | None = None
+    """SQLAlchemy URL; None means SQLite at `home/tensoryard.db`. PostgreSQL:
+    `postgresql+psycopg://user@host:5432/db`."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+
+    public_url: str | None = None
+    """URL that jobs use to report back; defaults to http://host:port."""
+
+    loop_interval_s: float = 0.5
+    """Pause between two control-loop cycles (schedule, launch, reconcile)."""
+
+    cancel_grace_s: float = 10.0
+    """Time a cancelled or preempted job gets between SIGTERM and SIGKILL (to checkpoint)."""
+
+    cpu_slots: float | None = None
+    """CPU cores the local executor may hand out; None means every usable core of this machine."""
+
+    heartbeat_timeout_s: float = 120.0
+    """A running attempt silent for this long gets a warning event."""
+
+    @property
+    def token_path(self) -> Path:
+        return self.home / "admin.token"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.home / 'tensoryard.db'}"
+
+    @property
+    def report_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"

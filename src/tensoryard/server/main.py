@@ -1,0 +1,146 @@
+"""Assemble and run one control plane: store, executor, scheduler loop, REST API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from tensoryard.errors import ConfigError
+from tensoryard.executors.base import Executor
+from tensoryard.server.app import create_app
+from tensoryard.server.auth import ensure_admin_token
+from tensoryard.server.config import ServerConfig
+from tensoryard.server.controller import Controller
+from tensoryard.server.scheduling import FifoCapacityPolicy, NodeCapacity
+from tensoryard.store import Store
+
+__all__ = ["ControlPlane", "build_control_plane", "run_server"]
+
+log = logging.getLogger("tensoryard.server")
+
+
+@dataclass
+class ControlPlane:
+    config: ServerConfig
+    store: Store
+    executor: Executor
+    controller: Controller
+    admin_token: str
+
+    def app(self):  # type: ignore[no-untyped-def]
+        return create_app(
+            store=self.store,
+            executor=self.executor,
+            admin_token=self.admin_token,
+            runs_dir=self.config.runs_dir,
+            kick=self.controller.kick,
+        )
+
+
+def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
+    from tensoryard.agent.inventory import collect_inventory
+
+    inv = collect_inventory()
+    cpu = config.cpu_slots if config.cpu_slots is not None else float(inv.cpu_slots)
+    model = inv.gpus[0].model if inv.gpus else None
+    return (
+        NodeCapacity(
+            name=inv.hostname,
+            cpu_slots=cpu,
+            memory_bytes=inv.memory_bytes,
+            gpu_indices=tuple(g.index for g in inv.gpus),
+            gpu_model=model,
+        ),
+    )
+
+
+def build_control_plane(config: ServerConfig) -> ControlPlane:
+    """Open the store (migrating it), make the admin token, build executor and controller."""
+    from tensoryard.executors.local import LocalExecutor
+
+    config.home.mkdir(parents=True, exist_ok=True)
+    config.runs_dir.mkdir(parents=True, exist_ok=True)
+    store = Store.open(config.database_url)
+    store.ensure_team("default", description="created on first start")
+    token = ensure_admin_token(config.token_path)
+    executor = LocalExecutor()
+    nodes = _local_capacity(config)
+    controller = Controller(
+        store=store,
+        executor=executor,
+        policy=FifoCapacityPolicy(),
+        capacity=lambda: nodes,
+        config=config,
+    )
+    return ControlPlane(config, store, executor, controller, token)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror} "
+                "(fix: stop the other server or pass --port)"
+            ) from exc
+
+
+@contextmanager
+def _server_file(config: ServerConfig) -> Iterator[None]:
+    """`home/server.json` tells the CLI where this control plane listens."""
+    path = config.home / "server.json"
+    info = {"url": f"http://{config.host}:{config.port}", "pid": os.getpid()}
+    path.write_text(json.dumps(info) + "\n", encoding="utf-8")
+    try:
+        yield
+    finally:
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def _setup_logging(home: Path, level: str) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger("tensoryard")
+    root.setLevel(level.upper())
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(home / "server.log")):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
+    """Run until interrupted: recover running jobs, start the loop, serve the API."""
+    _check_port_free(config.host, config.port)
+    plane = build_control_plane(config)
+    _setup_logging(config.home, log_level)
+    log.info("database %s; state in %s", plane.store.url, config.home)
+    plane.controller.recover()
+    plane.controller.start()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            plane.app(),
+            host=config.host,
+            port=config.port,
+            log_level="warning" if log_level == "info" else log_level,
+            access_log=False,
+        )
+    )
+    try:
+        with _server_file(config):
+            server.run()
+    finally:
+        plane.controller.stop()
+        plane.store.close()
