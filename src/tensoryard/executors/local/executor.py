@@ -1,0 +1,329 @@
+"""LocalExecutor: runs each attempt as its own process tree on this machine.
+
+    control plane ──Popen(new session)──> shim ──(new session)──> torchrun ──> rank.py ──> script
+                                                                  (or python script directly)
+
+The control plane and the job talk only through files in ``run_dir/attempt-N/`` (see
+``layout``), so the control plane can be killed and restarted at any time: the shim keeps
+supervising, and ``reattach`` finds it again by (pid, create time) from the stored handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import tensoryard
+from tensoryard.errors import ExecutorError
+from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
+from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
+from tensoryard.executors.local.outcome import ExitRecord, attempt_status
+from tensoryard.executors.local.plan import build_plan, python_path_with
+from tensoryard.executors.local.procs import create_time, is_alive, kill_all, marked_processes
+
+__all__ = ["LocalExecutor", "LocalHandle"]
+
+_SRC_ROOT = Path(tensoryard.__file__).resolve().parent.parent
+_HANDLE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LocalHandle:
+    """What the control plane stores for a local attempt (as a JSON-able dict)."""
+
+    job_id: str
+    attempt: int
+    attempt_dir: str
+    launcher: str
+    world_size: int
+    shim_pid: int
+    shim_create_time: float
+    attempt_key: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"executor": "local", "version": _HANDLE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LocalHandle:
+        if data.get("executor") != "local":
+            raise ExecutorError(f"handle belongs to executor {data.get('executor')!r}, not 'local'")
+        try:
+            return cls(
+                job_id=str(data["job_id"]),
+                attempt=int(data["attempt"]),
+                attempt_dir=str(data["attempt_dir"]),
+                launcher=str(data["launcher"]),
+                world_size=int(data["world_size"]),
+                shim_pid=int(data["shim_pid"]),
+                shim_create_time=float(data["shim_create_time"]),
+                attempt_key=str(data["attempt_key"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExecutorError(f"malformed local executor handle ({exc!r}): {dict(data)}") from exc
+
+    @property
+    def layout(self) -> AttemptLayout:
+        return AttemptLayout(Path(self.attempt_dir))
+
+
+class LocalExecutor:
+    """Runs jobs as supervised process trees on this machine (see the module docstring).
+
+    Args:
+        root: when given, run directories must lie under it (relative ones are taken
+            relative to it); default: any directory, relative to the current one.
+        python: the interpreter for the shim and the workload (torchrun runs under it).
+        base_env: the environment jobs inherit before spec.env and the TYARD_* variables;
+            default: this process's environment at launch time.
+        confirm_start_s: how long `launch` waits for the shim to report in, so a shim that
+            cannot start is an ExecutorError at launch rather than a LOST attempt later;
+            0 returns at once.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        python: str = sys.executable,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        confirm_start_s: float = 15.0,
+    ) -> None:
+        self.root = Path(root).resolve() if root is not None else None
+        self.python = python
+        self.base_env = None if base_env is None else dict(base_env)
+        self.confirm_start_s = confirm_start_s
+        # Shims we started, kept only to reap them (a shim outlives us when we die).
+        self._shims: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # -- launch -------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the attempt under a shim in a new session; return the handle to store."""
+        layout = AttemptLayout.for_attempt(self._run_dir(request.run_dir), request.attempt)
+        _make_attempt_dir(layout)
+        key = f"{request.job_id}-{request.attempt}-{uuid.uuid4().hex[:12]}"
+        plan = build_plan(
+            request,
+            layout,
+            python=self.python,
+            attempt_key=key,
+            base_env=os.environ if self.base_env is None else self.base_env,
+        )
+        # 0600: the environment carries the job's report token.
+        write_json_atomic(layout.launch, plan.to_dict(), mode=0o600)
+        shim = self._start_shim(layout)
+        handle = LocalHandle(
+            job_id=str(request.job_id),
+            attempt=request.attempt,
+            attempt_dir=str(layout.dir),
+            launcher=plan.launcher,
+            world_size=plan.world_size,
+            shim_pid=shim.pid,
+            shim_create_time=_create_time_or_fail(shim.pid, layout),
+            attempt_key=key,
+        )
+        self._confirm_started(handle, shim)
+        return handle.to_dict()
+
+    def _run_dir(self, run_dir: Path) -> Path:
+        path = Path(run_dir)
+        if self.root is None:
+            return path.resolve()
+        path = (self.root / path).resolve()
+        if not path.is_relative_to(self.root):
+            raise ExecutorError(
+                f"run_dir {run_dir} lies outside the executor root {self.root} "
+                "(fix: give a run_dir under the root)"
+            )
+        return path
+
+    def _start_shim(self, layout: AttemptLayout) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": python_path_with(_SRC_ROOT)}
+        argv = [self.python, "-m", "tensoryard.executors.local.shim", str(layout.dir)]
+        try:
+            with layout.launcher_log.open("ab") as log:
+                shim = subprocess.Popen(
+                    argv,
+                    cwd=layout.dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a control-plane SIGKILL must not reach the job
+                )
+        except OSError as exc:
+            raise ExecutorError(f"cannot start the job supervisor {argv[0]!r}: {exc}") from exc
+        with self._lock:
+            self._shims[shim.pid] = shim
+        return shim
+
+    def _confirm_started(self, handle: LocalHandle, shim: subprocess.Popen[bytes]) -> None:
+        """Wait until the shim has written shim.json, or fail with its output."""
+        layout = handle.layout
+        if self.confirm_start_s <= 0:
+            return
+        deadline = time.monotonic() + self.confirm_start_s
+        while time.monotonic() < deadline:
+            if layout.shim.exists() or layout.exit.exists():
+                return
+            if shim.poll() is not None:
+                break
+            time.sleep(0.02)
+        if layout.shim.exists() or layout.exit.exists():
+            return
+        kill_all(marked_processes(handle.attempt_key) + _as_list(shim.pid))
+        raise ExecutorError(
+            f"the job supervisor for job {handle.job_id} attempt {handle.attempt} did not start "
+            f"within {self.confirm_start_s:g}s; its output:\n{_tail_text(layout.launcher_log)}"
+        )
+
+    # -- watch --------------------------------------------------------------------------------
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        """STARTING until every rank is up, RUNNING, then the phase from exit.json.
+
+        When the shim is gone without an exit record the attempt is LOST, and any process of
+        it that survived is killed (nothing supervises it any more)."""
+        h = LocalHandle.from_dict(handle)
+        finished = self._finished(h)
+        if finished is not None:
+            return finished
+        if self._shim_alive(h):
+            phase = AttemptPhase.RUNNING if self._workers_up(h) else AttemptPhase.STARTING
+            return AttemptStatus(phase)
+        finished = self._finished(h)  # it may have finished between the two looks
+        return finished if finished is not None else self._lost(h)
+
+    def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
+        """After a control-plane restart: the recorded outcome, RUNNING, or LOST."""
+        return self.poll(handle)
+
+    def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
+        """Rank -> its live log file (it appears when the rank starts)."""
+        h = LocalHandle.from_dict(handle)
+        return {rank: h.layout.rank_log(rank) for rank in range(h.world_size)}
+
+    def launcher_log_path(self, handle: dict[str, Any]) -> Path:
+        """The shim's and torchrun's own output."""
+        return LocalHandle.from_dict(handle).layout.launcher_log
+
+    def wait(
+        self, handle: dict[str, Any], *, timeout_s: float, interval_s: float = 0.1
+    ) -> AttemptStatus:
+        """Poll until the attempt finishes; raise ExecutorError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.poll(handle)
+            if status.finished:
+                return status
+            if time.monotonic() >= deadline:
+                raise ExecutorError(
+                    f"attempt still {status.phase.value} after {timeout_s:g}s "
+                    f"({handle.get('attempt_dir')})"
+                )
+            time.sleep(interval_s)
+
+    def _finished(self, h: LocalHandle) -> AttemptStatus | None:
+        data = read_json(h.layout.exit)
+        if data is None:
+            return None
+        self._reap(h.shim_pid)
+        return attempt_status(ExitRecord.from_dict(data))
+
+    def _shim_alive(self, h: LocalHandle) -> bool:
+        self._reap(h.shim_pid)
+        return is_alive(h.shim_pid, h.shim_create_time)
+
+    def _workers_up(self, h: LocalHandle) -> bool:
+        if h.launcher == "python":
+            info = read_json(h.layout.shim) or {}
+            return "workload_pid" in info
+        return len(h.layout.existing_rank_logs()) >= h.world_size
+
+    def _lost(self, h: LocalHandle) -> AttemptStatus:
+        leftovers = kill_all(marked_processes(h.attempt_key))
+        reason = (
+            f"the job supervisor (pid {h.shim_pid}) is gone and left no exit record "
+            f"in {h.attempt_dir} (see launcher.log there)"
+        )
+        if leftovers:
+            reason += f"; killed {leftovers} leftover process(es) of the attempt"
+        return AttemptStatus(AttemptPhase.LOST, None, reason)
+
+    def _reap(self, pid: int) -> None:
+        with self._lock:
+            shim = self._shims.get(pid)
+            if shim is not None and shim.poll() is not None:
+                del self._shims[pid]
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
+        """Ask the shim to stop the job: SIGTERM now, SIGKILL after `grace_s` (the shim
+        escalates by itself, so it happens even if the control plane dies). Idempotent."""
+        h = LocalHandle.from_dict(handle)
+        layout = h.layout
+        if layout.exit.exists():
+            return
+        if not layout.cancel.exists():
+            request = {"grace_s": max(float(grace_s), 0.0), "requested_at": time.time()}
+            write_json_atomic(layout.cancel, request)
+        if self._shim_alive(h):
+            # Before shim.json exists its signal handlers may not be installed yet; it reads
+            # cancel.json before starting the workload and on every tick, so the file suffices.
+            if layout.shim.exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(h.shim_pid, signal.SIGTERM)
+        elif not layout.exit.exists():
+            kill_all(marked_processes(h.attempt_key))  # nobody supervises them any more
+
+
+def _make_attempt_dir(layout: AttemptLayout) -> None:
+    if layout.dir.exists() and any(layout.dir.iterdir()):
+        raise ExecutorError(
+            f"attempt directory {layout.dir} already holds an attempt "
+            "(fix: launch with a new attempt number)"
+        )
+    try:
+        layout.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExecutorError(f"cannot create {layout.dir}: {exc.strerror or exc}") from exc
+
+
+def _create_time_or_fail(pid: int, layout: AttemptLayout) -> float:
+    try:
+        return create_time(pid)
+    except psutil.Error as exc:
+        raise ExecutorError(
+            f"the job supervisor exited at once; see {layout.launcher_log}:\n"
+            f"{_tail_text(layout.launcher_log)}"
+        ) from exc
+
+
+def _as_list(pid: int) -> list[psutil.Process]:
+    try:
+        return [psutil.Process(pid)]
+    except psutil.Error:
+        return []
+
+
+def _tail_text(path: Path, limit: int = 4000) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-limit:]
+    except OSError:
+        return "(no output)"

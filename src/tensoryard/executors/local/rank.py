@@ -1,0 +1,105 @@
+"""Per-rank wrapper that torchrun starts instead of the script: ``rank.py ATTEMPT_DIR CMD...``.
+
+It sends the rank's stdout and stderr, live, to ``ATTEMPT_DIR/rank-R.log``, runs
+``python CMD...`` as its child, records how the child ended in ``rank-R.exit.json`` and then
+ends the same way (same exit code or same signal), so torchrun sees what it would have seen.
+
+The wrapper and its child share a process group; torchrun and the shim signal whole groups,
+so the wrapper does not forward signals (the child already got them), it only notes when a
+SIGTERM arrived: a rank told to stop after another rank failed was stopped, not failed.
+
+Standard library only and run by file path, so it works whatever the job's environment is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+_sigterm_at: float | None = None
+
+
+def _note_signal(signum: int, frame: FrameType | None) -> None:
+    global _sigterm_at
+    if signum == signal.SIGTERM and _sigterm_at is None:
+        _sigterm_at = time.time()
+
+
+def _redirect_output(log: Path) -> None:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _error_message() -> str:
+    """First line of the rank's torch elastic error file (written by @record), if any."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return ""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        message = data.get("message", {})
+        text = message.get("message", "") if isinstance(message, dict) else str(message)
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return str(text).strip().splitlines()[0][:300] if text else ""
+
+
+def _write_record(path: Path, record: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _record(code: int) -> dict[str, object]:
+    # Entering a function runs pending Python signal handlers first, so a SIGTERM that
+    # reached the group together with the child is noted before it is read here.
+    return {
+        "exit_code": code,
+        "ended_at": time.time(),
+        "sigterm_at": _sigterm_at,
+        "error": _error_message() if code != 0 else "",
+    }
+
+
+def _end_like(code: int) -> None:
+    """Exit with `code`, or die of the same signal when `code` < 0."""
+    if code < 0:
+        sig = -code
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1.0)  # the signal is delivered before this returns; belt and braces
+        os._exit(128 + sig)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        print("usage: rank.py ATTEMPT_DIR COMMAND [ARGS...]", file=sys.stderr)
+        os._exit(2)
+    attempt_dir, command = Path(argv[0]), argv[1:]
+    rank = int(os.environ.get("RANK", "0"))
+    _redirect_output(attempt_dir / f"rank-{rank}.log")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _note_signal)
+    try:
+        child = subprocess.Popen([sys.executable, *command])
+    except OSError as exc:
+        print(f"tensoryard: cannot start rank {rank}: {exc}", file=sys.stderr, flush=True)
+        code = 127
+    else:
+        code = child.wait()  # PEP 475: retried across our signal handlers
+    _write_record(attempt_dir / f"rank-{rank}.exit.json", _record(code))
+    _end_like(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,198 @@
+"""Launch plans, handles and attempt files of the local executor (no processes started)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensoryard.errors import ExecutorError
+from tensoryard.executors.base import LaunchRequest
+from tensoryard.executors.local import LocalExecutor, LocalHandle
+from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
+from tensoryard.executors.local.plan import RANK_WRAPPER, LaunchPlan, build_plan
+from tensoryard.spec.job import parse_job_spec
+
+
+def request(tmp_path: Path, **spec: Any) -> LaunchRequest:
+    env = spec.pop("request_env", {})
+    placement = spec.pop("placement", {})
+    data = {"name": "unit", "command": ["train.py", "--lr", "0.1"], "workdir": str(tmp_path)}
+    data.update(spec)
+    return LaunchRequest(
+        job_id="42",
+        attempt=2,
+        spec=parse_job_spec(data),
+        run_dir=tmp_path / "run",
+        env=env,
+        placement=placement,
+    )
+
+
+def plan_for(tmp_path: Path, base_env: dict[str, str] | None = None, **spec: Any) -> LaunchPlan:
+    req = request(tmp_path, **spec)
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    return build_plan(
+        req, layout, python="/py", attempt_key="key-1", base_env=base_env or {"HOME": "/h"}
+    )
+
+
+def test_a_torchrun_job_runs_every_rank_through_the_rank_wrapper(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, resources={"processes_per_node": 2})
+    argv = plan.argv
+    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert "--standalone" in argv and argv[argv.index("--max-restarts") + 1] == "0"
+    wrapper_at = argv.index(str(RANK_WRAPPER))
+    assert argv[wrapper_at + 1 :] == [
+        str(tmp_path / "run" / "attempt-2"),
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+    assert plan.world_size == 2 and plan.cwd == str(tmp_path.resolve())
+
+
+def test_a_python_job_runs_the_script_under_the_given_interpreter(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, launcher="python")
+    assert plan.argv == ["/py", "train.py", "--lr", "0.1"]
+    assert plan.world_size == 1
+
+
+def test_job_env_layers_contract_vars_over_spec_env_over_the_base(tmp_path: Path) -> None:
+    plan = plan_for(
+        tmp_path,
+        base_env={"HOME": "/h", "A": "base", "B": "base"},
+        env={"A": "spec", "TYARD_RUN_DIR": "from-spec"},
+        request_env={"TYARD_RUN_DIR": "/runs/42", "TYARD_CHECKPOINT_DIR": "/ck"},
+    )
+    env = plan.env
+    assert (env["HOME"], env["A"], env["B"]) == ("/h", "spec", "base")
+    assert env["TYARD_RUN_DIR"] == "/runs/42" and env["TYARD_CHECKPOINT_DIR"] == "/ck"
+    assert (env["TYARD_JOB_ID"], env["TYARD_ATTEMPT"]) == ("42", "2")
+    assert env["TYARD_ATTEMPT_KEY"] == "key-1" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU job sees no GPU
+
+
+def test_a_gpu_job_sees_exactly_its_placed_gpus(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, resources={"gpus_per_node": 2}, placement={"node-a": [5, 3]})
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "3,5"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"resources": {"nodes": 2}}, "single-node jobs but resources.nodes=2"),
+        ({"workdir": "/definitely/not/here"}, "workdir /definitely/not/here does not exist"),
+        (
+            {"resources": {"gpus_per_node": 2}, "placement": {"n": [0]}},
+            "placement gives GPUs [0] but the job asks for 2",
+        ),
+    ],
+    ids=[
+        "a multi-node job is refused with the fix",
+        "a missing workdir is refused before anything starts",
+        "a placement with the wrong number of gpus is refused",
+    ],
+)
+def test_impossible_launches_are_refused_with_a_reason(
+    tmp_path: Path, spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ExecutorError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_for(tmp_path, **spec)
+
+
+def test_a_launch_plan_survives_a_json_round_trip(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path)
+    assert LaunchPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ExecutorError, match=r"launch\.json is incomplete"):
+        LaunchPlan.from_dict({"launcher": "python"})
+
+
+HANDLE = LocalHandle(
+    job_id="42",
+    attempt=2,
+    attempt_dir="/runs/42/attempt-2",
+    launcher="torchrun",
+    world_size=2,
+    shim_pid=1234,
+    shim_create_time=1764670000.25,
+    attempt_key="42-2-abc",
+)
+
+
+def test_a_handle_survives_a_json_round_trip() -> None:
+    import json
+
+    data = json.loads(json.dumps(HANDLE.to_dict()))
+    assert data["executor"] == "local"
+    assert LocalHandle.from_dict(data) == HANDLE
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**HANDLE.to_dict(), "executor": "kubernetes"}, "belongs to executor 'kubernetes'"),
+        ({k: v for k, v in HANDLE.to_dict().items() if k != "shim_pid"}, "malformed"),
+        ({**HANDLE.to_dict(), "attempt": "two"}, "malformed"),
+    ],
+    ids=[
+        "a handle of another executor is refused",
+        "a handle missing a field is refused",
+        "a handle with a wrong type is refused",
+    ],
+)
+def test_bad_handles_raise_executor_errors(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExecutorError, match=message):
+        LocalHandle.from_dict(data)
+
+
+def test_log_paths_name_one_file_per_rank() -> None:
+    paths = LocalExecutor().log_paths(HANDLE.to_dict())
+    assert paths == {
+        0: Path("/runs/42/attempt-2/rank-0.log"),
+        1: Path("/runs/42/attempt-2/rank-1.log"),
+    }
+
+
+def test_a_reused_attempt_directory_is_refused(tmp_path: Path) -> None:
+    req = request(tmp_path, launcher="python")
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    layout.dir.mkdir(parents=True)
+    (layout.dir / "exit.json").write_text("{}")
+    with pytest.raises(ExecutorError, match="already holds an attempt"):
+        LocalExecutor().launch(req)
+
+
+def test_a_run_dir_outside_the_root_is_refused(tmp_path: Path) -> None:
+    executor = LocalExecutor(root=tmp_path / "root")
+    with pytest.raises(ExecutorError, match="outside the executor root"):
+        executor.launch(request(tmp_path, launcher="python"))
+
+
+def test_attempt_files_are_written_atomically_and_privately(tmp_path: Path) -> None:
+    path = tmp_path / "launch.json"
+    write_json_atomic(path, {"a": 1}, mode=0o600)
+    assert read_json(path) == {"a": 1}
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]  # no temp file left
+    assert read_json(tmp_path / "absent.json") is None
+
+
+def test_a_damaged_attempt_file_is_an_executor_error(tmp_path: Path) -> None:
+    path = tmp_path / "exit.json"
+    path.write_text("{not json")
+    with pytest.raises(ExecutorError, match=r"exit\.json is not valid JSON"):
+        read_json(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ExecutorError, match="holds list, expected an object"):
+        read_json(path)
+
+
+def test_rank_logs_are_found_by_name(tmp_path: Path) -> None:
+    layout = AttemptLayout(tmp_path)
+    for name in ("rank-0.log", "rank-12.log", "rank-1.exit.json", "launcher.log"):
+        (tmp_path / name).write_text("")
+    assert layout.existing_rank_logs() == {0, 12}
