@@ -1,0 +1,31 @@
+"""The tensoryard database: SQLAlchemy models, Alembic migrations and the Store repository.
+
+``Store.open(url)`` migrates to the newest schema and returns a store whose methods are each one
+transaction returning frozen records. SQLite (``default_sqlite_url(home)``) is the embedded
+default; any ``postgresql+psycopg://`` URL works in production.
+"""
+
+from tensoryard.store.records import (
+    AttemptRecord,
+    CheckpointRecord,
+    EventRecord,
+    JobPage,
+    JobRecord,
+    MetricRecord,
+    TeamRecord,
+)
+from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
+
+__all__ = [
+    "JOB_FIELDS",
+    "AttemptRecord",
+    "CheckpointRecord",
+    "EventRecord",
+    "JobPage",
+    "JobRecord",
+    "MetricRecord",
+    "Store",
+    "TeamRecord",
+    "default_sqlite_url",
+    "utcnow",
+]

@@ -1,0 +1,214 @@
+"""SQLAlchemy 2 models: the database schema of tensoryard.
+
+The Alembic migrations in ``migrations/versions`` must produce exactly this schema; a test
+compares them (autogenerate gives no diff) on SQLite and PostgreSQL. Change both together.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from tensoryard.spec.states import JobState
+
+__all__ = [
+    "Attempt",
+    "Base",
+    "Checkpoint",
+    "Event",
+    "Job",
+    "JobToken",
+    "Metric",
+    "Team",
+    "UTCDateTime",
+]
+
+# Explicit constraint names, so migrations and autogenerate agree on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+NAME_LEN = 63
+STATE_LEN = 16
+STATE_VALUES = ", ".join(f"'{s.value}'" for s in JobState)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware.
+
+    SQLite keeps no timezone, so values are normalised to UTC on the way in and tagged UTC on
+    the way out; PostgreSQL stores ``timestamptz``. Naive input is taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base holding the shared metadata (with the naming convention)."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+class Team(Base):
+    """A team: owns jobs and (later) a quota in the scheduler."""
+
+    __tablename__ = "teams"
+
+    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    created_at: Mapped[datetime]
+    gpu_quota: Mapped[int | None] = mapped_column(Integer)
+    cpu_quota: Mapped[float | None] = mapped_column(Float)
+    description: Mapped[str] = mapped_column(Text)
+
+
+class Job(Base):
+    """One submitted job and its current state (the state machine lives in the store)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({STATE_VALUES})", name="state"),
+        Index(None, "state"),
+        Index(None, "team"),
+        Index(None, "user_name"),
+        Index(None, "name"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    team: Mapped[str] = mapped_column(String(NAME_LEN), ForeignKey("teams.name"))
+    user: Mapped[str] = mapped_column("user_name", String(128))
+    priority: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    spec: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    admitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer)
+    restarts: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    pending_reason: Mapped[str] = mapped_column(Text)
+    pending_eta: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+    run_dir: Mapped[str] = mapped_column(Text)
+    placement: Mapped[dict[str, Any]]
+    last_heartbeat: Mapped[datetime | None]
+
+
+class Attempt(Base):
+    """One launch of a job; a restart is a new attempt resuming from a checkpoint."""
+
+    __tablename__ = "attempts"
+
+    job_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(32))
+    handle: Mapped[dict[str, Any]]
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text)
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)
+    last_heartbeat: Mapped[datetime | None]
+
+
+class Event(Base):
+    """A human-readable line in a job's history; ids grow monotonically."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index(None, "job_id", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="CASCADE"))
+    ts: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+
+
+class Metric(Base):
+    """One reported training step; (job, attempt, step) is unique so re-sends are harmless."""
+
+    __tablename__ = "metrics"
+
+    job_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ts: Mapped[float] = mapped_column(Float)
+    step_time_s: Mapped[float | None] = mapped_column(Float)
+    values: Mapped[dict[str, Any]] = mapped_column("metric_values", JSON)
+
+
+class Checkpoint(Base):
+    """A checkpoint a job wrote; (job, step, path) is unique so re-sends are harmless."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    ts: Mapped[float] = mapped_column(Float)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class JobToken(Base):
+    """The sha256 of a job's current bearer token (the secret itself is never stored)."""
+
+    __tablename__ = "job_tokens"
+
+    job_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]

@@ -1,0 +1,631 @@
+"""The Store: every method is one transaction and returns frozen records.
+
+State changes lock the job row (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite serialises
+writers with ``BEGIN IMMEDIATE``), so concurrent writers cannot lose or duplicate a job or
+apply a transition twice. Every event insert happens under the same job-row lock, so a job's
+event ids are committed in increasing order and ``list_events(after_id=...)`` never skips one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError, StoreError
+from tensoryard.spec.job import NAME_PATTERN, JobSpec
+from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
+from tensoryard.store import _db, _rows
+from tensoryard.store import _inputs as _in
+from tensoryard.store._inputs import JOB_FIELDS
+from tensoryard.store.models import Attempt, Checkpoint, Event, Job, JobToken, Metric, Team
+from tensoryard.store.records import (
+    AttemptRecord,
+    CheckpointRecord,
+    EventRecord,
+    JobPage,
+    JobRecord,
+    MetricRecord,
+    TeamRecord,
+)
+
+__all__ = ["JOB_FIELDS", "Store", "default_sqlite_url", "utcnow"]
+
+Clock = Callable[[], datetime]
+MAX_PAGE = 10_000
+_UNSET: Any = object()  # "not given", where None is a meaningful value
+
+
+def utcnow() -> datetime:
+    """The production clock: now, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def default_sqlite_url(home: Path) -> str:
+    """The embedded default database: ``sqlite:///{home}/tensoryard.db``."""
+    return f"sqlite:///{home}/tensoryard.db"
+
+
+class Store:
+    """Repository over the tensoryard database (SQLite file or PostgreSQL)."""
+
+    def __init__(self, engine: Engine, url: str, *, clock: Clock = utcnow) -> None:
+        """Wrap an engine; use :meth:`open` unless you built the engine yourself."""
+        self._engine = engine
+        self.url = url
+        self._clock = clock
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, *, migrate: bool = True, clock: Clock = utcnow) -> Store:
+        """Connect, migrate to the newest schema (unless ``migrate=False``) and return a store.
+
+        With ``migrate=False`` the schema must already be current, else StoreError says how
+        to upgrade it. An unreachable database raises StoreError naming the URL (no password).
+        ``sqlite://`` (in memory) shares one connection: use it from one thread only.
+        """
+        engine = _db.make_engine(url)
+        try:
+            if migrate:
+                _db.upgrade(engine, url)
+            else:
+                _db.check_schema(engine, url)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, url, clock=clock)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (for health checks and tests; prefer the methods)."""
+        return self._engine
+
+    def ping(self) -> None:
+        """Run a trivial query; StoreError (naming the URL and the fix) if the DB is unreachable."""
+        with self._tx("reach the database", write=False) as s:
+            s.execute(select(1))
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def __repr__(self) -> str:
+        return f"Store({_db.safe_url(self.url)!r})"
+
+    def _now(self) -> datetime:
+        return _in.as_utc(self._clock())
+
+    @contextmanager
+    def _tx(self, action: str, *, write: bool) -> Iterator[Session]:
+        """One transaction; DB errors come out as StoreError/Conflict."""
+        with _db.translate_errors(self.url, action), self._engine.connect() as conn:
+            if write:
+                conn.execution_options(**{_db.BEGIN_OPTION: "IMMEDIATE"})
+            session = Session(bind=conn, expire_on_commit=False, autoflush=False)
+            with session, session.begin():
+                yield session
+
+    def _insert(self, table: Any) -> Any:
+        """A dialect INSERT that supports ON CONFLICT DO NOTHING."""
+        if self.dialect == "postgresql":
+            return postgresql.insert(table)
+        if self.dialect == "sqlite":
+            return sqlite.insert(table)
+        raise StoreError(  # pragma: no cover - open() only sees these two in practice
+            f"unsupported database {self.dialect!r} (fix: use SQLite or PostgreSQL)"
+        )
+
+    # -- teams -----------------------------------------------------------------------------
+
+    def ensure_team(
+        self,
+        name: str,
+        *,
+        gpu_quota: int | None = None,
+        cpu_quota: float | None = None,
+        description: str = "",
+    ) -> TeamRecord:
+        """Create the team if absent (idempotent; an existing team is returned unchanged)."""
+        _check_team(name, gpu_quota, cpu_quota)
+        with self._tx(f"create team {name!r}", write=True) as s:
+            stmt = self._insert(Team).values(
+                name=name,
+                created_at=self._now(),
+                gpu_quota=gpu_quota,
+                cpu_quota=cpu_quota,
+                description=description,
+            )
+            s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            return _rows.team_record(_get(s, Team, name, f"team {name!r}"))
+
+    def update_team(
+        self,
+        name: str,
+        *,
+        gpu_quota: int | None = _UNSET,
+        cpu_quota: float | None = _UNSET,
+        description: str = _UNSET,
+    ) -> TeamRecord:
+        """Change the given fields of a team (None clears a quota); NotFound if absent."""
+        _check_team(
+            name,
+            None if gpu_quota is _UNSET else gpu_quota,
+            None if cpu_quota is _UNSET else cpu_quota,
+        )
+        with self._tx(f"update team {name!r}", write=True) as s:
+            team = _get(s, Team, name, f"team {name!r}", lock=True)
+            if gpu_quota is not _UNSET:
+                team.gpu_quota = gpu_quota
+            if cpu_quota is not _UNSET:
+                team.cpu_quota = cpu_quota
+            if description is not _UNSET:
+                team.description = description
+            return _rows.team_record(team)
+
+    def get_team(self, name: str) -> TeamRecord:
+        """The team, or NotFound."""
+        with self._tx(f"read team {name!r}", write=False) as s:
+            return _rows.team_record(_get(s, Team, name, f"team {name!r}"))
+
+    def list_teams(self) -> list[TeamRecord]:
+        """All teams by name."""
+        with self._tx("list teams", write=False) as s:
+            return [_rows.team_record(t) for t in s.scalars(select(Team).order_by(Team.name))]
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def create_job(self, spec: JobSpec, *, run_dir_root: Path) -> JobRecord:
+        """Store a new PENDING job with a ``submitted`` event; nothing is stored on error."""
+        with self._tx(f"submit job {spec.name!r}", write=True) as s:
+            if s.get(Team, spec.team) is None:
+                known = ", ".join(s.scalars(select(Team.name).order_by(Team.name))) or "none yet"
+                raise NotFound(
+                    f"unknown team {spec.team!r}; create it with `tyard teams create "
+                    f"{spec.team}` or use one of: {known}"
+                )
+            now = self._now()
+            job = Job(
+                name=spec.name,
+                team=spec.team,
+                user=spec.user,
+                priority=spec.priority,
+                state=JobState.PENDING.value,
+                spec=spec.model_dump(mode="json"),
+                created_at=now,
+                updated_at=now,
+                attempts=0,
+                restarts=0,
+                reason="submitted",
+                pending_reason="",
+                cancel_requested=False,
+                run_dir="",
+                placement={},
+            )
+            s.add(job)
+            s.flush()  # assigns the id the run directory is named after
+            job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
+            self._event(s, job.id, "submitted", f"submitted by {spec.user} to team {spec.team}")
+            return _rows.job_record(job)
+
+    def get_job(self, job_id: int) -> JobRecord:
+        """The job, or NotFound."""
+        with self._tx(f"read job {job_id}", write=False) as s:
+            return _rows.job_record(_get(s, Job, job_id, f"job {job_id}"))
+
+    def list_jobs(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        newest_first: bool = True,
+    ) -> JobPage:
+        """A page of jobs matching every given filter, ordered by id; ``total`` ignores paging."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise SpecError(
+                [FieldIssue("limit", f"{limit} is out of range", f"use 1 to {MAX_PAGE}")]
+            )
+        after = _in.decode_cursor(cursor, newest_first) if cursor else None
+        where: list[ColumnElement[bool]] = []
+        if states is not None:
+            where.append(Job.state.in_([JobState(x).value for x in states]))
+        if team is not None:
+            where.append(Job.team == team)
+        if user is not None:
+            where.append(Job.user == user)
+        if name is not None:
+            where.append(Job.name == name)
+        with self._tx("list jobs", write=False) as s:
+            total = s.scalar(select(func.count()).select_from(Job).where(*where)) or 0
+            query = select(Job).where(*where)
+            if after is not None:
+                query = query.where(Job.id < after if newest_first else Job.id > after)
+            order = Job.id.desc() if newest_first else Job.id.asc()
+            rows = list(s.scalars(query.order_by(order).limit(limit + 1)))
+        more = len(rows) > limit
+        items = [_rows.job_record(j) for j in rows[:limit]]
+        next_cursor = _in.encode_cursor(items[-1].id, newest_first) if more else None
+        return JobPage(items=items, next_cursor=next_cursor, total=total)
+
+    def transition(
+        self,
+        job_id: int,
+        to: JobState,
+        *,
+        reason: str,
+        expected: Iterable[JobState] | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job to ``to`` atomically (compare-and-set), with a ``state`` event.
+
+        Raises Conflict when the current state is not in ``expected`` (if given) or the state
+        machine does not allow the move. Timestamps follow the new state; ``fields`` (any of
+        JOB_FIELDS) are set in the same transaction.
+        """
+        to = JobState(to)
+        fields = _in.clean_job_fields(fields)
+        allowed = None if expected is None else {JobState(e) for e in expected}
+        with self._tx(f"move job {job_id} to {to}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            old = JobState(job.state)
+            if allowed is not None and old not in allowed:
+                expect = ", ".join(sorted(allowed)) or "nothing"
+                raise Conflict(
+                    f"job {job_id} is {old}, not {expect}; it cannot move to {to} "
+                    "(another change won; re-read the job)"
+                )
+            if to not in ALLOWED_TRANSITIONS[old]:
+                raise Conflict(f"job {job_id} is {old}; it cannot move to {to}")
+            now = self._now()
+            _apply_state(job, old, to, now)
+            job.reason = reason
+            for key, value in fields.items():
+                setattr(job, key, value)
+            self._event(s, job_id, "state", f"{old} -> {to}: {reason}")
+            return _rows.job_record(job)
+
+    def update_job(self, job_id: int, **fields: Any) -> JobRecord:
+        """Set any of JOB_FIELDS without changing the state; no event."""
+        fields = _in.clean_job_fields(fields)
+        with self._tx(f"update job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            for key, value in fields.items():
+                setattr(job, key, value)
+            return _rows.job_record(job)
+
+    def request_cancel(self, job_id: int) -> JobRecord:
+        """Mark a job for cancellation (the reconciler acts on it); Conflict if it has ended."""
+        with self._tx(f"cancel job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            state = JobState(job.state)
+            if state in TERMINAL_STATES:
+                raise Conflict(f"job {job_id} is already {state}; there is nothing to cancel")
+            if not job.cancel_requested:
+                job.cancel_requested = True
+                job.updated_at = self._now()
+                self._event(s, job_id, "cancel", f"cancellation requested while {state}")
+            return _rows.job_record(job)
+
+    def active_jobs(self) -> list[JobRecord]:
+        """Jobs holding capacity (ADMITTED, STARTING, RUNNING, RESTARTING), oldest first."""
+        return self._jobs_in(ACTIVE_STATES, (Job.created_at, Job.id), "list active jobs")
+
+    def pending_jobs(self) -> list[JobRecord]:
+        """PENDING jobs by priority (highest first), then submission order."""
+        order = (Job.priority.desc(), Job.created_at, Job.id)
+        return self._jobs_in({JobState.PENDING}, order, "list pending jobs")
+
+    def _jobs_in(self, states: Iterable[JobState], order: Any, action: str) -> list[JobRecord]:
+        values = [s.value for s in states]
+        with self._tx(action, write=False) as s:
+            query = select(Job).where(Job.state.in_(values)).order_by(*order)
+            return [_rows.job_record(j) for j in s.scalars(query)]
+
+    # -- attempts --------------------------------------------------------------------------
+
+    def start_attempt(
+        self,
+        job_id: int,
+        *,
+        handle: dict[str, Any],
+        resumed_from_step: int | None = None,
+        state: str = "starting",  # AttemptPhase.STARTING (store does not import executors)
+    ) -> AttemptRecord:
+        """Record a new attempt numbered after the last one; the job's ``attempts`` follows."""
+        with self._tx(f"start an attempt of job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            last = s.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job_id))
+            now = self._now()
+            attempt = Attempt(
+                job_id=job_id,
+                number=(last or 0) + 1,
+                state=state,
+                handle=dict(handle),
+                started_at=now,
+                reason="",
+                resumed_from_step=resumed_from_step,
+            )
+            s.add(attempt)
+            job.attempts = attempt.number
+            job.updated_at = now
+            s.flush()
+            return _rows.attempt_record(attempt)
+
+    def update_attempt(
+        self,
+        job_id: int,
+        number: int,
+        *,
+        state: str | None = None,
+        handle: dict[str, Any] | None = None,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        finished: bool = False,
+        resumed_from_step: int | None = None,
+    ) -> AttemptRecord:
+        """Change the given fields of an attempt; ``finished=True`` stamps ``finished_at``."""
+        with self._tx(f"update attempt {number} of job {job_id}", write=True) as s:
+            attempt = _get(
+                s, Attempt, (job_id, number), f"attempt {number} of job {job_id}", lock=True
+            )
+            if state is not None:
+                attempt.state = state
+            if handle is not None:
+                attempt.handle = dict(handle)
+            if exit_code is not None:
+                attempt.exit_code = exit_code
+            if reason is not None:
+                attempt.reason = reason
+            if resumed_from_step is not None:
+                attempt.resumed_from_step = resumed_from_step
+            if finished and attempt.finished_at is None:
+                attempt.finished_at = self._now()
+            return _rows.attempt_record(attempt)
+
+    def get_attempt(self, job_id: int, number: int) -> AttemptRecord:
+        """The attempt, or NotFound."""
+        with self._tx(f"read attempt {number} of job {job_id}", write=False) as s:
+            return _rows.attempt_record(
+                _get(s, Attempt, (job_id, number), f"attempt {number} of job {job_id}")
+            )
+
+    def list_attempts(self, job_id: int) -> list[AttemptRecord]:
+        """A job's attempts in order (empty for an unknown job)."""
+        with self._tx(f"list attempts of job {job_id}", write=False) as s:
+            query = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
+            return [_rows.attempt_record(a) for a in s.scalars(query)]
+
+    def heartbeat(self, job_id: int, attempt: int, ts: datetime) -> None:
+        """Record a heartbeat on the job and the attempt; heartbeats never move backwards."""
+        with self._tx(f"heartbeat of job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            att = _get(s, Attempt, (job_id, attempt), f"attempt {attempt} of job {job_id}")
+            ts = _in.as_utc(ts)
+            if job.last_heartbeat is None or job.last_heartbeat < ts:
+                job.last_heartbeat = ts
+            if att.last_heartbeat is None or att.last_heartbeat < ts:
+                att.last_heartbeat = ts
+
+    # -- events ----------------------------------------------------------------------------
+
+    def add_event(
+        self, job_id: int, kind: str, message: str, *, attempt: int | None = None
+    ) -> EventRecord:
+        """Append an event to a job's history; NotFound for an unknown job."""
+        with self._tx(f"add an event to job {job_id}", write=True) as s:
+            _get(s, Job, job_id, f"job {job_id}", lock=True)  # orders concurrent event ids
+            return _rows.event_record(self._event(s, job_id, kind, message, attempt=attempt))
+
+    def list_events(
+        self, job_id: int, *, after_id: int = 0, limit: int = 1000
+    ) -> list[EventRecord]:
+        """A job's events with id > ``after_id``, oldest first."""
+        with self._tx(f"list events of job {job_id}", write=False) as s:
+            query = (
+                select(Event)
+                .where(Event.job_id == job_id, Event.id > after_id)
+                .order_by(Event.id)
+                .limit(limit)
+            )
+            return [_rows.event_record(e) for e in s.scalars(query)]
+
+    def _event(
+        self, s: Session, job_id: int, kind: str, message: str, *, attempt: int | None = None
+    ) -> Event:
+        """Insert an event; the caller holds the job-row lock."""
+        event = Event(job_id=job_id, ts=self._now(), kind=kind, message=message, attempt=attempt)
+        s.add(event)
+        s.flush()
+        return event
+
+    # -- metrics & checkpoints -------------------------------------------------------------
+
+    def add_metrics(self, job_id: int, attempt: int, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Store step rows; a row whose (job, attempt, step) exists is skipped. Returns inserted."""
+        values = _in.metric_rows(job_id, attempt, rows)
+        if not values:
+            return 0
+        with self._tx(f"add metrics to job {job_id}", write=True) as s:
+            _get(s, Job, job_id, f"job {job_id}")
+            stmt = (
+                self._insert(Metric)
+                .on_conflict_do_nothing(index_elements=["job_id", "attempt", "step"])
+                .returning(Metric.step)
+            )
+            return len(s.execute(stmt, values).all())
+
+    def list_metrics(
+        self,
+        job_id: int,
+        *,
+        attempt: int | None = None,
+        after_step: int | None = None,
+        limit: int = 100_000,
+    ) -> list[MetricRecord]:
+        """Metric rows ordered by (attempt, step)."""
+        query = select(Metric).where(Metric.job_id == job_id)
+        if attempt is not None:
+            query = query.where(Metric.attempt == attempt)
+        if after_step is not None:
+            query = query.where(Metric.step > after_step)
+        query = query.order_by(Metric.attempt, Metric.step).limit(limit)
+        with self._tx(f"list metrics of job {job_id}", write=False) as s:
+            return [_rows.metric_record(m) for m in s.scalars(query)]
+
+    def add_checkpoint(
+        self,
+        job_id: int,
+        attempt: int,
+        *,
+        step: int,
+        path: str,
+        ts: float,
+        size_bytes: int | None = None,
+    ) -> CheckpointRecord:
+        """Record a checkpoint; idempotent on (job, step, path): the first report wins."""
+        with self._tx(f"add a checkpoint to job {job_id}", write=True) as s:
+            _get(s, Job, job_id, f"job {job_id}")
+            stmt = self._insert(Checkpoint).values(
+                job_id=job_id,
+                attempt=attempt,
+                step=step,
+                path=path,
+                ts=ts,
+                size_bytes=size_bytes,
+            )
+            s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "step", "path"]))
+            row = s.scalars(
+                select(Checkpoint).where(
+                    Checkpoint.job_id == job_id, Checkpoint.step == step, Checkpoint.path == path
+                )
+            ).one()
+            return _rows.checkpoint_record(row)
+
+    def latest_checkpoint(self, job_id: int) -> CheckpointRecord | None:
+        """The checkpoint with the highest step (newest report on a tie), or None."""
+        query = (
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id)
+            .order_by(Checkpoint.step.desc(), Checkpoint.ts.desc(), Checkpoint.id.desc())
+            .limit(1)
+        )
+        with self._tx(f"read checkpoints of job {job_id}", write=False) as s:
+            row = s.scalars(query).first()
+            return None if row is None else _rows.checkpoint_record(row)
+
+    def list_checkpoints(self, job_id: int) -> list[CheckpointRecord]:
+        """A job's checkpoints by step."""
+        query = (
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id)
+            .order_by(Checkpoint.step, Checkpoint.id)
+        )
+        with self._tx(f"list checkpoints of job {job_id}", write=False) as s:
+            return [_rows.checkpoint_record(c) for c in s.scalars(query)]
+
+    # -- job tokens ------------------------------------------------------------------------
+
+    def issue_job_token(self, job_id: int) -> str:
+        """A new bearer token for the job's runtime; replaces the old one. Only its hash is kept."""
+        token = secrets.token_urlsafe(32)
+        with self._tx(f"issue a token for job {job_id}", write=True) as s:
+            _get(s, Job, job_id, f"job {job_id}", lock=True)
+            row = s.get(JobToken, job_id)
+            if row is None:
+                s.add(
+                    JobToken(
+                        job_id=job_id, token_hash=_in.token_hash(token), created_at=self._now()
+                    )
+                )
+            else:
+                row.token_hash = _in.token_hash(token)
+                row.created_at = self._now()
+        return token
+
+    def check_job_token(self, job_id: int, token: str) -> bool:
+        """Whether ``token`` is the job's current token (constant-time compare)."""
+        with self._tx(f"check the token of job {job_id}", write=False) as s:
+            stored = s.scalar(select(JobToken.token_hash).where(JobToken.job_id == job_id))
+        # Compare even when absent, so timing does not reveal which job ids have tokens.
+        return hmac.compare_digest(stored or "0" * 64, _in.token_hash(token)) and stored is not None
+
+    def revoke_job_token(self, job_id: int) -> None:
+        """Forget the job's token (e.g. when the job ends); later checks fail."""
+        with self._tx(f"revoke the token of job {job_id}", write=True) as s:
+            row = s.get(JobToken, job_id)
+            if row is not None:
+                s.delete(row)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _get(s: Session, model: Any, key: Any, what: str, *, lock: bool = False) -> Any:
+    """Fetch by primary key (row-locked when asked) or raise NotFound."""
+    row = s.get(model, key, with_for_update=lock or None)
+    if row is None:
+        raise NotFound(f"{what} does not exist")
+    return row
+
+
+def _apply_state(job: Job, old: JobState, to: JobState, now: datetime) -> None:
+    """Set the state and the bookkeeping that follows from it."""
+    job.state = to.value
+    job.updated_at = now
+    if to == JobState.ADMITTED:
+        job.admitted_at = now
+        # A pending reason is stale once the job is admitted.
+        job.pending_reason = ""
+        job.pending_eta = None
+    elif to == JobState.RUNNING and job.started_at is None:
+        job.started_at = now
+    elif to == JobState.RESTARTING:
+        job.restarts += 1
+    elif to == JobState.PENDING and old != JobState.PENDING:
+        # Requeued (preempted): it holds no capacity any more.
+        job.placement = {}
+    if to in TERMINAL_STATES:
+        job.finished_at = now
+
+
+def _check_team(name: str, gpu_quota: int | None, cpu_quota: float | None) -> None:
+    """Team names follow the JobSpec's rule, or no job could ever name the team."""
+    issues = []
+    if not re.match(NAME_PATTERN, name):
+        issues.append(
+            FieldIssue(
+                "name",
+                f"{name!r} is not a valid team name",
+                "use lowercase letters, digits and '-' (start with a letter, at most 63)",
+            )
+        )
+    if gpu_quota is not None and gpu_quota < 0:
+        issues.append(FieldIssue("gpu_quota", f"{gpu_quota} is negative", "use 0 or more"))
+    if cpu_quota is not None and cpu_quota < 0:
+        issues.append(FieldIssue("cpu_quota", f"{cpu_quota} is negative", "use 0 or more"))
+    if issues:
+        raise SpecError(issues)
