@@ -100,7 +100,9 @@ def _kill_leftovers(home: Path) -> list[str]:
 
 @pytest.fixture
 def control_plane(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(home=tmp_path / "home", port=free_port(), extra_args=["--cpu-slots", "4"])
+    server = ServerProcess(
+        home=tmp_path / "home", port=free_port(), extra_args=["--cpu-slots", "4"]
+    )
     server.home.mkdir()
     yield server
     server.stop()
@@ -119,7 +121,9 @@ def wait_for(client: Client, job_id: int, states: set[str], timeout: float = 180
     raise AssertionError(f"job {job_id} stuck in {job.get('state')}; events:\n{events}")
 
 
-def tyard(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tyard(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI as a user would."""
     return subprocess.run(
         [sys.executable, "-m", "tensoryard.cli.main", *args],

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -75,14 +76,23 @@ def _stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _demo_spec(steps: int, fail_at: int | None) -> JobSpec:
+def _demo_spec(steps: int | None, fail_at: int | None) -> JobSpec:
     spec = load_job_spec(_find_example())
-    args = ["--steps", str(steps)]
+    args = ["--steps", str(steps)] if steps else []
     if fail_at is not None:
         args += ["--fail-at-step", str(fail_at), "--fail-rank", "1"]
     spec.command = [*spec.command, *args]
     spec.user = os.environ.get("USER") or "demo"
     return spec
+
+
+def _steps_of(spec: JobSpec) -> int:
+    """The last `--steps N` in the command (what argparse in the example will use)."""
+    found = 0
+    for flag, value in zip(spec.command, spec.command[1:], strict=False):
+        if flag == "--steps" and value.isdigit():
+            found = int(value)
+    return found or 100
 
 
 def _watch(client: Client, job_id: int, steps: int) -> dict[str, Any]:
@@ -102,7 +112,9 @@ def _watch(client: Client, job_id: int, steps: int) -> dict[str, Any]:
             for event in client.events(job_id, after=seen_event):
                 seen_event = event["id"]
                 if event["kind"] in ("state", "recovery", "cancel", "error", "warning"):
-                    progress.console.print(f"  [dim]{event['ts'][11:19]}[/] {event['message']}")
+                    progress.console.print(
+                        f"  [dim]{event['ts'][11:19]}[/] {escape(event['message'])}"
+                    )
             metrics = client.metrics(job_id)
             if metrics:
                 last = max(metrics, key=lambda m: (m["attempt"], m["step"]))
@@ -118,7 +130,9 @@ def _watch(client: Client, job_id: int, steps: int) -> dict[str, Any]:
 
 def demo(
     json_out: JsonOpt = False,
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 300,
+    steps: Annotated[
+        int | None, typer.Option(help="Training steps (default: as in the example's job.yaml).")
+    ] = None,
     fail_at: Annotated[
         int | None,
         typer.Option(help="Kill rank 1 at this step of the first attempt (0: no failure)."),
@@ -153,7 +167,7 @@ def demo(
                 else f"submitted job {job_id}: {spec.name}",
                 highlight=False,
             )
-            final = _watch(client, job_id, steps)
+            final = _watch(client, job_id, _steps_of(spec))
             summary = client.summary(job_id)
         finally:
             _stop_server(proc)
@@ -175,7 +189,7 @@ def demo(
             }
         )
     if final["state"] != "SUCCEEDED":
-        err_console.print(f"job ended {final['state']}: {final['reason']}")
+        err_console.print(f"job ended {final['state']}: {escape(final['reason'])}")
         raise typer.Exit(1)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tensoryard.cli._common import (
@@ -96,7 +97,7 @@ def submit(
                 print_json(final)
             else:
                 console.print(
-                    f"job {final['id']} ended: {_state(final['state'])} {final['reason']}"
+                    f"job {final['id']} ended: {_state(final['state'])} {escape(final['reason'])}"
                 )
             if final["state"] != JobState.SUCCEEDED:
                 raise typer.Exit(1)
@@ -107,7 +108,7 @@ def wait_for_job(client: Any, job_id: int, poll_s: float = 1.0) -> dict[str, Any
     with console.status(f"waiting for job {job_id}") as status:
         while True:
             job: dict[str, Any] = client.job(job_id)
-            status.update(f"job {job_id}: {job['state']} {job['reason']}")
+            status.update(f"job {job_id}: {job['state']} {escape(job['reason'])}")
             if job["state"] in TERMINAL_STATES:
                 return job
             time.sleep(poll_s)
@@ -144,7 +145,7 @@ def jobs(
             _state(j["state"]),
             str(j["restarts"]),
             ago(j["created_at"]),
-            reason,
+            escape(reason),
         )
     console.print(table)
     if page.get("next_cursor"):
@@ -168,7 +169,7 @@ def describe(
         return
     res = job["spec"]["resources"]
     console.print(
-        f"[bold]job {job['id']}[/] {job['name']}  {_state(job['state'])}  {job['reason']}"
+        f"[bold]job {job['id']}[/] {job['name']}  {_state(job['state'])}  {escape(job['reason'])}"
     )
     console.print(
         f"team {job['team']}, user {job['user']}, priority {job['priority']}; "
@@ -179,7 +180,7 @@ def describe(
     if job["state"] == "PENDING":
         eta = job["pending_eta"] or "unknown"
         console.print(
-            f"[yellow]pending:[/] {job['pending_reason'] or '-'} (estimated start: {eta})"
+            f"[yellow]pending:[/] {escape(job['pending_reason'] or '-')} (estimated start: {eta})"
         )
     if summary.get("steps"):
         console.print(_summary_line(summary), highlight=False)
@@ -193,14 +194,14 @@ def describe(
             ago(a["started_at"]),
             "" if a["exit_code"] is None else str(a["exit_code"]),
             "" if a["resumed_from_step"] is None else f"step {a['resumed_from_step']}",
-            a["reason"],
+            escape(a["reason"]),
         )
     console.print(table)
     etable = Table(title="events", title_justify="left")
     for col in ("TIME", "KIND", "MESSAGE"):
         etable.add_column(col, overflow="fold")
     for e in events[-30:]:
-        etable.add_row(e["ts"][11:19], e["kind"], e["message"])
+        etable.add_row(e["ts"][11:19], e["kind"], escape(e["message"]))
     console.print(etable)
 
 

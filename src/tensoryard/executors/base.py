@@ -11,9 +11,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from tensoryard.spec.job import JobSpec
+if TYPE_CHECKING:  # keeps the shim's start-up free of pydantic
+    from tensoryard.spec.job import JobSpec
 
 __all__ = ["AttemptPhase", "AttemptStatus", "Executor", "LaunchRequest"]
 

@@ -240,7 +240,14 @@ def create_app(
         job = store.get_job(job_id)
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
+        known = (
+            {(c.step, c.path) for c in store.list_checkpoints(job_id)}
+            if body.checkpoints
+            else set()
+        )
         for c in body.checkpoints:
+            if (c.step, c.path) in known:  # a re-sent report: stored already
+                continue
             store.add_checkpoint(
                 job_id, body.attempt, step=c.step, path=c.path, ts=c.ts, size_bytes=c.size_bytes
             )

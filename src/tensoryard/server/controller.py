@@ -19,7 +19,7 @@ from pathlib import Path
 from tensoryard.errors import Conflict, ExecutorError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
 from tensoryard.server.config import ServerConfig
-from tensoryard.server.scheduling import AdmissionPolicy, ClusterView, NodeCapacity
+from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import JobState
 from tensoryard.store import AttemptRecord, JobRecord, Store
@@ -27,6 +27,8 @@ from tensoryard.store import AttemptRecord, JobRecord, Store
 __all__ = ["Controller"]
 
 log = logging.getLogger("tensoryard.controller")
+
+PREEMPTED = "preempted"
 
 CapacityProvider = Callable[[], tuple[NodeCapacity, ...]]
 
@@ -51,7 +53,7 @@ class Controller:
         *,
         store: Store,
         executor: Executor,
-        policy: AdmissionPolicy,
+        policy: CorePolicy,
         capacity: CapacityProvider,
         config: ServerConfig,
         clock: Callable[[], float] = time.time,
@@ -138,11 +140,15 @@ class Controller:
         pending = tuple(j for j in self.store.pending_jobs() if not j.cancel_requested)
         if not pending:
             return
+        running = tuple(self.store.active_jobs())
         view = ClusterView(
             nodes=self.capacity(),
+            teams=tuple(self.store.list_teams()),
             pending=pending,
-            running=tuple(self.store.active_jobs()),
+            running=running,
             now=now,
+            last_checkpoint=self._checkpoint_times(running),
+            attained_s={j.id: self._attained_s(j) for j in (*pending, *running) if j.attempts},
         )
         decisions = self.policy.decide(view)
         by_id = {j.id: j for j in pending}
@@ -157,6 +163,8 @@ class Controller:
                 pending_reason="",
                 pending_eta=None,
             )
+        for preemption in decisions.preemptions:
+            self._preempt({j.id: j for j in running}.get(preemption.job_id), preemption)
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
             eta = _utc(info.eta_s) if info.eta_s is not None else None
@@ -164,6 +172,48 @@ class Controller:
                 self.store.update_job(job_id, pending_reason=info.reason, pending_eta=eta)
                 if job.pending_reason != info.reason:
                     self.store.add_event(job_id, "pending", info.reason)
+
+    def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
+        times = {}
+        for job in running:
+            latest = self.store.latest_checkpoint(job.id)
+            if latest is not None:
+                times[job.id] = latest.ts
+        return times
+
+    def _attained_s(self, job: JobRecord) -> float:
+        """Run time of the job's finished attempts (what fair share and LAS may look at)."""
+        return sum(
+            (a.finished_at - a.started_at).total_seconds()
+            for a in self.store.list_attempts(job.id)
+            if a.finished_at is not None
+        )
+
+    def _preempt(self, job: JobRecord | None, preemption: Preemption) -> None:
+        """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""
+        if job is None or job.cancel_requested:
+            return
+        attempt = self._current_attempt(job)
+        if attempt is None or attempt.finished_at is not None:
+            return
+        key = (job.id, attempt.number)
+        if key in self._mem.cancel_sent:
+            return
+        reason = f"{PREEMPTED} for job {preemption.for_job_id}: {preemption.message}"
+        self.store.update_attempt(job.id, attempt.number, reason=reason)
+        self._mem.cancel_sent.add(key)
+        self.store.add_event(
+            job.id,
+            "preempt",
+            f"{reason}; {preemption.grace_s:g}s to checkpoint before SIGKILL",
+            attempt=attempt.number,
+        )
+        try:
+            self.executor.cancel(attempt.handle, grace_s=preemption.grace_s)
+        except TensoryardError as exc:
+            self.store.add_event(
+                job.id, "error", f"preemption failed: {exc}", attempt=attempt.number
+            )
 
     # 3 ------------------------------------------------------------------------------------
     def _launch_ready(self, now: float) -> None:
@@ -206,7 +256,12 @@ class Controller:
             run_dir.mkdir(parents=True, exist_ok=True)
             handle = self.executor.launch(request)
         except (ExecutorError, OSError) as exc:
-            self._fail_or_retry(job, number, f"launch of attempt {number} failed: {exc}")
+            reason = f"launch of attempt {number} failed: {exc}"
+            self.store.start_attempt(job.id, handle={})  # the number is used up
+            self.store.update_attempt(
+                job.id, number, state=AttemptPhase.FAILED.value, reason=reason, finished=True
+            )
+            self._fail_or_retry(self.store.get_job(job.id), number, reason)
             return
         self.store.start_attempt(
             job.id, handle=handle, resumed_from_step=latest.step if latest else None
@@ -280,16 +335,24 @@ class Controller:
             return
         reason = status.reason or status.phase.value
         limit_reason = attempt.reason if attempt.reason.startswith("exceeded max_runtime") else ""
+        kept = attempt.reason if attempt.reason.startswith(PREEMPTED) else limit_reason
         self.store.update_attempt(
             job.id,
             attempt.number,
             state=status.phase.value,
             exit_code=status.exit_code,
-            reason=limit_reason or reason,
+            reason=kept or reason,
             finished=True,
         )
         if status.phase is AttemptPhase.SUCCEEDED:
             self._try_transition(job, JobState.SUCCEEDED, f"attempt {attempt.number} succeeded")
+        elif attempt.reason.startswith(PREEMPTED) and not job.cancel_requested:
+            self._try_transition(
+                job,
+                JobState.PENDING,
+                f"{attempt.reason}; requeued, resumes from its last checkpoint",
+                placement={},
+            )
         elif limit_reason:
             self._try_transition(job, JobState.FAILED, limit_reason)
         elif job.cancel_requested or status.phase is AttemptPhase.CANCELLED:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
@@ -20,7 +21,7 @@ from tensoryard.server.app import create_app
 from tensoryard.server.auth import ensure_admin_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
-from tensoryard.server.scheduling import FifoCapacityPolicy, NodeCapacity
+from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.store import Store
 
 __all__ = ["ControlPlane", "build_control_plane", "run_server"]
@@ -36,7 +37,7 @@ class ControlPlane:
     controller: Controller
     admin_token: str
 
-    def app(self):  # type: ignore[no-untyped-def]
+    def app(self) -> FastAPI:
         return create_app(
             store=self.store,
             executor=self.executor,
@@ -51,13 +52,13 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
 
     inv = collect_inventory()
     cpu = config.cpu_slots if config.cpu_slots is not None else float(inv.cpu_slots)
-    model = inv.gpus[0].model if inv.gpus else None
+    model = inv.healthy_gpus[0].model if inv.healthy_gpus else None
     return (
         NodeCapacity(
             name=inv.hostname,
             cpu_slots=cpu,
             memory_bytes=inv.memory_bytes,
-            gpu_indices=tuple(g.index for g in inv.gpus),
+            gpu_indices=tuple(g.index for g in inv.healthy_gpus),
             gpu_model=model,
         ),
     )
@@ -77,7 +78,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller = Controller(
         store=store,
         executor=executor,
-        policy=FifoCapacityPolicy(),
+        policy=CorePolicy(),
         capacity=lambda: nodes,
         config=config,
     )

@@ -1,33 +1,46 @@
-"""The scheduler loop's view: a snapshot of jobs and capacity in, decisions out.
+"""The scheduler loop's seam: store records and inventory in, the pure core's decisions out.
 
-`AdmissionPolicy` is the seam between the control plane and the scheduling core: the loop builds
-a `ClusterView` from the store and the agent's inventory, the policy returns `Decisions`, and the
-loop carries them out. The policy does no I/O.
+`CorePolicy` turns what the control plane knows (nodes, teams, pending and running jobs) into a
+`tensoryard.scheduler.Snapshot`, runs the same `Scheduler` the simulator replays, and hands the
+decisions back in the store's terms (job ids, node -> GPU index lists). No I/O happens here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from tensoryard.scheduler import (
+    DecayedUsage,
+    Node,
+    Placement,
+    QueueSpec,
+    QuotaConfig,
+    Scheduler,
+    SchedulerConfig,
+    Snapshot,
+    Workload,
+    workload_from_job,
+)
 from tensoryard.spec.job import JobSpec
-from tensoryard.store import JobRecord
+from tensoryard.store import JobRecord, TeamRecord
 
 __all__ = [
     "Admission",
-    "AdmissionPolicy",
     "ClusterView",
+    "CorePolicy",
     "Decisions",
-    "FifoCapacityPolicy",
     "NodeCapacity",
     "PendingInfo",
+    "Preemption",
 ]
+
+COHORT = "everyone"
 
 
 @dataclass(frozen=True)
 class NodeCapacity:
-    """One node as the scheduler sees it."""
+    """One node as the agent reports it."""
 
     name: str
     cpu_slots: float
@@ -41,9 +54,14 @@ class ClusterView:
     """What one scheduling cycle looks at."""
 
     nodes: tuple[NodeCapacity, ...]
-    pending: tuple[JobRecord, ...]  # in submission order
+    teams: tuple[TeamRecord, ...]
+    pending: tuple[JobRecord, ...]
     running: tuple[JobRecord, ...]  # jobs holding capacity (admitted .. restarting)
     now: float
+    last_checkpoint: Mapping[int, float] = field(default_factory=dict)  # job -> unix time
+    attained_s: Mapping[int, float] = field(
+        default_factory=dict
+    )  # job -> earlier attempts' run time
 
 
 @dataclass(frozen=True)
@@ -55,109 +73,114 @@ class Admission:
 @dataclass(frozen=True)
 class PendingInfo:
     reason: str
-    eta_s: float | None = None  # unix time of the estimated start, None when unknown
+    eta_s: float | None = None  # unix time of the estimated start; None when unknown
+
+
+@dataclass(frozen=True)
+class Preemption:
+    job_id: int
+    for_job_id: int
+    grace_s: float
+    message: str
 
 
 @dataclass
 class Decisions:
     admissions: list[Admission] = field(default_factory=list)
     pending: dict[int, PendingInfo] = field(default_factory=dict)
+    preemptions: list[Preemption] = field(default_factory=list)
 
 
-class AdmissionPolicy(Protocol):
-    def decide(self, view: ClusterView) -> Decisions: ...
+class CorePolicy:
+    """Runs the scheduling core; keeps the decayed usage history between cycles."""
 
-
-def _spec(job: JobRecord) -> JobSpec:
-    return JobSpec.model_validate(job.spec)
-
-
-@dataclass
-class _Free:
-    cpu: float
-    memory: int
-    gpus: list[int]
-
-
-class FifoCapacityPolicy:
-    """Strict FIFO by (priority desc, submit order) over node capacity, gangs all or nothing.
-
-    The simplest honest policy; the scheduling core replaces it for multi-team clusters.
-    """
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.scheduler = Scheduler(config or SchedulerConfig())
+        self._history: Mapping[str, DecayedUsage] = {}
 
     def decide(self, view: ClusterView) -> Decisions:
-        free = {n.name: _Free(n.cpu_slots, n.memory_bytes, list(n.gpu_indices)) for n in view.nodes}
-        for job in view.running:
-            self._take(free, job.placement, _spec(job))
-        decisions = Decisions()
-        ordered = sorted(view.pending, key=lambda j: (-j.priority, j.created_at, j.id))
-        blocked_by: JobRecord | None = None
-        for position, job in enumerate(ordered):
-            spec = _spec(job)
-            if blocked_by is not None:
-                decisions.pending[job.id] = PendingInfo(
-                    f"waiting behind job {blocked_by.id} ({blocked_by.name}); "
-                    f"{position} job(s) ahead in the queue"
-                )
-                continue
-            placement, why = self._place(free, spec, view.nodes)
-            if placement is None:
-                decisions.pending[job.id] = PendingInfo(why)
-                blocked_by = job
-                continue
-            self._take(free, placement, spec)
-            decisions.admissions.append(Admission(job.id, placement))
-        return decisions
-
-    @staticmethod
-    def _take(free: dict[str, _Free], placement: dict[str, list[int]], spec: JobSpec) -> None:
-        for node, gpus in placement.items():
-            slot = free.get(node)
-            if slot is None:
-                continue
-            slot.cpu -= spec.resources.cpu
-            slot.memory -= spec.resources.memory
-            slot.gpus = [g for g in slot.gpus if g not in gpus]
-
-    @staticmethod
-    def _place(
-        free: dict[str, _Free], spec: JobSpec, nodes: Sequence[NodeCapacity]
-    ) -> tuple[dict[str, list[int]] | None, str]:
-        res = spec.resources
-        if res.nodes > len(nodes):
-            return None, (
-                f"needs {res.nodes} nodes; this cluster has {len(nodes)} "
-                "(reduce resources.nodes or run on a larger cluster)"
-            )
-        fits_ever = [
-            n
-            for n in nodes
-            if n.cpu_slots >= res.cpu
-            and n.memory_bytes >= res.memory
-            and len(n.gpu_indices) >= res.gpus_per_node
-        ]
-        if len(fits_ever) < res.nodes:
-            biggest = max(nodes, key=lambda n: (len(n.gpu_indices), n.cpu_slots))
-            return None, (
-                f"needs {res.cpu:g} CPU, {res.memory / 2**30:.1f} GiB and {res.gpus_per_node} GPU "
-                f"per node on {res.nodes} node(s); the largest node has {biggest.cpu_slots:g} CPU, "
-                f"{biggest.memory_bytes / 2**30:.1f} GiB, {len(biggest.gpu_indices)} GPU: it can "
-                "never start as specified"
-            )
-        chosen: dict[str, list[int]] = {}
-        for node in fits_ever:
-            slot = free[node.name]
-            if (
-                slot.cpu >= res.cpu - 1e-9
-                and slot.memory >= res.memory
-                and len(slot.gpus) >= res.gpus_per_node
-            ):
-                chosen[node.name] = slot.gpus[: res.gpus_per_node]
-                if len(chosen) == res.nodes:
-                    return chosen, ""
-        total_free_cpu = sum(max(0.0, s.cpu) for s in free.values())
-        total_free_gpu = sum(len(s.gpus) for s in free.values())
-        return None, (
-            f"needs {res.nodes} node(s) x ({res.cpu:g} CPU, {res.gpus_per_node} GPU); "
-            f"free now: {total_free_cpu:g} CPU, {total_free_gpu} GPU; waits for running jobs to end"
+        snapshot = Snapshot(
+            nodes=tuple(_node(n) for n in view.nodes),
+            quotas=_quotas(view.teams, view.nodes),
+            pending=tuple(_pending(j, view) for j in view.pending),
+            running=tuple(_running(j, view) for j in view.running),
+            usage_history=self._history,
         )
+        core = self.scheduler.schedule(snapshot, view.now)
+        self._history = core.usage_history
+        out = Decisions()
+        for a in core.admissions:
+            placement = {node: list(gpus) for node, gpus in a.placement.gpus.items()}
+            out.admissions.append(Admission(int(a.workload_id), placement))
+        for job in view.pending:
+            info = core.pending.get(str(job.id))
+            if info is not None:
+                out.pending[job.id] = PendingInfo(info.reason, info.eta_s)
+        for p in core.preemptions:
+            out.preemptions.append(
+                Preemption(int(p.workload_id), int(p.preemptor_id), p.grace_s, p.message)
+            )
+        return out
+
+
+def _node(n: NodeCapacity) -> Node:
+    return Node(
+        name=n.name,
+        gpu_model=n.gpu_model,
+        gpus_total=len(n.gpu_indices),
+        cpu_total=n.cpu_slots,
+        mem_total=n.memory_bytes,
+        unavailable_gpus=(),
+    )
+
+
+def _quotas(teams: tuple[TeamRecord, ...], nodes: tuple[NodeCapacity, ...]) -> QuotaConfig:
+    """One queue per team, all in one cohort. A team without a GPU quota may use every GPU."""
+    totals: dict[str, int] = {}
+    for n in nodes:
+        if n.gpu_model:
+            totals[n.gpu_model] = totals.get(n.gpu_model, 0) + len(n.gpu_indices)
+    queues = []
+    for t in teams:
+        if t.gpu_quota is None:
+            nominal = dict(totals)
+        else:
+            nominal = {model: min(t.gpu_quota, count) for model, count in totals.items()}
+        queues.append(QueueSpec(name=t.name, cohort=COHORT, nominal=nominal, cpu=t.cpu_quota))
+    return QuotaConfig.build(queues)
+
+
+def _pending(job: JobRecord, view: ClusterView) -> Workload:
+    return workload_from_job(
+        str(job.id),
+        JobSpec.model_validate(job.spec),
+        submit_time=job.created_at.timestamp(),
+        attained_service_s=view.attained_s.get(job.id, 0.0),
+    )
+
+
+def _running(job: JobRecord, view: ClusterView) -> Workload:
+    spec = JobSpec.model_validate(job.spec)
+    base = workload_from_job(
+        str(job.id),
+        spec,
+        submit_time=job.created_at.timestamp(),
+        attained_service_s=view.attained_s.get(job.id, 0.0),
+    )
+    model = next((n.gpu_model for n in view.nodes if n.name in job.placement), None)
+    placement = Placement(
+        gpu_model=model if spec.resources.gpus_per_node else None,
+        gpus={node: tuple(gpus) for node, gpus in job.placement.items()},
+        cpu_per_node=spec.resources.cpu,
+        mem_per_node=spec.resources.memory,
+    )
+    started = job.started_at or job.admitted_at or job.updated_at
+    return Workload(
+        **{
+            **{f: getattr(base, f) for f in Workload.__dataclass_fields__},
+            "placement": placement,
+            "start_time": started.timestamp(),
+            "last_checkpoint_time": view.last_checkpoint.get(job.id),
+            "terminating": job.cancel_requested,
+        }
+    )

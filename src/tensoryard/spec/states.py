@@ -30,6 +30,7 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     ),
     JobState.STARTING: frozenset(
         {
+            JobState.PENDING,  # preempted before it was confirmed running
             JobState.RUNNING,
             JobState.RESTARTING,
             JobState.SUCCEEDED,

@@ -25,6 +25,19 @@ Guarantees:
   exit records, falling back to torchrun's own failure report.
 """
 
-from tensoryard.executors.local.executor import LocalExecutor, LocalHandle
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tensoryard.executors.local.executor import LocalExecutor, LocalHandle
 
 __all__ = ["LocalExecutor", "LocalHandle"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so the shim (python -m tensoryard.executors.local.shim) starts without pydantic.
+    if name in __all__:
+        return getattr(importlib.import_module("tensoryard.executors.local.executor"), name)
+    raise AttributeError(name)

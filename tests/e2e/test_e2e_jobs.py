@@ -1,0 +1,186 @@
+"""The README flow with real processes: a control plane subprocess, the `tyard` CLI, and the
+tiny GPT example trained with DDP (gloo, 2 processes) on the CPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.e2e.conftest import REPO, ServerProcess, tyard, wait_for
+
+EXAMPLE = REPO / "examples" / "tiny_gpt"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_job(tmp_path: Path, *args: str, name: str = "tiny-gpt", **extra: Any) -> Path:
+    """A JobSpec file for a short run of the example (small model, few steps)."""
+    spec = {
+        "name": name,
+        "launcher": "torchrun",
+        "resources": {"processes_per_node": 2, "cpu": 2, "memory": "2Gi"},
+        "command": ["train.py", "--d-model", "64", "--seq-len", "64", "--batch-size", "8", *args],
+        "workdir": str(EXAMPLE),
+        "checkpoint": {"interval": 10, "keep": 2},
+        "restart": {"max_restarts": 2, "backoff": "1s"},
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def env_for(server: ServerProcess) -> dict[str, str]:
+    return {"TYARD_SERVER": server.url, "TYARD_HOME": str(server.home)}
+
+
+def processes_of(home: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = p.info.get("environ") or {}
+            if str(home) in env.get("TYARD_RUN_DIR", ""):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_a_killed_rank_restarts_from_the_last_checkpoint_and_the_loss_curve_continues(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    control_plane.start()
+    env = env_for(control_plane)
+    spec = tiny_job(tmp_path, "--steps", "40", "--fail-at-step", "25", "--fail-rank", "1")
+    submitted = tyard("submit", str(spec), "--json", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+
+    client = control_plane.client()
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["restarts"] == 1
+
+    described = tyard("describe", str(job_id), "--json", env=env)
+    assert described.returncode == 0, described.stderr
+    info = json.loads(described.stdout)
+    first, second = info["attempts_detail"]
+    assert first["state"] == "failed" and "rank 1" in first["reason"]
+    assert second["resumed_from_step"] == 20  # checkpoints every 10 steps, killed at 25
+    assert any("restarting from the last checkpoint" in e["message"] for e in info["events"])
+
+    metrics = client.metrics(job_id)
+    attempt2 = sorted(m["step"] for m in metrics if m["attempt"] == 2)
+    assert attempt2[0] == 21 and attempt2[-1] == 40
+    summary = info["summary"]
+    assert summary["steps"] == 40
+    assert summary["final_loss"] < summary["initial_loss"]
+    assert summary["steps_lost"] >= 4  # steps 21..24 (and maybe 25) ran twice
+    assert 0 < summary["goodput"] < 1
+
+    logs = tyard("logs", str(job_id), "--rank", "1", "--attempt", "1", env=env)
+    assert "fault injection: killing rank 1" in logs.stdout
+    assert not processes_of(control_plane.home)
+
+
+def test_the_job_survives_a_sigkilled_control_plane_and_ends_correctly(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    client = control_plane.start()
+    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "60").read_text())
+    job_id = client.submit(spec)["id"]
+    wait_for(client, job_id, {"RUNNING"})
+    deadline = time.monotonic() + 60
+    while not client.metrics(job_id) and time.monotonic() < deadline:
+        time.sleep(0.3)
+
+    control_plane.kill()
+    workers = processes_of(control_plane.home)
+    assert workers, "the job must keep running while the control plane is down"
+    time.sleep(2)
+
+    client = control_plane.start()
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["attempts"] == 1  # re-attached, not restarted
+    events = [e["message"] for e in client.events(job_id)]
+    assert any("control plane restarted" in m for m in events)
+    assert client.summary(job_id)["steps"] == 60
+    assert not processes_of(control_plane.home)
+
+
+def test_a_cancelled_job_stops_and_leaves_no_process_behind(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    client = control_plane.start()
+    env = env_for(control_plane)
+    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "100000").read_text())
+    job_id = client.submit(spec)["id"]
+    wait_for(client, job_id, {"RUNNING"})
+    result = tyard("cancel", str(job_id), env=env)
+    assert result.returncode == 0, result.stderr
+    job = wait_for(client, job_id, TERMINAL, timeout=60)
+    assert job["state"] == "CANCELLED"
+    deadline = time.monotonic() + 15
+    while processes_of(control_plane.home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(control_plane.home)
+
+
+def test_following_logs_streams_until_the_job_ends(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    client = control_plane.start()
+    env = env_for(control_plane)
+    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "15").read_text())
+    job_id = client.submit(spec)["id"]
+    followed = tyard("logs", str(job_id), "-f", "--rank", "0", env=env, timeout=240)
+    assert followed.returncode == 0, followed.stderr
+    assert "[rank 0]" in followed.stdout
+    assert client.job(job_id)["state"] in TERMINAL
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("name: tiny\ncommand: [train.py\n", "malformed YAML at line"),
+        ("name: tiny\ncommand: train.py\nresources: {nodes: -3}\n", "resources.nodes"),
+        ("name: tiny\ncommand: train.py\nresources: {gpus_per_node: 512}\n", "gpus_per_node"),
+        ("name: tiny\n", "command"),
+        ("name: tiny\ncommand: train.py\nteam: nobody\n", "unknown team 'nobody'"),
+        ("name: tiny\ncommand: train.py\ncolour: blue\n", "colour"),
+    ],
+    ids=[
+        "malformed YAML",
+        "a negative node count",
+        "an absurd GPU count",
+        "a missing command",
+        "an unknown team",
+        "an unknown field",
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message_and_stores_nothing(
+    control_plane: ServerProcess, tmp_path: Path, content: str, needle: str
+) -> None:
+    client = control_plane.start()
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    result = tyard("submit", str(path), env=env_for(control_plane))
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert client.jobs()["total"] == 0
+
+
+def test_the_cli_says_how_to_fix_an_unreachable_control_plane(tmp_path: Path) -> None:
+    result = tyard("jobs", "--server", "http://127.0.0.1:9", env={"TYARD_HOME": str(tmp_path)})
+    assert result.returncode == 1
+    assert "cannot reach the control plane" in result.stderr
+    assert "Traceback" not in result.stderr
