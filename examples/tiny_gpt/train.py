@@ -1,0 +1,115 @@
+"""Train a tiny byte-level GPT with DDP on the standard library's source code.
+
+    torchrun --nproc-per-node 2 train.py --steps 240
+
+Under tensoryard the TYARD_* variables say where to checkpoint and report; alone it writes
+to ./.tyard/tiny-gpt-local. A resumed attempt continues exactly where the last checkpoint left
+off (same data, same RNG), so its losses match an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+import torch
+from data import ByteCorpus
+from model import GPTConfig, TinyGPT
+from torch.nn.parallel import DistributedDataParallel
+
+from tensoryard.runtime import session
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=240, help="optimizer steps in total")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    p.add_argument("--d-model", type=int, default=128, help="model width")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip")
+    p.add_argument("--seed", type=int, default=1234, help="seeds model init, data and dropout")
+    p.add_argument("--max-bytes", type=int, default=None, help="use only this much text")
+    p.add_argument("--checkpoint-interval", type=int, default=None, help="default: from env")
+    p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: kill a rank")
+    p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills")
+    return p.parse_args(argv)
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Warmup then cosine decay to 10%: a pure function of the step, nothing to checkpoint."""
+    peak, warmup = float(args.lr), int(args.warmup)
+    if step <= warmup:
+        return peak * step / max(1, warmup)
+    progress = (step - warmup) / max(1, args.steps - warmup)
+    return peak * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def maybe_fail(args: argparse.Namespace, step: int, rank: int) -> None:
+    """On attempt 1 only, SIGKILL `--fail-rank` at the start of `--fail-at-step`."""
+    if (
+        step == args.fail_at_step
+        and rank == args.fail_rank
+        and os.environ.get("TYARD_ATTEMPT", "1") == "1"
+    ):
+        print(f"fault injection: killing rank {rank} at step {step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def local_env() -> Mapping[str, str]:
+    """Outside tensoryard, keep runs and checkpoints under ./.tyard/tiny-gpt-local."""
+    return {"TYARD_RUN_DIR": os.path.join(".tyard", "tiny-gpt-local"), **os.environ}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank_tag = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {rank_tag}] %(message)s")
+    config = GPTConfig(
+        seq_len=args.seq_len,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        dropout=args.dropout,
+    )
+    with session(env=local_env(), interval=args.checkpoint_interval) as sess:
+        rank = sess.dist.rank
+        torch.manual_seed(args.seed + rank)  # same init after DDP's broadcast; own dropout stream
+        corpus = ByteCorpus.stdlib(max_bytes=args.max_bytes)
+        model = TinyGPT(config).to(sess.dist.device)
+        ddp = DistributedDataParallel(model) if sess.dist.is_distributed else model
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        for step in sess.loop(args.steps, model, optimizer):
+            maybe_fail(args, step, rank)
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = corpus.batch(
+                seed=args.seed,
+                step=step,
+                rank=rank,
+                batch_size=args.batch_size,
+                seq_len=args.seq_len,
+            )
+            loss = ddp(x.to(sess.dist.device), y.to(sess.dist.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizer.step()
+            sess.report(step, loss=sess.dist.mean(loss.item()), lr=lr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,885 @@
+"""Node-local cache for remote shards: a `ShardSource` for ``s3://`` and other fsspec URLs.
+
+A training job reads a prepared dataset from object storage (``s3://``), HDFS, or any fsspec
+protocol (a JuiceFS/GPFS mount is a plain path and needs no cache). Every rank on a node opens a
+:class:`ShardCache` on the same node-local directory; the cache
+
+* downloads ahead in the loader's announced order (``hint``): a bounded window of the next
+  ``prefetch_shards`` shards, fetched by background threads;
+* downloads each file once per node: ranks serialise on a per-file lock, the winner streams into
+  a temporary file and renames it into place atomically, the others wait and reuse the file;
+* keeps the directory under a byte budget by evicting the file whose next use lies furthest in
+  the future (Belady's policy, possible because the sample order is known in advance); files the
+  loader still maps are never chosen, and a prefetch never pushes out a shard needed sooner;
+* verifies every download against the manifest's content hash: a mismatch is downloaded once
+  more, then raises :class:`~tensoryard.errors.DataError` naming the file and both hashes;
+* retries transient failures (connection reset, timeout, throttling, 5xx) with exponential
+  backoff and turns permanent ones (no bucket, no credentials, no object) into a DataError that
+  says what to fix.
+
+Cached files are named by content hash, so caches of several datasets can share one directory
+and a file of an older dataset version is never taken for a new one. A temporary file left by a
+crashed download is ignored and deleted, never resumed. Eviction only unlinks: a shard another
+process has mapped stays readable until it is unmapped.
+
+The S3 backend calls boto3 directly (s3fs would pull aiobotocore, whose botocore pin fights the
+installed boto3); every other protocol goes through fsspec.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from filelock import FileLock
+from filelock import Timeout as LockTimeout
+
+from tensoryard.data.format import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SHARDS_NAME,
+    ShardEntry,
+    doc_file_name,
+    read_manifest,
+    read_shard_entries,
+    shard_file_name,
+)
+from tensoryard.errors import DataError
+
+__all__ = [
+    "CacheConfig",
+    "CacheStats",
+    "FileCache",
+    "FsspecStore",
+    "RemoteFile",
+    "RemoteStore",
+    "S3Store",
+    "ShardCache",
+    "TransientError",
+    "open_store",
+    "source_for_url",
+]
+
+log = logging.getLogger(__name__)
+
+_LOCK_DIR = ".locks"
+_META_DIR = ".meta"
+_BUDGET_LOCK = "_budget.lock"
+_TMP_MARK = ".tmp-"
+_MiB = 1 << 20
+_NEVER = 1 << 62  # next-use rank of a file nobody announced: evicted first
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file the cache can fetch.
+
+    ``key`` is the path relative to the remote root (``shard-000007.tok``); ``nbytes`` and
+    ``digest`` come from the manifest. ``digest`` is ``"<algorithm>:<hex>"`` with any hashlib
+    algorithm (``blake2b:…``, ``sha256:…``); a bare hex string means sha256.
+    """
+
+    key: str
+    nbytes: int
+    digest: str
+
+    @property
+    def algorithm(self) -> str:
+        return self.digest.split(":", 1)[0] if ":" in self.digest else "sha256"
+
+    @property
+    def hexdigest(self) -> str:
+        return self.digest.split(":", 1)[1] if ":" in self.digest else self.digest
+
+    @property
+    def local_name(self) -> str:
+        """Content-addressed file name inside the cache directory."""
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", self.key.rsplit("/", 1)[-1])
+        return f"{self.hexdigest[:24]}-{base}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    """How a node-local shard cache behaves."""
+
+    cache_dir: Path
+    """Node-local directory shared by all ranks of the node (created if missing)."""
+    max_bytes: int = 64 << 30
+    """Byte budget of the directory; must hold at least two of the largest shards."""
+    prefetch_shards: int = 8
+    """How many upcoming shards to download ahead of the reader."""
+    download_threads: int = 2
+    """Background download threads per process."""
+    retries: int = 4
+    """Extra attempts after a transient failure (connection reset, 5xx, throttling)."""
+    backoff_s: float = 0.25
+    """First retry delay; doubled after each failure."""
+    backoff_max_s: float = 15.0
+    """Upper bound of one retry delay."""
+    lock_timeout_s: float = 3600.0
+    """How long a rank waits for another rank's download of the same file."""
+    chunk_bytes: int = 8 * _MiB
+    """Read size while streaming a download to disk."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CacheConfig:
+        """Config from ``TYARD_DATA_CACHE_DIR`` (default ``~/.cache/tensoryard/shards``) and
+        ``TYARD_DATA_CACHE_BYTES`` (default 64 GiB)."""
+        env = os.environ if env is None else env
+        default_dir = Path.home() / ".cache" / "tensoryard" / "shards"
+        raw = env.get("TYARD_DATA_CACHE_BYTES", str(64 << 30))
+        try:
+            max_bytes = int(raw)
+        except ValueError as exc:
+            raise DataError(
+                f"TYARD_DATA_CACHE_BYTES={raw!r} is not an integer (fix: a byte count)"
+            ) from exc
+        return cls(
+            cache_dir=Path(env.get("TYARD_DATA_CACHE_DIR", default_dir)), max_bytes=max_bytes
+        )
+
+    def validate(self, largest_file: int) -> None:
+        """Raise DataError when the config cannot work for files up to ``largest_file``."""
+        if self.max_bytes < 2 * largest_file:
+            raise DataError(
+                f"cache budget max_bytes={self.max_bytes} is smaller than two of the largest "
+                f"shard ({largest_file} bytes) (fix: raise it to at least {2 * largest_file})"
+            )
+        if self.prefetch_shards < 0 or self.download_threads < 1 or self.retries < 0:
+            raise DataError(
+                "cache config: prefetch_shards and retries must be >= 0, download_threads >= 1"
+            )
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache instance (this process only)."""
+
+    downloads: int = 0
+    bytes_downloaded: int = 0
+    hits: int = 0
+    reused_from_other_rank: int = 0
+    evictions: int = 0
+    retries: int = 0
+    checksum_mismatches: int = 0
+    skipped_prefetches: int = 0
+    evicted: deque[str] = field(default_factory=lambda: deque(maxlen=256))
+    """The most recently evicted file names (bounded)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Remote stores
+
+
+class TransientError(Exception):
+    """A failure worth retrying (connection reset, timeout, throttling, 5xx)."""
+
+
+class RemoteStore(Protocol):
+    """Reads objects under one remote root. Implementations translate their errors:
+    `TransientError` for retryable failures, `DataError` for permanent ones."""
+
+    def url(self, key: str) -> str:
+        """The full URL of ``key`` (for messages)."""
+        ...
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        """Stream the object's bytes into ``sink``."""
+        ...
+
+
+def _join(root: str, key: str) -> str:
+    return f"{root.rstrip('/')}/{key.lstrip('/')}" if root else key
+
+
+class S3Store:
+    """``s3://bucket/prefix`` through boto3.
+
+    ``endpoint_url`` (or the standard ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` variables)
+    points at any S3-compatible service; credentials come from boto3's usual chain.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        profile_name: str | None = None,
+        max_pool_connections: int = 10,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+    ) -> None:
+        match = re.fullmatch(r"s3://([^/]+)/?(.*)", root)
+        if not match:
+            raise DataError(f"not an S3 URL: {root!r} (expected s3://bucket/prefix)")
+        self.bucket, self.prefix = match.group(1), match.group(2).strip("/")
+        self._options: dict[str, Any] = {
+            "endpoint_url": endpoint_url,
+            "region_name": region_name,
+            "profile_name": profile_name,
+            "max_pool_connections": max_pool_connections,
+            "connect_timeout_s": connect_timeout_s,
+            "read_timeout_s": read_timeout_s,
+        }
+        self._client = self._make_client(**self._options)
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _make_client(
+        *,
+        endpoint_url: str | None,
+        region_name: str | None,
+        profile_name: str | None,
+        max_pool_connections: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+    ) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import ProfileNotFound
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise DataError(
+                "reading s3:// needs boto3 (fix: pip install 'tensoryard[data]')"
+            ) from exc
+        # Retries are ours (one backoff policy for every backend): botocore makes one attempt.
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+        )
+        try:
+            session = boto3.session.Session(profile_name=profile_name, region_name=region_name)
+        except ProfileNotFound as exc:
+            raise DataError(f"AWS profile {profile_name!r} not found (fix: AWS_PROFILE)") from exc
+        return session.client("s3", endpoint_url=endpoint_url, config=config)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # boto3 clients do not pickle; DataLoader workers build their own.
+        state = self.__dict__.copy()
+        del state["_client"], state["_pid"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._client = self._make_client(**self._options)
+        self._pid = os.getpid()
+
+    def _client_here(self) -> Any:
+        # A forked DataLoader worker must not share the parent's connection pool.
+        if self._pid != os.getpid():
+            self._client = self._make_client(**self._options)
+            self._pid = os.getpid()
+        return self._client
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{_join(self.prefix, key)}"
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        try:
+            client = self._client_here()
+            body = client.get_object(Bucket=self.bucket, Key=_join(self.prefix, key))["Body"]
+            for chunk in body.iter_chunks(chunk_bytes):
+                sink(chunk)
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+
+    def _translate(self, exc: Exception, key: str) -> Exception:
+        from botocore import exceptions as bex
+
+        url = self.url(key)
+        if isinstance(exc, bex.NoCredentialsError | bex.PartialCredentialsError):
+            return DataError(
+                f"no usable AWS credentials to read {url} (fix: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or run with an instance/pod role)"
+            )
+        if isinstance(exc, bex.ClientError):
+            return _translate_s3_client_error(exc, url, self.bucket)
+        if isinstance(exc, bex.FlexibleChecksumError):
+            # S3's own transfer checksum caught corruption in transit: fetch again.
+            return TransientError(f"{url}: corrupted in transit ({exc})")
+        if isinstance(exc, bex.HTTPClientError | bex.IncompleteReadError | OSError):
+            return TransientError(f"{url}: {exc}")
+        if isinstance(exc, bex.BotoCoreError):
+            return DataError(f"cannot read {url}: {exc}")
+        return exc
+
+
+_S3_TRANSIENT = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling"}
+
+
+def _translate_s3_client_error(exc: Any, url: str, bucket: str) -> Exception:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if code in _S3_TRANSIENT or status >= 500 or status == 429:
+        return TransientError(f"{url}: {code or status}")
+    if code == "NoSuchBucket":
+        return DataError(
+            f"bucket {bucket!r} does not exist (reading {url}) (fix: check the dataset URL "
+            "and, for a non-AWS service, AWS_ENDPOINT_URL)"
+        )
+    if code in {"NoSuchKey", "404", "NotFound"}:
+        return DataError(
+            f"{url} does not exist (fix: upload the whole prepared directory, "
+            "manifest and every shard listed in it)"
+        )
+    if code in {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}:
+        return DataError(f"S3 rejected the credentials reading {url}: {code} (fix: refresh them)")
+    if code in {"AccessDenied", "403", "AllAccessDisabled"}:
+        return DataError(
+            f"access denied reading {url} (fix: grant s3:GetObject on bucket {bucket!r})"
+        )
+    return DataError(f"cannot read {url}: {code or status}: {error.get('Message', exc)}")
+
+
+class FsspecStore:
+    """Any fsspec filesystem (``file://``, ``hdfs://``, ``gs://``…) or a plain path."""
+
+    def __init__(self, root: str, **storage_options: Any) -> None:
+        import fsspec
+
+        try:
+            self._fs, self._root = fsspec.core.url_to_fs(root, **storage_options)
+        except (ImportError, ValueError) as exc:
+            raise DataError(f"cannot open {root}: {exc} (fix: install its fsspec backend)") from exc
+        self._display_root = root
+
+    def url(self, key: str) -> str:
+        return _join(self._display_root, key)
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        try:
+            with self._fs.open(_join(self._root, key), "rb") as src:
+                while chunk := src.read(chunk_bytes):
+                    sink(chunk)
+        except FileNotFoundError as exc:
+            raise DataError(
+                f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
+            ) from exc
+        except PermissionError as exc:
+            raise DataError(f"permission denied reading {self.url(key)}") from exc
+        except (OSError, TimeoutError) as exc:
+            raise TransientError(f"{self.url(key)}: {exc}") from exc
+
+
+def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
+    """The store for ``root``: boto3 for ``s3://``, fsspec for everything else."""
+    options = dict(storage_options or {})
+    if root.startswith(("s3://", "s3a://")):
+        return S3Store("s3://" + root.split("://", 1)[1], **options)
+    return FsspecStore(root, **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# The file cache: locks, budget, verification, retries
+
+
+NextUse = Callable[[], Mapping[str, int]]
+
+
+class FileCache:
+    """A content-addressed directory of verified remote files under a byte budget.
+
+    Safe to share between threads and between processes on one node. ``next_use()`` ranks
+    cached file names by when they are needed next (smaller is sooner, negative means in use
+    now, absent means not announced) and drives eviction.
+    """
+
+    def __init__(
+        self,
+        store: RemoteStore,
+        config: CacheConfig,
+        *,
+        next_use: NextUse = dict,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.stats = CacheStats()
+        self.next_use = next_use
+        self._sleep = sleep
+        self.dir = Path(config.cache_dir)
+        self._locks = self.dir / _LOCK_DIR
+        try:
+            self._locks.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DataError(
+                f"cannot create the shard cache at {self.dir}: {exc.strerror} "
+                "(fix: set TYARD_DATA_CACHE_DIR to a writable node-local directory)"
+            ) from exc
+
+    def path(self, f: RemoteFile) -> Path:
+        """Where ``f`` lives in the cache (present or not)."""
+        return self.dir / f.local_name
+
+    def present(self, f: RemoteFile) -> bool:
+        """Whether ``f`` is in the cache, complete."""
+        # Files only appear here by rename after verification; the size check catches
+        # truncation by something outside the cache.
+        try:
+            return self.path(f).stat().st_size == f.nbytes
+        except FileNotFoundError:
+            return False
+
+    def fetch(self, f: RemoteFile, *, demand: bool = True) -> Path | None:
+        """Make ``f`` present and verified. A prefetch (``demand=False``) returns None instead
+        of evicting a file that is needed sooner than ``f``."""
+        final = self.path(f)
+        if self.present(f):
+            if demand:
+                self.stats.hits += 1
+            return final
+        lock = FileLock(str(self._locks / f"{f.local_name}.lock"), timeout=self._lock_wait())
+        try:
+            with lock:
+                if self.present(f):
+                    self.stats.reused_from_other_rank += 1
+                    return final
+                self._remove_stale_tmp(f)
+                tmp = self._reserve(f, demand)
+                if tmp is None:
+                    self.stats.skipped_prefetches += 1
+                    return None
+                try:
+                    self._download_verified(f, tmp)
+                    os.replace(tmp, final)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+        except LockTimeout as exc:
+            raise DataError(
+                f"waited {self.config.lock_timeout_s:.0f}s for another process to download "
+                f"{self.store.url(f.key)} into {self.dir} (fix: raise lock_timeout_s or look "
+                "for a hung process on this node)"
+            ) from exc
+        return final
+
+    def fetch_small(self, key: str, dest: Path, digest: str | None = None) -> Path:
+        """Download a small metadata file to ``dest`` (atomic, with retries); verify ``digest``
+        when given. Outside the budget: metadata is tiny and needed for the whole job."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f"{dest.name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            tmp.touch()
+            got = self._download_with_retries(RemoteFile(key, -1, digest or "sha256:"), tmp)
+            if digest is not None and got != RemoteFile(key, -1, digest).hexdigest:
+                raise DataError(
+                    f"{self.store.url(key)}: content hash {got} differs from the manifest's "
+                    f"{digest} (fix: re-upload the prepared directory as a whole)"
+                )
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return dest
+
+    def _lock_wait(self) -> float:
+        return self.config.lock_timeout_s
+
+    def _remove_stale_tmp(self, f: RemoteFile) -> None:
+        # We hold the file's lock, so any temporary file of it is from a dead download.
+        for stale in self.dir.glob(f"{_glob_escape(f.local_name)}{_TMP_MARK}*"):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+
+    # -- downloading --------------------------------------------------------------------------
+
+    def _download_verified(self, f: RemoteFile, tmp: Path) -> None:
+        """Download with retries; a hash mismatch is downloaded once more, then an error."""
+        for attempt in range(2):
+            got = self._download_with_retries(f, tmp)
+            size = tmp.stat().st_size
+            if got == f.hexdigest and size == f.nbytes:
+                return
+            self.stats.checksum_mismatches += 1
+            if attempt == 0:
+                log.warning("checksum mismatch for %s, downloading it again", f.key)
+        raise DataError(
+            f"{self.store.url(f.key)} fails verification twice: the manifest says "
+            f"{f.algorithm}:{f.hexdigest} ({f.nbytes} bytes), the download is "
+            f"{f.algorithm}:{got} ({size} bytes) (fix: the remote copy is corrupt or the "
+            "manifest belongs to another version of the dataset; re-upload the prepared directory)"
+        )
+
+    def _download_with_retries(self, f: RemoteFile, tmp: Path) -> str:
+        delay = self.config.backoff_s
+        for attempt in range(self.config.retries + 1):
+            try:
+                return self._download_once(f, tmp)
+            except TransientError as exc:
+                if attempt == self.config.retries:
+                    raise DataError(
+                        f"giving up on {self.store.url(f.key)} after {attempt + 1} attempts: "
+                        f"{exc} (fix: check the network and the storage service)"
+                    ) from exc
+                self.stats.retries += 1
+                log.warning("transient error on %s (%s), retrying in %.2fs", f.key, exc, delay)
+                self._sleep(delay)
+                delay = min(delay * 2, self.config.backoff_max_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _download_once(self, f: RemoteFile, tmp: Path) -> str:
+        try:
+            hasher = _hasher(f.algorithm, len(f.hexdigest) // 2)
+        except ValueError as exc:
+            raise DataError(f"hash {f.digest!r} of {f.key} uses an unknown algorithm") from exc
+        with open(tmp, "r+b") as out:
+            out.truncate(0)
+
+            def sink(chunk: bytes) -> None:
+                hasher.update(chunk)
+                out.write(chunk)
+
+            self.store.download(f.key, sink, self.config.chunk_bytes)
+            out.flush()
+            os.fsync(out.fileno())
+        self.stats.downloads += 1
+        self.stats.bytes_downloaded += tmp.stat().st_size
+        return str(hasher.hexdigest())
+
+    # -- budget -------------------------------------------------------------------------------
+
+    def _reserve(self, f: RemoteFile, demand: bool) -> Path | None:
+        """Evict until ``f`` fits, then create its temporary file at full (sparse) size so that
+        reservations of other processes count it. None: a prefetch not worth the room."""
+        with FileLock(str(self._locks / _BUDGET_LOCK), timeout=self._lock_wait()):
+            files = self._scan()
+            used = sum(files.values())
+            ranks = self.next_use()
+            own = ranks.get(f.local_name, _NEVER)
+            victims = sorted(
+                (name for name in files if _TMP_MARK not in name),
+                key=lambda name: ranks.get(name, _NEVER),
+                reverse=True,
+            )
+            for name in victims:
+                if used + f.nbytes <= self.config.max_bytes:
+                    break
+                rank = ranks.get(name, _NEVER)
+                if rank < 0 or (not demand and rank <= own):
+                    # Belady: never evict a file in use, and do not let a prefetch push out
+                    # something needed sooner than itself.
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dir / name).unlink()
+                used -= files[name]
+                self.stats.evictions += 1
+                self.stats.evicted.append(name)
+            if used + f.nbytes > self.config.max_bytes:
+                if not demand:
+                    return None
+                log.warning("shard cache over budget to read %s: files in use fill it", f.key)
+            tmp = self.dir / f"{f.local_name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as out:
+                out.truncate(f.nbytes)
+            return tmp
+
+    def _scan(self) -> dict[str, int]:
+        """Cached files and their sizes; stale temporary files are deleted on the way."""
+        out: dict[str, int] = {}
+        with os.scandir(self.dir) as entries:
+            for entry in entries:
+                if entry.name.startswith(".") or not entry.is_file():
+                    continue
+                if _TMP_MARK in entry.name and self._tmp_is_stale(entry.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    out[entry.name] = entry.stat().st_size
+        return out
+
+    def _tmp_is_stale(self, name: str) -> bool:
+        """A temporary file is stale when nobody holds its file's lock."""
+        owner = name.split(_TMP_MARK, 1)[0]
+        probe = FileLock(str(self._locks / f"{owner}.lock"), timeout=0)
+        try:
+            probe.acquire()
+        except LockTimeout:
+            return False
+        probe.release()
+        return True
+
+
+def _hasher(algorithm: str, digest_size: int) -> Any:
+    """hashlib object for a manifest digest; BLAKE2 digests carry their size in their length."""
+    if algorithm == "blake2b":
+        return hashlib.blake2b(digest_size=digest_size)
+    if algorithm == "blake2s":
+        return hashlib.blake2s(digest_size=digest_size)
+    return hashlib.new(algorithm)
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The shard source
+
+
+class ShardCache:
+    """`ShardSource` for a prepared dataset at a remote URL, backed by a node-local cache.
+
+    The loader calls ``hint(upcoming)`` with the shards it will read next (first-use order),
+    ``shard_path(i, name)`` when it reaches one (blocking until the file is local) and
+    ``release(i)`` when it unmaps it. Picklable: each DataLoader worker gets its own threads
+    and shares the directory (and the downloads) with every other process of the node.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        config: CacheConfig | None = None,
+        *,
+        store: RemoteStore | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.config = config if config is not None else CacheConfig.from_env()
+        self.files = FileCache(
+            store if store is not None else open_store(self.url, storage_options),
+            self.config,
+            next_use=self._next_use,
+            sleep=sleep,
+        )
+        url_key = hashlib.blake2b(self.url.encode(), digest_size=10).hexdigest()
+        self.meta_dir = self.files.dir / _META_DIR / url_key
+        self._entries: list[ShardEntry] | None = None
+        self._itemsize = 0
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._meta_lock = threading.Lock()
+        self._upcoming: list[int] = []
+        self._positions: dict[int, list[int]] = {}
+        self._cursor = 0
+        self._pinned: Counter[int] = Counter()
+        self._inflight: dict[int, Future[Path | None]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def _this_process(self) -> None:
+        """After a fork (DataLoader workers), start with fresh threads and locks: the parent's
+        pool threads do not exist here and its locks may have been copied while held."""
+        if self._pid != os.getpid():
+            self._init_runtime()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k in ("url", "config", "meta_dir")}
+        state |= {"store": self.files.store, "sleep": self.files._sleep}
+        state |= {"entries": self._entries, "itemsize": self._itemsize}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.config, self.meta_dir = state["url"], state["config"], state["meta_dir"]
+        self.files = FileCache(
+            state["store"], self.config, next_use=self._next_use, sleep=state["sleep"]
+        )
+        self._entries, self._itemsize = state["entries"], state["itemsize"]
+        self._init_runtime()
+
+    @property
+    def stats(self) -> CacheStats:
+        """Counters of this process's downloads, hits and evictions."""
+        return self.files.stats
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.url!r}, cache_dir={str(self.files.dir)!r})"
+
+    # -- ShardSource --------------------------------------------------------------------------
+
+    def metadata_path(self, name: str) -> Path:
+        """Local copy of manifest.json, index.bin or shards.json (fetched on first use)."""
+        self._this_process()
+        self._load_metadata()
+        return self.meta_dir / name
+
+    def shard_path(self, index: int, name: str) -> Path:
+        """Local path of shard ``index``'s file ``name``, downloading it now if needed."""
+        self._this_process()
+        f = self._file(index, name)
+        # Only token files are mapped (and later released) by the loader; document offsets
+        # are read once and need no pin.
+        mapped = name == shard_file_name(index)
+        with self._mutex:
+            if mapped:
+                self._pinned[index] += 1
+            pos = self._next_position(index)
+            if pos is not None:
+                self._cursor = pos + 1
+            pending = self._inflight.get(index) if mapped else None
+        try:
+            got = pending.result() if pending is not None else None
+            local = got if got is not None else self.files.fetch(f, demand=True)
+        except BaseException:
+            if mapped:
+                self.release(index)
+            raise
+        assert local is not None  # a demand fetch always returns a path
+        self._top_up()
+        return local
+
+    def hint(self, upcoming: Sequence[int]) -> None:
+        """The shards the loader reads next, in order: start fetching the first few.
+
+        First-use order (each shard once) is enough for prefetching; a sequence with repeats
+        (every access) also lets eviction see second and later uses."""
+        self._this_process()
+        with self._mutex:
+            self._upcoming = [int(i) for i in upcoming]
+            self._positions = {}
+            for pos, idx in enumerate(self._upcoming):
+                self._positions.setdefault(idx, []).append(pos)
+            self._cursor = 0
+        self._top_up()
+
+    def release(self, index: int) -> None:
+        """The loader unmapped shard ``index``: it may now be evicted."""
+        self._this_process()
+        with self._mutex:
+            self._pinned[index] -= 1
+            if self._pinned[index] <= 0:
+                del self._pinned[index]
+
+    def close(self) -> None:
+        """Stop prefetching; cached files stay for the next job on this node."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> ShardCache:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    def _load_metadata(self) -> list[ShardEntry]:
+        with self._meta_lock:
+            if self._entries is None:
+                # The manifest is always fetched fresh (it names the hashes of everything else);
+                # index.bin and shards.json are reused when their hash still matches.
+                self.files.fetch_small(MANIFEST_NAME, self.meta_dir / MANIFEST_NAME)
+                manifest = read_manifest(self.meta_dir)
+                for name, digest in (
+                    (INDEX_NAME, manifest.index_hash),
+                    (SHARDS_NAME, manifest.shards_hash),
+                ):
+                    local = self.meta_dir / name
+                    if not _matches(local, digest):
+                        self.files.fetch_small(name, local, digest)
+                entries = read_shard_entries(self.meta_dir, manifest)
+                self._itemsize = manifest.np_dtype.itemsize
+                self.config.validate(max(e.tokens for e in entries) * self._itemsize)
+                self._entries = entries
+            return self._entries
+
+    def _file(self, index: int, name: str) -> RemoteFile:
+        entries = self._load_metadata()
+        if not 0 <= index < len(entries):
+            raise DataError(f"{self.url}: shard {index} outside [0, {len(entries)})")
+        e = entries[index]
+        if name == shard_file_name(index):
+            return RemoteFile(name, e.tokens * self._itemsize, e.tokens_hash)
+        if name == doc_file_name(index):
+            return RemoteFile(name, e.documents * 8, e.docs_hash)
+        raise DataError(f"{self.url}: shard {index} has no file {name!r}")
+
+    # -- order and prefetch -------------------------------------------------------------------
+
+    def _next_position(self, index: int) -> int | None:
+        """First announced position of ``index`` at or after the cursor (mutex held)."""
+        positions = self._positions.get(index)
+        if not positions:
+            return None
+        at = bisect.bisect_left(positions, self._cursor)
+        return positions[at] if at < len(positions) else None
+
+    def _next_use(self) -> dict[str, int]:
+        """Cached file name -> how far ahead it is needed (negative: mapped right now)."""
+        entries = self._entries or []
+        ranks: dict[str, int] = {}
+        with self._mutex:
+            cursor = self._cursor
+            ahead = [(i, pos - cursor) for pos, i in enumerate(self._upcoming[cursor:], cursor)]
+            pinned = list(self._pinned)
+        for idx, rank in ahead:
+            for name in (shard_file_name(idx), doc_file_name(idx)):
+                ranks.setdefault(self._file_name(entries, idx, name), rank)
+        for idx in pinned:
+            for name in (shard_file_name(idx), doc_file_name(idx)):
+                ranks[self._file_name(entries, idx, name)] = -1
+        return ranks
+
+    def _file_name(self, entries: list[ShardEntry], idx: int, name: str) -> str:
+        e = entries[idx]
+        digest = e.tokens_hash if name.endswith(".tok") else e.docs_hash
+        return RemoteFile(name, 0, digest).local_name
+
+    def _top_up(self) -> None:
+        """Start downloads of the next ``prefetch_shards`` announced shards not yet local."""
+        if self._closed or self.config.prefetch_shards == 0 or self._entries is None:
+            return
+        with self._mutex:
+            ahead = self._upcoming[self._cursor :]
+            window = list(dict.fromkeys(ahead[: 8 * self.config.prefetch_shards]))
+        for idx in window[: self.config.prefetch_shards]:
+            f = self._file(idx, shard_file_name(idx))
+            if self.files.present(f):
+                continue
+            with self._mutex:
+                if idx in self._inflight:
+                    continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        self.config.download_threads, thread_name_prefix="tyard-shard-cache"
+                    )
+                future = self._pool.submit(self.files.fetch, f, demand=False)
+                self._inflight[idx] = future
+            future.add_done_callback(functools.partial(self._forget, idx))
+
+    def _forget(self, index: int, future: Future[Path | None]) -> None:
+        with self._mutex:
+            if self._inflight.get(index) is future:
+                del self._inflight[index]
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("prefetch of shard %d failed: %s", index, future.exception())
+
+
+def _matches(path: Path, digest: str) -> bool:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    want = RemoteFile("", 0, digest)
+    h = _hasher(want.algorithm, len(want.hexdigest) // 2)
+    h.update(data)
+    return bool(h.hexdigest() == want.hexdigest)
+
+
+def source_for_url(url: str, config: CacheConfig | None = None) -> ShardCache:
+    """The shard source `open_dataset` uses for a remote URL: a cache configured from the
+    environment (``TYARD_DATA_CACHE_DIR``, ``TYARD_DATA_CACHE_BYTES``, ``AWS_*``)."""
+    return ShardCache(url, config)

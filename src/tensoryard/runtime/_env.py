@@ -1,0 +1,47 @@
+"""Reading the TYARD_* / torchrun environment (docs/contracts.md, section 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tensoryard.errors import RuntimeSetupError
+
+__all__ = ["env_float", "env_int", "env_str"]
+
+
+def env_str(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, or None when it is unset or blank."""
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    """An integer variable; a bad value raises RuntimeSetupError naming the variable."""
+    raw = env_str(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise RuntimeSetupError(
+            f"{name}={raw!r} is not an integer (fix: set {name} to a whole number >= {minimum})"
+        ) from exc
+    if value < minimum:
+        raise RuntimeSetupError(f"{name}={value} is below {minimum} (fix: set {name} >= {minimum})")
+    return value
+
+
+def env_float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    """A float variable; a bad value raises RuntimeSetupError naming the variable."""
+    raw = env_str(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RuntimeSetupError(
+            f"{name}={raw!r} is not a number (fix: set {name} to a number >= {minimum})"
+        ) from exc
+    if not value >= minimum:  # also rejects NaN
+        raise RuntimeSetupError(f"{name}={value} is below {minimum} (fix: set {name} >= {minimum})")
+    return value

@@ -1,0 +1,234 @@
+"""One object that wires the runtime together, so a training script stays short::
+
+    with tensoryard.runtime.session() as sess:
+        model, optimizer = build(sess.dist.device)
+        for step in sess.loop(total_steps, model, optimizer):
+            loss = train_step(step)
+            sess.report(step, loss=loss)
+
+`loop` resumes from the latest checkpoint, times each step (up to `report`), writes a
+checkpoint every interval and at the end, and stops every rank together when the control
+plane cancels the job or the process gets SIGTERM (after writing a checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+
+from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo
+from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
+from tensoryard.runtime.goodput import GoodputTracker
+from tensoryard.runtime.report import Reporter, ReporterConfig
+
+__all__ = ["Session", "session"]
+
+log = logging.getLogger("tensoryard.runtime")
+
+Extra = Callable[[], Mapping[str, Any]]
+
+
+class Session:
+    """The dist context, checkpointer, reporter and goodput tracker of one attempt."""
+
+    def __init__(
+        self,
+        dist: DistContext,
+        checkpointer: Checkpointer,
+        reporter: Reporter,
+        *,
+        stop_check_every: int = 10,
+        final_checkpoint: bool = True,
+    ) -> None:
+        self.dist = dist
+        self.checkpointer = checkpointer
+        self.reporter = reporter
+        self.goodput = GoodputTracker()
+        self.stop_check_every = max(1, stop_check_every)
+        self.final_checkpoint = final_checkpoint
+        self.resumed_from: int | None = None
+        self.stopped = False  # loop() ended early on cancel / SIGTERM
+        self._resumed = False
+        self._sigterm = threading.Event()
+        self._step: int | None = None
+        self._step_started = 0.0
+        self._step_time: float | None = None
+        self._closed = False
+        checkpointer.on_saved = self._on_saved
+        checkpointer.on_event = reporter.event
+
+    @property
+    def attempt(self) -> int:
+        return self.reporter.config.attempt
+
+    @property
+    def stop_requested(self) -> bool:
+        """This rank was asked to stop (cancel from the control plane, or SIGTERM)."""
+        return self.reporter.cancel_requested or self._sigterm.is_set()
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+        """Load the latest checkpoint; return the last completed step (0 when fresh)."""
+        step = self.checkpointer.load_latest(model, optimizer)
+        self.resumed_from = step
+        self._resumed = True
+        self.reporter.set_resumed_from(step)
+        if step is not None:
+            self.goodput.checkpointed(step)
+        return step or 0
+
+    def report(self, step: int, **metrics: Any) -> None:
+        """Report a step's metrics; inside `loop` the step time is measured up to this call."""
+        step_time = None
+        if step == self._step:
+            step_time = time.perf_counter() - self._step_started
+            self._step_time = step_time
+        self.reporter.report(step, step_time_s=step_time, **metrics)
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> CheckpointInfo | None:
+        """Write a checkpoint now (collective)."""
+        return self.checkpointer.save(step, model, optimizer, extra)
+
+    def loop(
+        self,
+        total_steps: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        extra: Extra | None = None,
+    ) -> Iterator[int]:
+        """Yield the steps still to run (1-based, up to `total_steps`), checkpointing as it goes.
+
+        Resumes first when `resume` was not called. Ends early, after a checkpoint, when any
+        rank was asked to stop; `stopped` then reads True.
+        """
+        start = self.resume(model, optimizer) if not self._resumed else (self.resumed_from or 0)
+        previous = self._install_sigterm()
+        try:
+            for step in range(start + 1, total_steps + 1):
+                self._step, self._step_time = step, None
+                self._step_started = time.perf_counter()
+                yield step
+                elapsed = self._step_time
+                if elapsed is None:
+                    elapsed = time.perf_counter() - self._step_started
+                self.goodput.step(step, elapsed)
+                if self.checkpointer.should_save(step):
+                    self.save(step, model, optimizer, extra() if extra else None)
+                if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
+                    self._stop(step, model, optimizer, extra)
+                    return
+            last = self.checkpointer.last_saved_step
+            if self.final_checkpoint and total_steps > start and last != total_steps:
+                self.save(total_steps, model, optimizer, extra() if extra else None)
+        finally:
+            self._step = None
+            self._restore_sigterm(previous)
+
+    def _stop(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        extra: Extra | None,
+    ) -> None:
+        if self.checkpointer.last_saved_step != step:
+            self.save(step, model, optimizer, extra() if extra else None)
+        self.stopped = True
+        self.reporter.event(f"stopped at step {step} on request (checkpoint written)")
+
+    def _on_saved(self, info: CheckpointInfo) -> None:
+        self.goodput.checkpointed(info.step)
+        self.reporter.checkpoint(info.step, info.path, info.size_bytes, info.ts)
+
+    def _install_sigterm(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        # Every SIGTERM only sets the flag: a worker gets one from the executor (sent to the
+        # process group) and another from torchrun passing it on, and either way the launcher
+        # escalates to SIGKILL after its grace period if the checkpoint takes too long.
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            self._sigterm.set()
+
+        return signal.signal(signal.SIGTERM, on_sigterm)
+
+    @staticmethod
+    def _restore_sigterm(previous: Any) -> None:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+    def close(self) -> None:
+        """Flush the reporter and leave the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        estimate = self.goodput.estimate()
+        if estimate.steps:
+            self.reporter.event(
+                f"attempt {self.attempt} ran {estimate.steps} steps, "
+                f"{estimate.productive_s:.1f}s of {estimate.elapsed_s:.1f}s in steps "
+                f"(goodput {estimate.goodput:.2f})"
+            )
+        self.reporter.close()
+        shutdown()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, Exception):  # not SystemExit / KeyboardInterrupt
+            self.reporter.event(f"training failed: {type(exc).__name__}: {exc}", kind="error")
+        self.close()
+
+
+def session(
+    *,
+    device: DeviceChoice = "auto",
+    checkpoint_dir: str | Path | None = None,
+    interval: int | None = None,
+    keep: int | None = None,
+    stop_check_every: int = 10,
+    final_checkpoint: bool = True,
+    timeout_s: float = 300.0,
+    env: Mapping[str, str] | None = None,
+) -> Session:
+    """Join the process group and build a checkpointer and reporter from the environment.
+
+    Arguments left None come from the TYARD_* variables (docs/contracts.md, section 1).
+    Use it as a context manager so the reporter is flushed and the group left on exit.
+    """
+    env = os.environ if env is None else env
+    dist = init(device=device, timeout_s=timeout_s, env=env)
+    try:
+        reporter = Reporter(ReporterConfig.from_env(env), rank=dist.rank)
+        checkpointer = Checkpointer(checkpoint_dir, interval, keep, dist=dist, env=env)
+    except BaseException:
+        shutdown()
+        raise
+    return Session(
+        dist,
+        checkpointer,
+        reporter,
+        stop_check_every=stop_check_every,
+        final_checkpoint=final_checkpoint,
+    )

@@ -1,0 +1,172 @@
+"""Joining the job's process group from the torchrun environment.
+
+`init()` reads RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/MASTER_PORT (set by torchrun),
+picks the backend (NCCL on GPUs, gloo on the CPU), binds the process to its device and joins
+the process group. Without torchrun's variables it returns a single-process context, so the
+same script runs under `python train.py` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as tdist
+
+from tensoryard.errors import RuntimeSetupError
+from tensoryard.runtime._env import env_int, env_str
+
+__all__ = ["DistContext", "init", "shutdown"]
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job, and the collectives the runtime needs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None: single process, no process group
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that writes checkpoints and reports."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """A process group was joined (launched by torchrun)."""
+        return self.backend is not None
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            tdist.barrier()
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """`obj` from rank `src` on every rank (picklable objects)."""
+        if not self.is_distributed:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=src, device=self._object_device())
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, indexed by rank."""
+        if not self.is_distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on at least one."""
+        if not self.is_distributed:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        tdist.all_reduce(value, op=tdist.ReduceOp.MAX)
+        return bool(value.item() > 0)
+
+    def mean(self, value: float) -> float:
+        """The mean of `value` over all ranks."""
+        if not self.is_distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+        return float(tensor.item()) / self.world_size
+
+    def _object_device(self) -> torch.device | None:
+        return self.device if self.backend == "nccl" else None
+
+
+def _pick_device(choice: DeviceChoice, local_rank: int) -> torch.device:
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if choice == "cpu" or (choice == "auto" and not cuda):
+        return torch.device("cpu")
+    if not cuda:
+        raise RuntimeSetupError(
+            "device='cuda' was requested but no CUDA device is visible "
+            "(fix: request gpus_per_node > 0, or use device='auto' to run on the CPU)"
+        )
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise RuntimeSetupError(
+            f"LOCAL_RANK={local_rank} but only {count} GPU(s) are visible "
+            "(fix: start one process per GPU: processes_per_node = gpus_per_node)"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _require(env: Mapping[str, str], name: str) -> str:
+    value = env_str(env, name)
+    if value is None:
+        raise RuntimeSetupError(
+            f"{name} is not set but RANK/WORLD_SIZE are (fix: launch the script with torchrun, "
+            f"which sets {name}, or set it yourself)"
+        )
+    return value
+
+
+def init(
+    *,
+    device: DeviceChoice = "auto",
+    timeout_s: float = 300.0,
+    env: Mapping[str, str] | None = None,
+) -> DistContext:
+    """Join the job's process group (or run as one process without torchrun's variables).
+
+    Args:
+        device: "auto" uses the GPU of LOCAL_RANK when CUDA is available, else the CPU.
+        timeout_s: how long collectives (and joining) may wait for the other ranks.
+        env: the environment to read; defaults to os.environ.
+    """
+    env = os.environ if env is None else env
+    if env_str(env, "RANK") is None and env_str(env, "WORLD_SIZE") is None:
+        return DistContext(0, 1, 0, 1, _pick_device(device, 0), None)
+    rank = env_int(env, "RANK", 0)
+    world_size = env_int(env, "WORLD_SIZE", 1, minimum=1)
+    local_rank = env_int(env, "LOCAL_RANK", 0)
+    local_world_size = env_int(env, "LOCAL_WORLD_SIZE", world_size, minimum=1)
+    if rank >= world_size:
+        raise RuntimeSetupError(
+            f"RANK={rank} is not below WORLD_SIZE={world_size} (fix: check the launcher)"
+        )
+    addr, port = _require(env, "MASTER_ADDR"), _require(env, "MASTER_PORT")
+    dev = _pick_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if tdist.is_initialized():
+        return DistContext(rank, world_size, local_rank, local_world_size, dev, backend)
+    try:
+        tdist.init_process_group(
+            backend=backend,
+            # env:// (not tcp://) so that under torchrun rank 0 joins the agent's store
+            # instead of trying to open a second server on MASTER_PORT.
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise RuntimeSetupError(
+            f"rank {rank} could not join the {backend} process group at {addr}:{port} "
+            f"within {timeout_s:g}s: {exc} (fix: check that every rank started and that "
+            "MASTER_ADDR/MASTER_PORT are reachable)"
+        ) from exc
+    return DistContext(rank, world_size, local_rank, local_world_size, dev, backend)
+
+
+def shutdown() -> None:
+    """Leave the process group (safe to call when none was joined)."""
+    if tdist.is_available() and tdist.is_initialized():
+        # A peer may have died already; then there is nothing left to tear down cleanly.
+        with contextlib.suppress(RuntimeError, ValueError):
+            tdist.destroy_process_group()
