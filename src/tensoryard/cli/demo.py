@@ -141,8 +141,10 @@ def demo(
         Path | None, typer.Option(help="State directory (default: a new temporary one).")
     ] = None,
 ) -> None:
-    """Run the walking skeleton end to end: control plane, a 2-process DDP training job on the
-    CPU, an injected rank failure, the restart from the last checkpoint, and a summary."""
+    """Run a real training job end to end: control plane, 2-process DDP on the CPU, an injected
+    rank failure, the restart from the last checkpoint, and a summary.
+
+    Add --json for a machine-readable summary as the last line."""
     started = time.monotonic()
     home = home or Path(tempfile.mkdtemp(prefix="tyard-demo-"))
     home.mkdir(parents=True, exist_ok=True)
