@@ -1,22 +1,55 @@
-"""Byte-level text that every machine has offline: the Python standard library's own source.
+"""The training text, prepared once into a tensoryard token dataset.
 
-All data access goes through `ByteCorpus.batch(seed=, step=, rank=, ...)`: the windows of a
-batch are a pure function of (seed, step, rank), so a resumed run sees exactly the data an
-uninterrupted run would have seen, with no loader state to checkpoint.
+The corpus is text every machine has offline: the Python standard library's own top-level
+``*.py`` files, sorted, one document each, byte-level tokens (256 = end of document).
+`ensure_dataset` turns it into a prepared dataset (`tensoryard.data.prepare`) under a data
+directory shared by every attempt of a job::
+
+    <data-dir>/
+        .prepare.lock          flock: one preparer at a time (ranks, nodes, jobs)
+        stdlib-<key>.jsonl     the corpus snapshot, one {"path", "text"} record per file
+        stdlib-<key>/          the prepared dataset (manifest.json written last)
+
+``<key>`` fingerprints the interpreter's source files (names, sizes, mtimes) and
+``max_bytes``, so another Python or another ``--max-bytes`` gets its own dataset and never
+rewrites one that a running job reads. Both steps are atomic: the snapshot is written to a
+temporary file and renamed; `prepare` writes the manifest last and resumes from its journal,
+so a killed preparation never leaves a directory that looks complete. A later attempt finds
+the dataset up to date in milliseconds.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import sys
 import sysconfig
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from tensoryard.data import PrepareResult, prepare
+from tensoryard.errors import DataError, TensoryardError
 
-__all__ = ["SEPARATOR", "ByteCorpus", "stdlib_sources"]
+if TYPE_CHECKING:
+    from tensoryard.runtime import DistContext
 
-SEPARATOR = 256  # token between files; bytes are 0..255
+__all__ = [
+    "Corpus",
+    "default_data_dir",
+    "ensure_dataset",
+    "prepare_corpus",
+    "stdlib_sources",
+]
+
+log = logging.getLogger("tiny_gpt.data")
+
+LOCK_NAME = ".prepare.lock"
 
 
 def stdlib_sources() -> list[Path]:
@@ -24,51 +57,130 @@ def stdlib_sources() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(root.glob("*.py"))
     if not files:
-        raise FileNotFoundError(f"no *.py files under {root} (the standard library's source)")
+        raise DataError(f"no *.py files under {root} (the standard library's source)")
     return files
 
 
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    """``$TYARD_RUN_DIR/../data/tiny-gpt-stdlib``: next to the job's run directory, so every
+    attempt of the job (and later jobs of the same control plane) reuse one prepared copy."""
+    run_dir = env.get("TYARD_RUN_DIR") or os.path.join(".tyard", "tiny-gpt-local")
+    return Path(run_dir).resolve().parent / "data" / "tiny-gpt-stdlib"
+
+
 @dataclass(frozen=True)
-class ByteCorpus:
-    """A token stream (uint16) split into a training part and a held-out tail."""
+class Corpus:
+    """Which files, cut at how many bytes, and the key naming their snapshot."""
 
-    tokens: np.ndarray
-    holdout: float = 0.05
-
-    @classmethod
-    def from_files(cls, files: list[Path], *, max_bytes: int | None = None) -> ByteCorpus:
-        parts: list[np.ndarray] = []
-        total = 0
-        for path in files:
-            data = np.frombuffer(path.read_bytes(), dtype=np.uint8).astype(np.uint16)
-            parts += [data, np.array([SEPARATOR], dtype=np.uint16)]
-            total += data.size + 1
-            if max_bytes is not None and total >= max_bytes:
-                break
-        return cls(np.concatenate(parts)[:max_bytes])
+    files: tuple[Path, ...]
+    max_bytes: int | None = None
 
     @classmethod
-    def stdlib(cls, *, max_bytes: int | None = None) -> ByteCorpus:
-        return cls.from_files(stdlib_sources(), max_bytes=max_bytes)
+    def stdlib(cls, *, max_bytes: int | None = None) -> Corpus:
+        if max_bytes is not None and max_bytes < 2:
+            raise DataError(f"--max-bytes {max_bytes}: must be at least 2 (or left out)")
+        return cls(tuple(stdlib_sources()), max_bytes)
 
     @property
-    def split(self) -> int:
-        return int(self.tokens.size * (1.0 - self.holdout))
+    def key(self) -> str:
+        """A short fingerprint of the inputs: their names, sizes and mtimes, and max_bytes."""
+        h = hashlib.blake2b(digest_size=6)
+        h.update(f"{sys.version_info[:2]}|{self.max_bytes}".encode())
+        for path in self.files:
+            st = path.stat()
+            h.update(f"|{path}|{st.st_size}|{st.st_mtime_ns}".encode())
+        return h.hexdigest()
 
-    def batch(
-        self,
-        *,
-        seed: int,
-        step: int,
-        rank: int,
-        batch_size: int,
-        seq_len: int,
-        heldout: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets, each (batch_size, seq_len), as int64."""
-        lo, hi = (self.split, self.tokens.size) if heldout else (0, self.split)
-        rng = np.random.default_rng([seed, step, rank, int(heldout)])
-        starts = rng.integers(lo, hi - seq_len - 1, size=batch_size)
-        windows = np.stack([self.tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64)
-        chunk = torch.from_numpy(windows)
-        return chunk[:, :-1], chunk[:, 1:]
+    def texts(self) -> Iterator[tuple[str, str]]:
+        """(file name, text) of each document, the last one cut so the total is max_bytes."""
+        left = self.max_bytes
+        for path in self.files:
+            data = path.read_bytes()
+            if left is not None:
+                data = data[:left]
+                left -= len(data)
+            if data:
+                yield path.name, data.decode("utf-8", errors="replace")
+            if left == 0:
+                return
+
+
+def _write_snapshot(corpus: Corpus, path: Path) -> None:
+    """The corpus as jsonl (an input format `prepare` reads), written atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as out:
+            for name, text in corpus.texts():
+                out.write(json.dumps({"path": name, "text": text}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the data directory; the kernel drops it if we are killed."""
+    with (data_dir / LOCK_NAME).open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def prepare_corpus(corpus: Corpus, data_dir: Path) -> PrepareResult:
+    """Snapshot and prepare `corpus` under `data_dir` (idempotent; safe across processes)."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(data_dir):
+            key = corpus.key
+            snapshot = data_dir / f"stdlib-{key}.jsonl"
+            if not snapshot.exists():
+                _write_snapshot(corpus, snapshot)
+            return prepare([snapshot], "byte", data_dir / f"stdlib-{key}")
+    except OSError as exc:
+        raise DataError(
+            f"cannot prepare the training data in {data_dir}: {exc.strerror or exc} "
+            "(fix: pass a writable --data-dir)"
+        ) from exc
+
+
+def ensure_dataset(corpus: Corpus, data_dir: Path, dist: DistContext) -> Path:
+    """The prepared dataset's directory, on every rank (collective).
+
+    Local rank 0 of each node prepares (under the file lock, so nodes that share storage take
+    turns and the later ones find it up to date); the all-gather is the barrier, and it carries
+    any error to every rank so none waits for a peer that gave up. Each rank reads the
+    directory its own node's preparer named.
+    """
+    outcome: tuple[str, str] | None = None
+    if dist.local_rank == 0:
+        try:
+            result = prepare_corpus(corpus, data_dir)
+            outcome = ("ok", str(result.out_dir))
+            _log_result(result)
+        except TensoryardError as exc:
+            outcome = ("error", str(exc))
+    outcomes: Sequence[tuple[str, str] | None] = dist.all_gather_object(outcome)
+    errors = [o[1] for o in outcomes if o is not None and o[0] == "error"]
+    if errors:
+        raise DataError(errors[0])
+    mine = outcomes[dist.rank - dist.local_rank]  # torchrun numbers a node's ranks together
+    if mine is None:
+        raise DataError(f"rank {dist.rank}: no local rank 0 prepared the data on this node")
+    return Path(mine[1])
+
+
+def _log_result(result: PrepareResult) -> None:
+    man = result.manifest
+    state = "up to date" if result.up_to_date else "prepared"
+    log.info(
+        "dataset %s %s: %d documents, %d tokens, %d shard(s)",
+        result.out_dir,
+        state,
+        man.num_documents,
+        man.num_tokens,
+        man.num_shards,
+    )

@@ -2,9 +2,13 @@
 
     torchrun --nproc-per-node 2 train.py --steps 240
 
-Under tensoryard the TYARD_* variables say where to checkpoint and report; alone it writes
-to ./.tyard/tiny-gpt-local. A resumed attempt continues exactly where the last checkpoint left
-off (same data, same RNG), so its losses match an uninterrupted run.
+The text is prepared once into a tensoryard dataset (see data.py; default directory
+$TYARD_RUN_DIR/../data/tiny-gpt-stdlib, or --data-dir) and read with
+tensoryard.data.build_torch_loader: seq_len + 1 token windows in a shuffled order keyed by the
+seed, a global batch of batch_size x world_size, each rank its slice. Under tensoryard the
+TYARD_* variables say where to checkpoint and report; alone it writes to ./.tyard/tiny-gpt-local.
+Checkpoints hold the loader's position next to the model, optimizer and RNG states, so a resumed
+attempt trains on exactly the samples an uninterrupted run would, and its losses match.
 """
 
 from __future__ import annotations
@@ -15,14 +19,18 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
-from data import ByteCorpus
+from data import Corpus, default_data_dir, ensure_dataset
 from model import GPTConfig, TinyGPT
 from torch.nn.parallel import DistributedDataParallel
 
-from tensoryard.runtime import session
+from tensoryard.data import TorchTokenLoader, build_torch_loader
+from tensoryard.errors import DataError, TensoryardError
+from tensoryard.runtime import Session, session
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,8 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clip")
-    p.add_argument("--seed", type=int, default=1234, help="seeds model init, data and dropout")
+    p.add_argument("--seed", type=int, default=1234, help="seeds model init, data order, dropout")
     p.add_argument("--max-bytes", type=int, default=None, help="use only this much text")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the prepared dataset lives (default: $TYARD_RUN_DIR/../data/tiny-gpt-stdlib)",
+    )
     p.add_argument("--checkpoint-interval", type=int, default=None, help="default: from env")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: kill a rank")
     p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills")
@@ -70,6 +84,76 @@ def local_env() -> Mapping[str, str]:
     return {"TYARD_RUN_DIR": os.path.join(".tyard", "tiny-gpt-local"), **os.environ}
 
 
+def build_loader(
+    args: argparse.Namespace, sess: Session, env: Mapping[str, str]
+) -> TorchTokenLoader:
+    """Prepare the corpus (once per data directory) and open this rank's loader on it."""
+    data_dir = args.data_dir or default_data_dir(env)
+    dataset = ensure_dataset(Corpus.stdlib(max_bytes=args.max_bytes), data_dir, sess.dist)
+    return build_torch_loader(
+        dataset,
+        seq_len=args.seq_len,
+        global_batch=args.batch_size * sess.dist.world_size,
+        rank=sess.dist.rank,
+        world_size=sess.dist.world_size,
+        seed=args.seed,
+    )
+
+
+def resume_loader(loader: TorchTokenLoader, sess: Session, start: int) -> None:
+    """Put the loader where the checkpoint's step left it (a fresh run starts at 0)."""
+    state = sess.checkpointer.loaded_extra.get("data")
+    if state is not None:
+        try:
+            loader.load_state_dict(state)
+        except DataError as exc:
+            raise DataError(
+                f"the checkpoint of step {start} in {sess.checkpointer.dir} was trained on other "
+                f"data: {exc}"
+            ) from exc
+    elif start > 0:
+        raise DataError(
+            f"the checkpoint of step {start} in {sess.checkpointer.dir} holds no data-loader "
+            "state, so the samples to resume with are unknown (fix: start with an empty "
+            "TYARD_CHECKPOINT_DIR)"
+        )
+
+
+def train(args: argparse.Namespace, config: GPTConfig) -> None:
+    env = local_env()
+    with session(env=env, interval=args.checkpoint_interval) as sess:
+        rank, device = sess.dist.rank, sess.dist.device
+        torch.manual_seed(args.seed + rank)  # same init after DDP's broadcast; own dropout stream
+        loader = build_loader(args, sess, env)
+        model = TinyGPT(config).to(device)
+        ddp = DistributedDataParallel(model) if sess.dist.is_distributed else model
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        resume_loader(loader, sess, sess.resume(model, optimizer))
+        batches: Iterator[torch.Tensor] = iter(loader)
+
+        def extra() -> dict[str, Any]:
+            # Read when a checkpoint is written: the samples handed out so far, nothing more.
+            return {"data": loader.state_dict()}
+
+        try:
+            for step in sess.loop(args.steps, model, optimizer, extra=extra):
+                maybe_fail(args, step, rank)
+                lr = lr_at(step, args)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                batch = next(batches).to(device, non_blocking=True)  # (batch, seq_len + 1)
+                loss = ddp(batch[:, :-1], batch[:, 1:])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                optimizer.step()
+                sess.report(step, loss=sess.dist.mean(loss.item()), lr=lr)
+        finally:
+            loader.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank_tag = os.environ.get("RANK", "0")
@@ -81,33 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         n_heads=args.heads,
         dropout=args.dropout,
     )
-    with session(env=local_env(), interval=args.checkpoint_interval) as sess:
-        rank = sess.dist.rank
-        torch.manual_seed(args.seed + rank)  # same init after DDP's broadcast; own dropout stream
-        corpus = ByteCorpus.stdlib(max_bytes=args.max_bytes)
-        model = TinyGPT(config).to(sess.dist.device)
-        ddp = DistributedDataParallel(model) if sess.dist.is_distributed else model
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
-        )
-        for step in sess.loop(args.steps, model, optimizer):
-            maybe_fail(args, step, rank)
-            lr = lr_at(step, args)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = corpus.batch(
-                seed=args.seed,
-                step=step,
-                rank=rank,
-                batch_size=args.batch_size,
-                seq_len=args.seq_len,
-            )
-            loss = ddp(x.to(sess.dist.device), y.to(sess.dist.device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            sess.report(step, loss=sess.dist.mean(loss.item()), lr=lr)
+    try:
+        train(args, config)
+    except TensoryardError as exc:  # bad data dir, foreign checkpoint: a message, no traceback
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

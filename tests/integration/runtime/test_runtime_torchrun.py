@@ -1,10 +1,12 @@
 """The tiny_gpt example under real torchrun (2 processes, gloo, CPU): a run killed by SIGKILL
-and resumed from its checkpoint reproduces the uninterrupted run's losses exactly."""
+and resumed from its checkpoint reproduces the uninterrupted run's losses exactly: the data
+loader's position travels in the checkpoint, and the dataset is prepared once per data dir."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tensoryard.runtime.goodput import StepTime, compute_goodput
 from tensoryard.runtime.testing import RecordingReportServer
@@ -23,9 +26,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = REPO / "examples" / "tiny_gpt" / "train.py"
 STEPS, INTERVAL, FAIL_AT = 30, 5, 13
+BATCH, WORLD = 4, 2
 TINY = [
     f"--steps={STEPS}",
-    "--batch-size=4",
+    f"--batch-size={BATCH}",
     "--seq-len=32",
     "--d-model=32",
     "--layers=1",
@@ -64,7 +68,8 @@ def launch(root: Path, attempt: int, *extra: str, server_url: str | None = None)
         command, env=env, cwd=root, capture_output=True, text=True, timeout=240, check=False
     )
     metrics = root / "run" / f"attempt-{attempt}" / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    rows = [json.loads(line) for line in lines]
     return Attempt(proc.returncode, proc.stdout + proc.stderr, rows)
 
 
@@ -80,6 +85,7 @@ class Interrupted:
     first: Attempt
     second: Attempt
     server: RecordingReportServer
+    root: Path
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +96,7 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> Interrupted:
         first = launch(root, 1, *fail, server_url=server.url)
         second = launch(root, 2, *fail, server_url=server.url)
     assert second.returncode == 0, second.output[-3000:]
-    return Interrupted(first, second, server)
+    return Interrupted(first, second, server, root)
 
 
 def losses(rows: list[dict[str, Any]]) -> dict[int, float]:
@@ -184,3 +190,36 @@ def test_sigterm_to_the_job_writes_a_checkpoint_before_the_ranks_exit(tmp_path: 
     step = int(saved[0].removeprefix("step-"))
     assert step % 10 == 0  # the ranks agree to stop at the next stop check
     assert "stopped at step" in output
+
+
+def test_every_checkpoint_holds_the_loader_position_of_its_step(interrupted: Interrupted) -> None:
+    checkpoints = sorted((interrupted.root / "ckpt").glob("step-*"))
+    assert checkpoints, "no checkpoint written"
+    for path in checkpoints:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+        data = state["extra"]["data"]
+        assert data["format"] == "tensoryard-loader-state"
+        assert data["consumed_samples"] == state["step"] * BATCH * WORLD, path.name
+
+
+def test_the_dataset_is_prepared_once_and_the_restarted_attempt_reuses_it(
+    interrupted: Interrupted,
+) -> None:
+    assert "prepared: " in interrupted.first.output
+    assert "up to date: " in interrupted.second.output
+    assert "prepared: " not in interrupted.second.output
+    data_dir = interrupted.root / "data" / "tiny-gpt-stdlib"  # $TYARD_RUN_DIR/../data/...
+    datasets = [p for p in data_dir.iterdir() if p.is_dir()]
+    assert len(datasets) == 1 and (datasets[0] / "manifest.json").is_file()
+
+
+def test_resuming_with_a_checkpoint_of_other_data_fails_with_a_clear_error(
+    interrupted: Interrupted, tmp_path: Path
+) -> None:
+    shutil.copytree(interrupted.root / "ckpt", tmp_path / "ckpt")
+    result = launch(tmp_path, 3, "--max-bytes=200000")  # another corpus, so another dataset
+    assert result.returncode != 0 and result.rows == []
+    message = "was trained on other data: loader state is from another dataset or config: datasets:"
+    assert message in result.output, result.output[-3000:]
+    assert 'train.py", line' not in result.output  # a message, not a traceback from the script
+    assert "exitcode  : 2" in result.output  # torchrun's failure summary

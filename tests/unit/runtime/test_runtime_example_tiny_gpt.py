@@ -1,4 +1,7 @@
-"""The tiny_gpt example's pieces that need no processes: data, model, job spec."""
+"""The tiny_gpt example's pieces that need no processes: corpus, model, job spec.
+
+Preparing the data on real files: tests/integration/runtime/test_runtime_tiny_gpt_data.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
 import pytest
 import torch
 
@@ -30,31 +32,21 @@ def data() -> ModuleType:
     return load("data")
 
 
-def test_a_batch_is_a_pure_function_of_seed_step_and_rank(data: ModuleType) -> None:
-    corpus = data.ByteCorpus.stdlib(max_bytes=200_000)
-    args = {"seed": 1, "step": 7, "batch_size": 4, "seq_len": 16}
-    x1, y1 = corpus.batch(rank=0, **args)
-    x2, y2 = corpus.batch(rank=0, **args)
-    x3, _ = corpus.batch(rank=1, **args)
-    assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    assert not torch.equal(x1, x3)
-    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the inputs shifted by one
-    assert x1.shape == (4, 16) and x1.dtype == torch.int64 and int(x1.max()) <= 256
-
-
-def test_the_corpus_is_the_sorted_standard_library_source(data: ModuleType) -> None:
+def test_the_corpus_is_the_sorted_standard_library_source_cut_at_max_bytes(
+    data: ModuleType,
+) -> None:
     files = data.stdlib_sources()
     assert files == sorted(files) and all(f.suffix == ".py" for f in files)
-    corpus = data.ByteCorpus.stdlib(max_bytes=50_000)
-    assert corpus.tokens.size == 50_000
-    assert bytes(corpus.tokens[:200].astype("uint8")) == files[0].read_bytes()[:200]
+    texts = list(data.Corpus.stdlib(max_bytes=50_000).texts())
+    assert sum(len(text.encode()) for _, text in texts) == 50_000
+    assert texts[0] == (files[0].name, files[0].read_text(encoding="utf-8")[: len(texts[0][1])])
 
 
-def test_held_out_batches_come_from_the_tail_only(data: ModuleType) -> None:
-    corpus = data.ByteCorpus(tokens=np.arange(10_000, dtype=np.uint16))  # token = its position
-    held, _ = corpus.batch(seed=0, step=1, rank=0, batch_size=64, seq_len=8, heldout=True)
-    train, _ = corpus.batch(seed=0, step=1, rank=0, batch_size=64, seq_len=8)
-    assert int(held.min()) >= corpus.split > int(train.max())
+def test_the_corpus_key_names_the_inputs_and_max_bytes(data: ModuleType) -> None:
+    key = data.Corpus.stdlib(max_bytes=50_000).key
+    assert key == data.Corpus.stdlib(max_bytes=50_000).key  # stable: attempts share a dataset
+    assert key != data.Corpus.stdlib(max_bytes=40_000).key
+    assert key != data.Corpus.stdlib().key
 
 
 def test_the_model_maps_bytes_to_next_byte_logits_and_a_loss() -> None:
