@@ -1,0 +1,98 @@
+"""SchedulerConfig: every policy knob of the scheduling core, with its default and meaning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensoryard.errors import ConfigError
+
+__all__ = ["SchedulerConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Policy knobs. The defaults are the platform's default policy (all policies on).
+
+    Attributes:
+        fair_share_half_life_s: half-life of the usage history used for fair share; 0 turns
+            history off (only current usage counts).
+        history_weight: how much decayed past usage counts against current usage in a queue's
+            fair share, from 0 (only now) to 1 (only history).
+        service_levels_gpu_s: thresholds of attained service (GPU-seconds over all attempts)
+            that split workloads into levels 0, 1, 2, ... (discretised least-attained-service,
+            as in Tiresias). Within a queue a lower level goes first; () turns levels off.
+            Uses only observed service, never true durations.
+        nominal_first: at equal priority, queue heads that fit in their queue's nominal quota
+            go before heads that would borrow, so GPUs reclaimed for a lender reach the lender
+            and do not bounce back to the borrower (Kueue orders the same way).
+        service_level_across_queues: order queue heads by service level before fair share,
+            so a newcomer of any team goes before a long-runner of another (Tiresias-like).
+        reclaim: a queue below its nominal quota may preempt workloads of cohort queues that
+            borrow, to get its quota back.
+        preempt_lower_priority: a workload may preempt lower-priority workloads of its queue.
+        preempt_by_service: a pending workload may preempt a running one of its own queue with
+            the same priority and a higher service level, once the victim ran at least
+            `service_preemption_min_run_s` in its current attempt (other queues' work is only
+            taken back by `reclaim`). The victim resumes later from its checkpoint.
+        service_preemption_min_run_s: least run time of an attempt before service preemption
+            may stop it (prevents thrashing).
+        preemption_grace_s: seconds a victim gets to checkpoint before it is stopped.
+        max_preemptors_per_cycle: at most this many pending workloads issue preemptions in one
+            cycle (bounds churn and cycle time).
+        max_victim_candidates: at most this many cheapest candidates are tried per preemptor.
+        max_reservations: head-of-line reservations per cycle: the first this-many workloads
+            that fit quota but not capacity get nodes held for them; others may use those nodes
+            only if their runtime estimate ends before the reserved start (backfill).
+        backfill_depth: how many waiting workloads (split evenly among queues) the backfill
+            pass examines per cycle for reserved GPUs; bounds cycle time with huge backlogs.
+        cpu_on_gpu_nodes: CPU-only workloads may run on GPU nodes when CPU-only nodes are full.
+        ordering_tiebreak_by_id: break exact ties (same priority, level and submit time) by
+            workload id, so decisions do not depend on the snapshot's order; False keeps the
+            snapshot's order for such ties.
+    """
+
+    fair_share_half_life_s: float = 3600.0
+    history_weight: float = 0.5
+    service_levels_gpu_s: tuple[float, ...] = (3600.0, 8 * 3600.0)
+    service_level_across_queues: bool = True
+    nominal_first: bool = True
+    reclaim: bool = True
+    preempt_lower_priority: bool = True
+    preempt_by_service: bool = True
+    service_preemption_min_run_s: float = 600.0
+    preemption_grace_s: float = 120.0
+    max_preemptors_per_cycle: int = 32
+    max_victim_candidates: int = 64
+    max_reservations: int = 1
+    backfill_depth: int = 2048
+    cpu_on_gpu_nodes: bool = True
+    ordering_tiebreak_by_id: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.fair_share_half_life_s >= 0, "fair_share_half_life_s must be >= 0"),
+            (0.0 <= self.history_weight <= 1.0, "history_weight must be between 0 and 1"),
+            (
+                list(self.service_levels_gpu_s) == sorted(set(self.service_levels_gpu_s))
+                and all(t > 0 for t in self.service_levels_gpu_s),
+                "service_levels_gpu_s must be positive and strictly increasing",
+            ),
+            (self.service_preemption_min_run_s >= 0, "service_preemption_min_run_s must be >= 0"),
+            (self.preemption_grace_s >= 0, "preemption_grace_s must be >= 0"),
+            (self.max_preemptors_per_cycle >= 0, "max_preemptors_per_cycle must be >= 0"),
+            (self.max_victim_candidates >= 1, "max_victim_candidates must be >= 1"),
+            (self.max_reservations >= 0, "max_reservations must be >= 0"),
+            (self.backfill_depth >= 0, "backfill_depth must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"scheduler config: {message} (fix: change that setting)")
+
+    def service_level(self, gpu_seconds: float) -> int:
+        """Level of a workload that attained `gpu_seconds` of service (0 = least)."""
+        level = 0
+        for threshold in self.service_levels_gpu_s:
+            if gpu_seconds < threshold:
+                break
+            level += 1
+        return level

@@ -1,0 +1,165 @@
+"""Checkpoint-aware preemption: who is chosen, why, and what happens next."""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import apply, make_nodes, make_quotas, make_workload, schedule
+
+from tensoryard.scheduler import SchedulerConfig
+
+PRIORITY_ONLY = SchedulerConfig(reclaim=False, preempt_by_service=False)
+ONE_QUEUE = make_quotas({"team-a": {"H100": 16}})
+
+
+def two_low_priority_runners(checkpoints: tuple[float | None, float | None]) -> list:
+    return [
+        make_workload(f"low{i}")
+        .gpus(8)
+        .priority(0)
+        .running_on({f"n{i}": range(8)}, start=0, checkpoint=checkpoints[i])
+        .obj()
+        for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "victim"),
+    [((900.0, 100.0), "low0"), ((100.0, 900.0), "low1"), ((None, 950.0), "low1")],
+    ids=[
+        "the victim is the one that checkpointed most recently (low0)",
+        "the victim is the one that checkpointed most recently (low1)",
+        "a job that never checkpointed loses everything, so the other goes",
+    ],
+)
+def test_preemption_minimises_work_lost_since_the_last_checkpoint(
+    checkpoints: tuple[float | None, float | None], victim: str
+) -> None:
+    urgent = make_workload("urgent").gpus(8).priority(5).obj()
+    running = two_low_priority_runners(checkpoints)
+    decisions = schedule(make_nodes(2), ONE_QUEUE, [urgent], running, config=PRIORITY_ONLY)
+    assert [p.workload_id for p in decisions.preemptions] == [victim]
+    assert decisions.preemptions[0].reason == "priority"
+    assert decisions.preemptions[0].preemptor_id == "urgent"
+
+
+def test_at_equal_work_lost_the_lower_priority_then_the_youngest_goes() -> None:
+    running = [
+        make_workload("old")
+        .gpus(8)
+        .priority(1)
+        .running_on({"n0": range(8)}, start=0, checkpoint=990)
+        .obj(),
+        make_workload("young")
+        .gpus(8)
+        .priority(1)
+        .running_on({"n1": range(8)}, start=500, checkpoint=990)
+        .obj(),
+        make_workload("lowest")
+        .gpus(8)
+        .priority(0)
+        .running_on({"n2": range(8)}, start=0, checkpoint=990)
+        .obj(),
+    ]
+    urgent = make_workload("urgent").gpus(8).priority(5).obj()
+    quotas = make_quotas({"team-a": {"H100": 24}})
+    decisions = schedule(make_nodes(3), quotas, [urgent], running, config=PRIORITY_ONLY)
+    assert [p.workload_id for p in decisions.preemptions] == ["lowest"]
+    running = running[:2]
+    decisions = schedule(make_nodes(2), ONE_QUEUE, [urgent], running, config=PRIORITY_ONLY)
+    assert [p.workload_id for p in decisions.preemptions] == ["young"]
+
+
+def test_victims_get_a_grace_period_and_a_message() -> None:
+    config = SchedulerConfig(reclaim=False, preempt_by_service=False, preemption_grace_s=300)
+    urgent = make_workload("urgent").gpus(8).priority(5).obj()
+    decisions = schedule(
+        make_nodes(2), ONE_QUEUE, [urgent], two_low_priority_runners((900.0, 100.0)), config=config
+    )
+    pre = decisions.preemptions[0]
+    assert pre.grace_s == 300
+    assert pre.work_lost_gpu_s == 8 * (1000.0 - 900.0)
+    assert "checkpoint within 300 s" in pre.message
+    assert decisions.pending["urgent"].eta_s == 1300.0
+
+
+def test_equal_or_higher_priority_work_is_never_preempted_for_priority() -> None:
+    same = make_workload("same").gpus(8).priority(0).obj()
+    decisions = schedule(
+        make_nodes(2), ONE_QUEUE, [same], two_low_priority_runners((0.0, 0.0)), config=PRIORITY_ONLY
+    )
+    assert decisions.preemptions == ()
+
+
+def test_a_non_preemptible_job_is_never_a_victim() -> None:
+    running = [
+        make_workload(f"safe{i}")
+        .gpus(8)
+        .not_preemptible()
+        .running_on({f"n{i}": range(8)}, start=0)
+        .obj()
+        for i in range(2)
+    ]
+    urgent = make_workload("urgent").gpus(8).priority(100).obj()
+    decisions = schedule(make_nodes(2), ONE_QUEUE, [urgent], running)
+    assert decisions.preemptions == ()
+
+
+def test_victims_still_stopping_are_not_preempted_twice() -> None:
+    urgent = make_workload("urgent").gpus(8).priority(5).obj()
+    running = two_low_priority_runners((900.0, 100.0))
+    first = schedule(make_nodes(2), ONE_QUEUE, [urgent], running, config=PRIORITY_ONLY)
+    pending, running = apply(first, [urgent], running, now=1000, stop_victims=False)
+    second = schedule(make_nodes(2), ONE_QUEUE, pending, running, now=1030, config=PRIORITY_ONLY)
+    assert second.preemptions == ()
+    assert second.pending["urgent"].code == "preempting"
+    pending, running = apply(first, pending, [w for w in running if not w.terminating], now=1100)
+    third = schedule(make_nodes(2), ONE_QUEUE, pending, running, now=1100, config=PRIORITY_ONLY)
+    assert [a.workload_id for a in third.admissions] == ["urgent"]
+
+
+def test_a_long_runner_yields_to_a_newcomer_of_its_queue_at_its_checkpoint() -> None:
+    long_runner = (
+        make_workload("long").gpus(8).running_on({"n0": range(8)}, start=0, checkpoint=3500).obj()
+    )
+    newcomer = make_workload("new").gpus(8).submitted(3590).obj()
+    quotas = make_quotas({"team-a": {"H100": 8}})
+    decisions = schedule(make_nodes(1), quotas, [newcomer], [long_runner], now=3600)
+    assert [(p.workload_id, p.reason) for p in decisions.preemptions] == [
+        ("long", "attained-service")
+    ]
+    fresh = make_workload("long").gpus(8).running_on({"n0": range(8)}, start=3300).obj()
+    decisions = schedule(make_nodes(1), quotas, [newcomer], [fresh], now=3600)
+    assert decisions.preemptions == ()  # ran less than service_preemption_min_run_s
+
+
+def test_preemption_stops_after_the_per_cycle_budget() -> None:
+    running = [
+        make_workload(f"low{i}").gpus(1).running_on({f"n{i // 8}": [i % 8]}, start=0).obj()
+        for i in range(16)
+    ]
+    urgent = [make_workload(f"u{i}").gpus(1).priority(5).submitted(i).obj() for i in range(10)]
+    config = SchedulerConfig(reclaim=False, preempt_by_service=False, max_preemptors_per_cycle=3)
+    decisions = schedule(make_nodes(2), ONE_QUEUE, urgent, running, config=config)
+    assert len(decisions.preemptions) == 3
+
+
+def test_gpus_freed_early_during_a_grace_period_are_kept_for_the_preemptor() -> None:
+    quotas = make_quotas({"a": {"H100": 4}, "b": {"H100": 4}})
+    running = [
+        make_workload(f"b{i}", "b").gpus(1).running_on({"n0": [i]}, start=0, checkpoint=990).obj()
+        for i in range(8)
+    ]
+    mine = make_workload("mine", "a").gpus(4).submitted(600).obj()
+    config = SchedulerConfig(preempt_by_service=False)
+    first = schedule(make_nodes(1), quotas, [mine], running, now=1000, config=config)
+    victims = {p.workload_id for p in first.preemptions}
+    assert len(victims) == 4 and all(p.reason == "reclaim" for p in first.preemptions)
+    pending, running = apply(first, [mine], running, now=1000, stop_victims=False)
+    early = sorted(victims)[0]
+    running = [w for w in running if w.id != early]  # finished on its own during the grace
+    queued = make_workload("b-next", "b").gpus(1).submitted(1).obj()
+    second = schedule(make_nodes(1), quotas, [*pending, queued], running, now=1010, config=config)
+    assert second.admissions == ()  # the GPU freed early waits for "mine"
+    assert second.preemptions == ()
+    assert second.pending["mine"].code == "preempting"
+    assert second.reservations["mine"] == ("n0",)
