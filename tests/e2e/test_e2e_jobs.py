@@ -184,3 +184,39 @@ def test_the_cli_says_how_to_fix_an_unreachable_control_plane(tmp_path: Path) ->
     assert result.returncode == 1
     assert "cannot reach the control plane" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_higher_priority_job_preempts_at_a_checkpoint_and_the_victim_resumes_later(
+    tmp_path: Path,
+) -> None:
+    from tests.e2e.conftest import _kill_leftovers, free_port
+
+    server = ServerProcess(home=tmp_path / "home", port=free_port(), extra_args=["--cpu-slots", "2"])
+    server.home.mkdir()
+    try:
+        client = server.start()
+        low = yaml.safe_load(tiny_job(tmp_path, "--steps", "60", name="low").read_text())
+        low_id = client.submit(low)["id"]
+        wait_for(client, low_id, {"RUNNING"})
+        deadline = time.monotonic() + 90
+        while not client.checkpoints(low_id) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        high = yaml.safe_load(tiny_job(tmp_path, "--steps", "10", name="high").read_text())
+        high_id = client.submit({**high, "priority": 10})["id"]
+
+        done_high = wait_for(client, high_id, TERMINAL, timeout=240)
+        assert done_high["state"] == "SUCCEEDED", done_high["reason"]
+        done_low = wait_for(client, low_id, TERMINAL, timeout=240)
+        assert done_low["state"] == "SUCCEEDED", done_low["reason"]
+
+        events = [e["message"] for e in client.events(low_id)]
+        assert any(m.startswith("preempted for job") for m in events), events
+        assert any("requeued, resumes from its last checkpoint" in m for m in events), events
+        first, second = client.attempts(low_id)[:2]
+        assert first["reason"].startswith("preempted")
+        assert second["resumed_from_step"] is not None and second["resumed_from_step"] > 0
+        assert done_low["restarts"] == 0  # a preemption is not a failure
+        assert client.summary(low_id)["steps"] == 60
+    finally:
+        server.stop()
+        _kill_leftovers(server.home)

@@ -182,6 +182,17 @@ class Cycle:
                 )
             self.capacity[CPU_RESOURCE] += node.cpu_total
         self.max_gpus_per_node = {m: ix.max_gpus for m, ix in self.state.open.items()}
+        # Largest CPU and memory of one schedulable node per index key: a workload asking
+        # more per node can never start there, however long it waits.
+        self.max_cpu_per_node: dict[str, float] = {}
+        self.max_mem_per_node: dict[str, int] = {}
+        for node in self.snap.nodes:
+            if node.schedulable:
+                key = node.gpu_model or CPU_MODEL
+                self.max_cpu_per_node[key] = max(
+                    self.max_cpu_per_node.get(key, 0.0), node.cpu_total
+                )
+                self.max_mem_per_node[key] = max(self.max_mem_per_node.get(key, 0), node.mem_total)
 
     def _phase2_quota_and_share(self) -> None:
         """Charge running workloads to quotas; decay history; index preemption candidates."""
@@ -456,16 +467,28 @@ class Cycle:
             keys = [CPU_MODEL] if CPU_MODEL in self.state.open else []
             if self.cfg.cpu_on_gpu_nodes:
                 keys += self.gpu_models
-            return [k for k in keys if self.state.schedulable_nodes.get(k, 0) >= w.nodes]
+            return [
+                k
+                for k in keys
+                if self.state.schedulable_nodes.get(k, 0) >= w.nodes and self._node_fits(w, k)
+            ]
         candidates = [w.gpu_model] if w.gpu_model else self.gpu_models
         return [
             m
             for m in candidates
             if m in self.state.open
+            and self._node_fits(w, m)
             and self.max_gpus_per_node[m] >= w.gpus_per_node
             and self.state.schedulable_nodes.get(m, 0) >= w.nodes
             and self.tree.max_ever(w.queue, m) >= w.total_gpus
         ]
+
+    def _node_fits(self, w: Workload, key: str) -> bool:
+        """The largest node under `key` has the CPU and memory one worker of `w` needs."""
+        mem = self.max_mem_per_node.get(key, 0)
+        return self.max_cpu_per_node.get(key, 0.0) >= w.cpu_per_node - 1e-9 and (
+            w.mem_per_node <= 0 or mem <= 0 or mem >= w.mem_per_node
+        )
 
     def _unfit_details(self, w: Workload) -> dict[str, object]:
         largest = max((v for k, v in self.max_gpus_per_node.items() if k), default=0)
@@ -482,6 +505,8 @@ class Cycle:
             "gpu_model": w.gpu_model,
             "model_known": model_known,
             "largest_node_gpus": largest,
+            "largest_node_cpu": max(self.max_cpu_per_node.values(), default=0.0),
+            "largest_node_mem": max(self.max_mem_per_node.values(), default=0),
             "schedulable_nodes": sum(self.state.schedulable_nodes.values()),
             "queue": w.queue,
             "quota_max": quota_max,

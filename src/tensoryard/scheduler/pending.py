@@ -320,6 +320,18 @@ def _unschedulable(d: Mapping[str, object], w: Workload | None) -> str:
             f"needs {w.gpus_per_node} GPUs per node but the largest node has {largest} "
             f"(fix: use more nodes with fewer GPUs each)"
         )
+    cpu = d.get("largest_node_cpu")
+    if isinstance(cpu, int | float) and w.cpu_per_node > cpu:
+        return (
+            f"needs {_n(w.cpu_per_node)} CPU per node but the largest node has {_n(cpu)}: it can "
+            "never start as specified (fix: ask for fewer CPUs per node)"
+        )
+    mem = d.get("largest_node_mem")
+    if isinstance(mem, int) and mem > 0 and w.mem_per_node > mem:
+        return (
+            f"needs {w.mem_per_node / 2**30:.1f} GiB per node but the largest node has "
+            f"{mem / 2**30:.1f} GiB: it can never start as specified (fix: ask for less memory)"
+        )
     quota_max = d.get("quota_max")
     if isinstance(quota_max, int | float) and w.total_gpus > quota_max:
         return (

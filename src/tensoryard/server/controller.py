@@ -149,6 +149,7 @@ class Controller:
             now=now,
             last_checkpoint=self._checkpoint_times(running),
             attained_s={j.id: self._attained_s(j) for j in (*pending, *running) if j.attempts},
+            terminating=frozenset(j.id for j in running if self._terminating(j)),
         )
         decisions = self.policy.decide(view)
         by_id = {j.id: j for j in pending}
@@ -180,6 +181,13 @@ class Controller:
             if latest is not None:
                 times[job.id] = latest.ts
         return times
+
+    def _terminating(self, job: JobRecord) -> bool:
+        """Cancelled or preempted: still holds its resources during the grace period."""
+        if job.cancel_requested:
+            return True
+        attempt = self._current_attempt(job)
+        return attempt is not None and attempt.reason.startswith(PREEMPTED)
 
     def _attained_s(self, job: JobRecord) -> float:
         """Run time of the job's finished attempts (what fair share and LAS may look at)."""

@@ -59,9 +59,9 @@ class ClusterView:
     running: tuple[JobRecord, ...]  # jobs holding capacity (admitted .. restarting)
     now: float
     last_checkpoint: Mapping[int, float] = field(default_factory=dict)  # job -> unix time
-    attained_s: Mapping[int, float] = field(
-        default_factory=dict
-    )  # job -> earlier attempts' run time
+    # job -> run time of its earlier attempts (observed service, for fair share and LAS)
+    attained_s: Mapping[int, float] = field(default_factory=dict)
+    terminating: frozenset[int] = frozenset()  # signalled to stop (cancel, preemption)
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,6 @@ def _running(job: JobRecord, view: ClusterView) -> Workload:
             "placement": placement,
             "start_time": started.timestamp(),
             "last_checkpoint_time": view.last_checkpoint.get(job.id),
-            "terminating": job.cancel_requested,
+            "terminating": job.id in view.terminating,
         }
     )
