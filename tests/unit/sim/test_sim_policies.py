@@ -1,0 +1,170 @@
+"""Known behaviour of each policy on tiny traces (hand-computed outcomes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensoryard.errors import ConfigError
+from tensoryard.scheduler import SchedulerConfig
+from tensoryard.sim.cluster import parse_cluster_shape
+from tensoryard.sim.engine import SimConfig, simulate
+from tensoryard.sim.metrics import SimResult
+from tensoryard.sim.policies import (
+    POLICY_NAMES,
+    FifoPolicy,
+    KueueLikePolicy,
+    LasConfig,
+    TiresiasLasPolicy,
+    make_policy,
+)
+from tensoryard.sim.policies.default import DefaultPolicy
+from tensoryard.sim.quotas import equal_quotas
+from tensoryard.sim.trace import TraceJob
+
+
+def _run(jobs: list[TraceJob], cluster: str, policy: object, **config: float) -> SimResult:
+    shape = parse_cluster_shape(cluster)
+    quotas = equal_quotas({j.team for j in jobs}, shape.total_gpus, shape.gpu_model)
+    return simulate(jobs, shape, policy, quotas, SimConfig(**config))  # type: ignore[arg-type]
+
+
+def _starts(result: SimResult) -> dict[str, float | None]:
+    return {j.trace.job_id: j.first_start for j in result.jobs}
+
+
+# 4 GPUs: team b runs 2 GPUs 0-100; team a asks for 4 GPUs at 1, then 1 GPU at 2.
+HEAD_TOO_BIG = [
+    TraceJob("b1", 0, 100, 2, "b"),
+    TraceJob("a-big", 1, 10, 4, "a"),
+    TraceJob("a-small", 2, 10, 1, "a"),
+]
+
+
+def test_strict_fifo_lets_a_head_that_does_not_fit_block_everything_behind_it() -> None:
+    starts = _starts(_run(HEAD_TOO_BIG, "1x4", FifoPolicy()))
+    assert starts == {"b1": 0.0, "a-big": 100.0, "a-small": 110.0}
+
+
+def test_kueue_like_best_effort_fifo_starts_the_small_job_behind_a_big_head() -> None:
+    starts = _starts(_run(HEAD_TOO_BIG, "1x4", KueueLikePolicy()))
+    assert starts == {"b1": 0.0, "a-big": 100.0, "a-small": 2.0}
+
+
+def test_kueue_like_borrows_idle_quota_in_the_cohort_but_never_preempts() -> None:
+    """x borrows y's idle half; y's job then waits for x to finish (no reclaim)."""
+    jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
+    result = _run(jobs, "1x4", KueueLikePolicy())
+    assert _starts(result) == {"x1": 0.0, "y1": 100.0}
+    assert result.metrics()["preemptions"] == 0
+
+
+def test_tiresias_las_preempts_a_long_runner_for_a_newcomer_with_less_service() -> None:
+    """1 GPU. A (10000 s) crosses the 3600 GPU-s threshold at 3600. B (100 s) arrives at 4000,
+    preempts A (grace 30 s: B starts at 4030, ends 4130). A ran 4030 s; 3600 s were
+    checkpointed (every 600 s), 430 s are lost; A resumes at 4130 with 6400 s left."""
+    jobs = [TraceJob("A", 0, 10_000, 1, "x"), TraceJob("B", 4000, 100, 1, "x")]
+    result = _run(jobs, "1x1", TiresiasLasPolicy(), checkpoint_interval_s=600, grace_s=30)
+    a, b = result.jobs
+    assert b.first_start == 4030 and b.finish_time == 4130
+    assert a.preemptions == 1 and a.lost_gpu_s == 430
+    assert a.finish_time == 4130 + 6400
+
+
+def test_tiresias_las_does_not_preempt_a_job_still_in_the_first_queue() -> None:
+    jobs = [TraceJob("A", 0, 1000, 1, "x"), TraceJob("B", 10, 100, 1, "x")]
+    result = _run(jobs, "1x1", TiresiasLasPolicy())
+    assert _starts(result) == {"A": 0.0, "B": 1000.0}
+
+
+@pytest.mark.parametrize(
+    ("knob", "finishes_by", "finishes_after"),
+    [(1.0, 600.0, 0.0), (0.0, 1e9, 1000.0)],
+    ids=["with the starvation guard the long job gets turns", "without it the job starves"],
+)
+def test_tiresias_las_starvation_guard_promotes_a_waiting_job(
+    knob: float, finishes_by: float, finishes_after: float
+) -> None:
+    """1 GPU, threshold 100 GPU-s. A (300 s) is in the second queue from 100 s on; 50-s jobs
+    arrive every 50 s until 1000 s and keep the first queue busy. With knob 1, A is promoted
+    after waiting as long as it last ran (100 s): it runs 200-300 and 400-500."""
+    config = LasConfig(thresholds_gpu_s=(100.0,), promote_knob=knob)
+    jobs = [TraceJob("A", 0, 300, 1, "x")]
+    jobs += [TraceJob(f"s{i}", 100 + 50 * i, 50, 1, "x") for i in range(18)]
+    result = _run(jobs, "1x1", TiresiasLasPolicy(config), grace_s=0, checkpoint_interval_s=50)
+    a = result.jobs[0]
+    assert a.finish_time is not None
+    assert finishes_after <= a.finish_time <= finishes_by
+
+
+def test_the_default_policy_reclaims_a_lenders_quota_through_the_core() -> None:
+    """x borrows y's half (4 GPUs, 0-100). y's 1-GPU job arrives at 5: the core preempts x
+    (reclaim, 30 s grace), y starts at 35. x restarts at 35 after losing 35 s x 4 GPUs."""
+    jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
+    policy = DefaultPolicy(SchedulerConfig(preemption_grace_s=30))
+    result = _run(jobs, "1x4", policy, grace_s=30, checkpoint_interval_s=600)
+    x, y = result.jobs
+    assert y.first_start == 35
+    assert x.preemptions == 1 and x.lost_gpu_s == 4 * 35
+    m = result.metrics()
+    assert m["teams"]["y"]["max_below_entitlement_s"] == 30
+    assert m["preemptions"] == 1
+
+
+def test_the_default_policy_never_sees_true_durations_only_history() -> None:
+    jobs = [TraceJob(f"j{i}", 10 * i, 50 + i, 1, "x") for i in range(4)]
+    policy = DefaultPolicy()
+    _run(jobs, "1x1", policy)
+    history = policy._history
+    assert history is not None
+    assert history.estimate(policy_job(jobs[0])) is not None  # learnt from completions
+
+
+def policy_job(trace: TraceJob) -> object:
+    from tensoryard.sim.jobs import SimJob
+
+    return SimJob(trace, 0, 1, trace.num_gpus, trace.duration_s)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES, ids=lambda n: f"policy {n} runs every job")
+def test_every_policy_finishes_every_job_without_double_allocation(name: str) -> None:
+    jobs = [
+        TraceJob(f"j{i}", 7.0 * i, 50.0 + (i * 37) % 400, [1, 1, 2, 4, 8, 16][i % 6], f"t{i % 3}")
+        for i in range(60)
+    ]
+    result = _run(jobs, "4x8", make_policy(name))
+    m = result.metrics()
+    assert all(j.finish_time is not None for j in result.jobs)
+    assert m["jobs"] == 60 and 0 < m["allocation"] <= 1.0 + 1e-9
+    assert m["makespan_s"] >= max(j.duration_s for j in jobs)
+
+
+def test_an_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="fifo"):
+        make_policy("round-robin")
+
+
+def test_the_default_policy_does_not_thrash_when_a_victim_finishes_during_its_grace() -> None:
+    """1 node of 8, teams a and b own 4 each. b runs 8 jobs (borrowing 4) and queues 4 more.
+    a's 4-GPU job at 600 s reclaims 4 GPUs; one victim finishes at 610 during its grace. a's
+    job should start once the grace ends (630 s), after one round of preemptions."""
+    jobs = [TraceJob("b0", 0, 610, 1, "b")]
+    jobs += [TraceJob(f"b{i}", 0, 10_000, 1, "b") for i in range(1, 8)]
+    jobs += [TraceJob(f"bq{i}", 1, 10_000, 1, "b") for i in range(4)]
+    jobs += [TraceJob("a", 600, 100, 4, "a")]
+    policy = DefaultPolicy(SchedulerConfig(preemption_grace_s=30))
+    result = _run(jobs, "1x8", policy, grace_s=30, checkpoint_interval_s=600)
+    a = result.jobs[-1]
+    assert a.first_start is not None and a.first_start <= 700
+    assert result.metrics()["preemptions"] <= 8
+
+
+def test_the_default_policy_is_woken_when_a_long_runner_becomes_preemptible() -> None:
+    """1 GPU. A (20000 s) runs from 0; B (100 s) waits from 10. Nothing else happens, but at
+    3600 s A crosses the first service level (1 GPU-hour), so the core may preempt it for
+    B: the adapter must ask for a cycle then. B starts after the 30-s grace."""
+    jobs = [TraceJob("A", 0, 20_000, 1, "x"), TraceJob("B", 10, 100, 1, "x")]
+    policy = DefaultPolicy(SchedulerConfig(preemption_grace_s=30))
+    result = _run(jobs, "1x1", policy, grace_s=30, checkpoint_interval_s=600)
+    a, b = result.jobs
+    assert b.first_start == pytest.approx(3630, abs=1e-3)
+    assert a.preemptions == 1
