@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from tensoryard.cli import data, demo, jobs, sim
 
 app = typer.Typer(
     name="tyard",
@@ -15,28 +15,11 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# Modules that add commands to `app` through register(app).
-_COMMAND_MODULES = (
-    "tensoryard.cli.jobs",
-    "tensoryard.cli.demo",
-    "tensoryard.cli.sim",
-    "tensoryard.cli.data",
-)
-
-
-def _register_all() -> None:
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # during bootstrap only; removed once all exist
-            if exc.name != name:
-                raise
-            continue
-        module.register(app)
+for module in (jobs, demo, sim, data):
+    module.register(app)
 
 
 def main() -> None:
-    _register_all()
     app()
 
 
