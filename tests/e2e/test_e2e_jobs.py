@@ -191,7 +191,9 @@ def test_a_higher_priority_job_preempts_at_a_checkpoint_and_the_victim_resumes_l
 ) -> None:
     from tests.e2e.conftest import _kill_leftovers, free_port
 
-    server = ServerProcess(home=tmp_path / "home", port=free_port(), extra_args=["--cpu-slots", "2"])
+    server = ServerProcess(
+        home=tmp_path / "home", port=free_port(), extra_args=["--cpu-slots", "2"]
+    )
     server.home.mkdir()
     try:
         client = server.start()
