@@ -283,7 +283,7 @@ class Controller:
             if job.state not in (JobState.STARTING, JobState.RUNNING):
                 continue
             attempt = self._current_attempt(job)
-            if attempt is None:
+            if attempt is None or attempt.finished_at is not None:
                 continue
             key = (job.id, attempt.number)
             if job.cancel_requested and key not in self._mem.cancel_sent:
