@@ -25,6 +25,8 @@ from tensoryard.spec.states import TERMINAL_STATES, JobState
 
 __all__ = ["register", "wait_for_job"]
 
+JobIdArg = Annotated[int, typer.Argument(help="Job id.", show_default=False)]
+
 STATE_STYLE = {
     "PENDING": "yellow",
     "ADMITTED": "cyan",
@@ -153,7 +155,7 @@ def jobs(
 
 
 def describe(
-    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    job_id: JobIdArg,
     server: ServerOpt = None,
     token: TokenOpt = None,
     json_out: JsonOpt = False,
@@ -216,7 +218,7 @@ def _summary_line(summary: dict[str, Any]) -> str:
 
 
 def logs(
-    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    job_id: JobIdArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
     rank: Annotated[int, typer.Option(help="Which rank's log.")] = 0,
     attempt: Annotated[
@@ -236,7 +238,7 @@ def logs(
 
 
 def cancel(
-    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    job_id: JobIdArg,
     server: ServerOpt = None,
     token: TokenOpt = None,
     json_out: JsonOpt = False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,6 +16,7 @@ __all__ = [
     "load_yaml_text",
     "parse_duration_s",
     "parse_memory_bytes",
+    "read_spec_file",
     "spec_error_from_validation",
 ]
 
@@ -75,6 +77,17 @@ def parse_duration_s(value: Any) -> float:
     if not text or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"cannot read duration {value!r}; write it like '90s', '30m' or '1h30m'")
     return float(sum(float(n) * _DUR_UNITS[u] for n, u in parts))
+
+
+def read_spec_file(path: Path) -> str:
+    """The text of a spec file, or a SpecError naming the file (never an OSError)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(
+            [FieldIssue("", f"cannot read {path}: {exc.strerror}", "check the path")],
+            source=str(path),
+        ) from exc
 
 
 def load_yaml_text(text: str, *, source: str = "") -> Any:

@@ -14,6 +14,7 @@ from tensoryard.spec._common import (
     load_yaml_text,
     parse_duration_s,
     parse_memory_bytes,
+    read_spec_file,
     spec_error_from_validation,
 )
 
@@ -177,13 +178,7 @@ def parse_job_spec(data: Any, *, source: str = "") -> JobSpec:
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read a YAML file into a JobSpec; `workdir` defaults to the file's directory."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(
-            [FieldIssue("", f"cannot read {file}: {exc.strerror}", "check the path")],
-            source=str(file),
-        ) from exc
+    text = read_spec_file(file)
     data = load_yaml_text(text, source=str(file))
     spec = parse_job_spec(data, source=str(file))
     if spec.workdir is None:

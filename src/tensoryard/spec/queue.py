@@ -26,7 +26,12 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tensoryard.errors import ConfigError, FieldIssue, SpecError
-from tensoryard.spec._common import StrictModel, load_yaml_text, spec_error_from_validation
+from tensoryard.spec._common import (
+    StrictModel,
+    load_yaml_text,
+    read_spec_file,
+    spec_error_from_validation,
+)
 
 __all__ = [
     "CPU_RESOURCE",
@@ -304,13 +309,7 @@ def _parse_one(
 def load_quota_config(path: str | Path) -> QuotaConfig:
     """Read a YAML or JSON quota file (see the module docstring) into a QuotaConfig."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(
-            [FieldIssue("", f"cannot read {file}: {exc.strerror}", "check the path")],
-            source=str(file),
-        ) from exc
+    text = read_spec_file(file)
     if file.suffix == ".json":
         try:
             data = json.loads(text)
