@@ -192,19 +192,25 @@ class TokenDataset:
     def gather(self, token_starts: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
         """Copy the window of `out.shape[1]` tokens at each global start into `out[rows[j]]`.
 
-        Windows inside one shard are gathered with one fancy-indexing copy per shard (a
+        With ``io="pread"``, one pread per window straight into its row. With ``io="mmap"``,
+        windows inside one shard are gathered with one fancy-indexing copy per shard (a
         strided "every window" view, no Python loop per sample) as long as the shards of the
         request fit in the open-map LRU; otherwise, and for windows that cross a shard end,
         window by window.
         """
-        length = out.shape[1]
         shard, local = self.locate(np.asarray(token_starts, dtype=np.int64))
-        sizes = self._starts[shard + 1] - self._starts[shard]
-        inside = local + length <= sizes
-        uniq = distinct(shard)
+        self.gather_located(shard, local, out, rows)
+
+    def gather_located(
+        self, shard: np.ndarray, local: np.ndarray, out: np.ndarray, rows: np.ndarray
+    ) -> None:
+        """`gather` of windows already located: `(shard, local) = self.locate(token_starts)`."""
+        length = out.shape[1]
+        inside = local + length <= self._starts[shard + 1] - self._starts[shard]
         if self.io == "pread":
             self._pread_windows(shard, local, inside, out, rows)
             return
+        uniq = distinct(shard)
         if len(uniq) <= max(1, self.max_open_shards // 2):
             for sh in uniq:
                 sel = inside & (shard == sh)
@@ -233,24 +239,74 @@ class TokenDataset:
         out: np.ndarray,
         rows: np.ndarray,
     ) -> None:
-        """One pread per window, straight into its row: the hot loop, kept lean on purpose."""
-        fds, isz, nbytes = self._fds, self._itemsize, out.shape[1] * self._itemsize
-        preadv = os.preadv
-        for sh, lo, ok, row in zip(
-            shard.tolist(), local.tolist(), inside.tolist(), rows.tolist(), strict=True
-        ):
-            dst = out[row]
-            if not ok:  # crosses a shard end
-                self.read(int(self._starts[sh]) + lo, len(dst), dst)
-                continue
+        """One pread per window, straight into its row of `out` (the hot loop).
+
+        Everything per window that is not the system call is done for the whole request at
+        once: shard -> fd through one dict lookup per window, byte offsets and destination
+        views as lists, and the reads in one map(). Shards are opened in first-use
+        order, at most `max_open_shards` at a time, so the fd LRU bound holds for any request.
+        """
+        if out.dtype != self.dtype:  # a blend of datasets with different token widths
+            tmp = np.empty((len(rows), out.shape[1]), dtype=self.dtype)
+            self._pread_windows(shard, local, inside, tmp, np.arange(len(rows)))
+            out[rows] = tmp
+            return
+        crossing = np.flatnonzero(~inside)
+        if len(crossing):  # rare: windows across a shard end, copied piece by piece
+            length = out.shape[1]
+            for k in crossing.tolist():
+                sh, row = int(shard[k]), int(rows[k])
+                self.read(int(self._starts[sh] + local[k]), length, out[row])
+            keep = np.flatnonzero(inside)
+            shard, local, rows = shard[keep], local[keep], rows[keep]
+        if len(shard) == 0:
+            return
+        views = _row_views(out, rows)
+        shards = shard.tolist()
+        offsets = (local * self._itemsize).tolist()
+        first_use = list(dict.fromkeys(shards))
+        cap = self.max_open_shards
+        if len(first_use) <= cap:
+            self._pread_group(first_use, shards, offsets, views, out.shape[1])
+            return
+        # More shards than open files allowed: one group of `cap` shards after another.
+        group_of = {sh: n // cap for n, sh in enumerate(first_use)}
+        groups = np.array([group_of[sh] for sh in shards], dtype=np.int64)
+        for g in range(0, len(first_use), cap):
+            sel = np.flatnonzero(groups == g // cap).tolist()
+            self._pread_group(
+                first_use[g : g + cap],
+                [shards[k] for k in sel],
+                [offsets[k] for k in sel],
+                [views[k] for k in sel],
+                out.shape[1],
+            )
+
+    def _pread_group(
+        self,
+        group: list[int],
+        shards: list[int],
+        offsets: list[int],
+        views: list[Any],
+        length: int,
+    ) -> None:
+        """Read windows of at most `max_open_shards` distinct shards (`group`, first-use order)."""
+        fds = self._fds
+        fd_of: dict[int, int] = {}
+        for sh in group:  # open (or refresh in the LRU) every shard of the group first
             fd = fds.get(sh)
             if fd is None:
                 fd = self._open_fd(sh)
-            if preadv(fd, [dst], lo * isz) != nbytes:
-                self._short_read(sh)
-        for sh in distinct(shard):  # LRU recency, once per shard rather than per window
-            if sh in fds:
+            else:
                 fds.move_to_end(sh)
+            fd_of[sh] = fd
+        nbytes = length * self._itemsize
+        preadv = os.preadv
+        # map() calls preadv from C: no bytecode runs per window but building its iovec list.
+        got = list(map(preadv, map(fd_of.__getitem__, shards), [[v] for v in views], offsets))
+        if got.count(nbytes) != len(got):
+            bad = next(k for k, n in enumerate(got) if n != nbytes)
+            self._short_read(shards[bad])
 
     def _short_read(self, shard: int) -> None:
         path = self.source.shard_path(shard, shard_file_name(shard))
@@ -298,12 +354,17 @@ class TokenDataset:
             os.close(old_fd)
             self.source.release(old)
         path = self.source.shard_path(i, shard_file_name(i))
-        fd = self._open_checked_size(path, int(self._starts[i + 1] - self._starts[i]))
+        try:
+            fd = self._open_checked_size(path, int(self._starts[i + 1] - self._starts[i]))
+        except DataError:
+            self.source.release(i)  # not kept open: the source may evict it again
+            raise
         if not self._checked[i]:
             try:
                 self._check_shard(i, path, fd)
             except DataError:
                 os.close(fd)
+                self.source.release(i)
                 raise
             self._checked[i] = 1
         self._fds[i] = fd
@@ -318,11 +379,15 @@ class TokenDataset:
         name = shard_file_name(i)
         path = self.source.shard_path(i, name)
         want_tokens = int(self._starts[i + 1] - self._starts[i])
-        mm, arr = self._map(path, want_tokens)
-        if not self._checked[i]:
-            with open(path, "rb") as f:
-                self._check_shard(i, path, f.fileno())
-            self._checked[i] = 1
+        try:
+            mm, arr = self._map(path, want_tokens)
+            if not self._checked[i]:
+                with open(path, "rb") as f:
+                    self._check_shard(i, path, f.fileno())
+                self._checked[i] = 1
+        except DataError:
+            self.source.release(i)  # not kept mapped: the source may evict it again
+            raise
         self._maps[i] = (mm, arr)
         return arr
 
@@ -472,3 +537,14 @@ def open_dataset(
         tokenizer=tokenizer,
         io=io,
     )
+
+
+def _row_views(out: np.ndarray, rows: np.ndarray) -> list[Any]:
+    """Views of `out[rows[k]]` (no copies); `list(out)` when rows are all rows in order.
+
+    Typed Any: numpy arrays are buffers at runtime, which the stubs do not say."""
+    n = len(rows)
+    every_row = n == len(out) and (n == 0 or (int(rows[0]) == 0 and int(rows[-1]) == n - 1))
+    if every_row and (n < 2 or bool((rows[1:] > rows[:-1]).all())):
+        return list(out)
+    return [out[r] for r in rows.tolist()]

@@ -29,6 +29,7 @@ import numpy as np
 from tensoryard.data._util import distinct, short_hash
 from tensoryard.data.dataset import TokenDataset
 from tensoryard.data.permutation import ShuffleOrder, derive_key
+from tensoryard.data.source import LocalShardSource
 from tensoryard.errors import DataError
 
 __all__ = ["STATE_FORMAT", "LoaderConfig", "SampleSequence", "TokenLoader"]
@@ -134,18 +135,29 @@ class SampleSequence:
     def samples(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(dataset index, sample index within it) of each global position."""
         d, k = self.draws(positions)
+        if len(self.sizes) == 1:  # one dataset: no split by dataset
+            return d, self._permute(0, k)
         out = np.empty_like(k)
         for di in distinct(d):
             sel = d == di
-            kd = k[sel]
-            n = self.sizes[di]
-            epoch, pos = kd // n, kd % n
-            res = np.empty_like(kd)
-            for e in distinct(epoch):
-                es = epoch == e
-                res[es] = self.order(di, e)(pos[es])
-            out[sel] = res
+            out[sel] = self._permute(di, k[sel])
         return d, out
+
+    def _permute(self, d: int, k: np.ndarray) -> np.ndarray:
+        """Sample index of dataset d's k-th draws (each through its epoch's permutation)."""
+        if len(k) == 0:
+            return k.copy()
+        n = self.sizes[d]
+        epoch, pos = k // n, k % n
+        lo, hi = int(epoch.min()), int(epoch.max())
+        if lo == hi:  # the usual case: a block of batches inside one epoch
+            return self.order(d, lo)(pos)
+        res = np.empty_like(k)
+        for e in range(lo, hi + 1):
+            es = epoch == e
+            if es.any():
+                res[es] = self.order(d, e)(pos[es])
+        return res
 
 
 def _quotas(weights: list[float], period: int) -> list[int]:
@@ -175,12 +187,23 @@ def _schedule(quotas: list[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass
+class _Part:
+    """The samples of a block that one dataset holds, located in its shards."""
+
+    dataset: int
+    rows: np.ndarray  # rows of the block (batch-major sample number) this dataset fills
+    shard: np.ndarray  # shard of each window
+    local: np.ndarray  # token offset of each window within its shard
+
+
+@dataclass
 class _Block:
     """The samples of a run of batches, located but not yet read."""
 
     firsts: list[int]  # position of each batch's global first sample
     ds: np.ndarray  # dataset index per sample (batch-major)
     samples: np.ndarray  # sample index within its dataset
+    parts: list[_Part]  # per dataset: rows and (shard, offset) of its windows
 
 
 class TokenLoader:
@@ -300,22 +323,30 @@ class TokenLoader:
         firsts = np.asarray(batch_firsts, dtype=np.int64)
         offs = self.rank * self.local_batch + np.arange(self.local_batch, dtype=np.int64)
         d, s = self.sequence.samples((firsts[:, None] + offs[None, :]).reshape(-1))
-        return _Block([int(f) for f in firsts], d, s)
+        present = [0] if len(self.datasets) == 1 else distinct(d)
+        parts = []
+        for di in present:
+            rows = np.arange(len(s)) if len(self.datasets) == 1 else np.flatnonzero(d == di)
+            shard, local = self.datasets[di].locate(s[rows] * self.config.seq_len)
+            parts.append(_Part(di, rows, shard, local))
+        return _Block(firsts.tolist(), d, s, parts)
 
     def hint(self, *blocks: _Block) -> None:
         """Tell each dataset's source which shards the blocks read, in first-use order."""
         for di, ds in enumerate(self.datasets):
-            starts = [b.samples[b.ds == di] * self.config.seq_len for b in blocks]
-            shards, _ = ds.locate(np.concatenate(starts))
-            ds.source.hint(list(dict.fromkeys(shards.tolist())))
+            if type(ds.source).hint is LocalShardSource.hint:
+                continue  # a local directory ignores hints: skip building them
+            shards = [p.shard for b in blocks for p in b.parts if p.dataset == di]
+            if not shards:
+                ds.source.hint([])
+                continue
+            ds.source.hint(list(dict.fromkeys(np.concatenate(shards).tolist())))
 
     def read(self, block: _Block) -> np.ndarray:
         """All samples of `block`, shape (batches, local_batch, seq_len + 1)."""
         out = np.empty((len(block.samples), self.sample_len), dtype=self.dtype)
-        for di in distinct(block.ds):
-            rows = np.flatnonzero(block.ds == di)
-            starts = block.samples[rows] * self.config.seq_len
-            self.datasets[di].gather(starts, out, rows)
+        for p in block.parts:
+            self.datasets[p.dataset].gather_located(p.shard, p.local, out, p.rows)
         return out.reshape(len(block.firsts), self.local_batch, self.sample_len)
 
     def read_batch(self, batch_first: int) -> np.ndarray:
@@ -336,6 +367,15 @@ class TokenLoader:
 
         Batches are views into one buffer per block, never reused, so they stay valid.
         """
+        for firsts, data in self.iter_blocks(first, every):
+            yield from zip(firsts, data, strict=True)
+
+    def iter_blocks(self, first: int, every: int = 1) -> Iterator[tuple[list[int], np.ndarray]]:
+        """(batch positions, batches) of each block read, shape (batches, local_batch, len).
+
+        What `iter_batches` yields batch by batch; adapters that convert a whole block at once
+        (one tensor per block rather than per batch) use this.
+        """
         starts = self.batch_starts(first, every)
         sizes = self._block_sizes()
         upcoming = self.locate([next(starts) for _ in range(next(sizes))])
@@ -344,9 +384,7 @@ class TokenLoader:
             block = upcoming
             upcoming = self.locate([next(starts) for _ in range(next(sizes))])
             self.hint(block, upcoming)
-            data = self.read(block)
-            for idx, pos in enumerate(block.firsts):
-                yield pos, data[idx]
+            yield block.firsts, self.read(block)
 
     def _block_sizes(self) -> Iterator[int]:
         size = min(4, self.config.plan_batches)
@@ -360,12 +398,12 @@ class TokenLoader:
         For a prefetching cache: consecutive repeats are removed, later repeats are kept.
         """
         starts = self.batch_starts(self.consumed if first is None else first)
-        ds = self.datasets[dataset]
         last = -1
         while True:
             block = self.locate([next(starts) for _ in range(self.config.plan_batches)])
-            shards, _ = ds.locate(block.samples[block.ds == dataset] * self.config.seq_len)
-            for sh in shards.tolist():
+            shards = [p.shard for p in block.parts if p.dataset == dataset]
+            flat = np.concatenate(shards) if shards else np.empty(0, dtype=np.int64)
+            for sh in flat.tolist():
                 if sh != last:
                     yield sh
                     last = sh

@@ -9,7 +9,7 @@ costs the same to start and to resume as one over ten.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,6 +104,19 @@ class ShuffleOrder:
     block: int = 1
     window: int | None = None
     shuffle: bool = True
+    _perms: dict[tuple[str, int], FeistelPermutation] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+    def _perm(self, kind: str, w: int, size: int) -> FeistelPermutation:
+        """The permutation of window w (or of the blocks), built once: keys cost 7 hashes."""
+        got = self._perms.get((kind, w))
+        if got is None:
+            if len(self._perms) > 64:  # bounded: a block of batches spans few windows
+                self._perms.clear()
+            key = derive_key(self.key, "w", w) if kind == "w" else derive_key(self.key, "b")
+            got = self._perms[(kind, w)] = FeistelPermutation(size, key)
+        return got
 
     def __call__(self, pos: np.ndarray) -> np.ndarray:
         p = np.asarray(pos, dtype=np.int64)
@@ -115,14 +128,14 @@ class ShuffleOrder:
     def _within_windows(self, p: np.ndarray) -> np.ndarray:
         span = self.n if self.window is None else max(1, self.window) * self.block
         if span >= self.n:
-            return FeistelPermutation(self.n, derive_key(self.key, "w", 0))(p)
+            return self._perm("w", 0, self.n)(p)
         out = np.empty_like(p)
         win = p // span
         for w in distinct(win):
             sel = win == w
             base = w * span
             size = min(span, self.n - base)
-            perm = FeistelPermutation(size, derive_key(self.key, "w", w))
+            perm = self._perm("w", w, size)
             out[sel] = base + perm(p[sel] - base)
         return out
 
@@ -133,6 +146,6 @@ class ShuffleOrder:
         # The short tail block (if any) stays last so every block has the same size.
         in_full = q < full * self.block
         out = q.copy()
-        blocks = FeistelPermutation(full, derive_key(self.key, "b"))(q[in_full] // self.block)
+        blocks = self._perm("b", 0, full)(q[in_full] // self.block)
         out[in_full] = blocks * self.block + q[in_full] % self.block
         return out

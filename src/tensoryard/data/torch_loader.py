@@ -8,7 +8,8 @@ the same for any ``K``, and the main process counts what it handed out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,17 +42,45 @@ class TorchTokenDataset(IterableDataset[torch.Tensor]):
         workers, wid = (info.num_workers, info.id) if info is not None else (1, 0)
         first = self.start + wid * self.loader.config.global_batch
         mine = None if self.num_batches is None else len(range(wid, self.num_batches, workers))
-        batches = self.loader.iter_batches(first, every=workers)
-        for produced, (_, batch) in enumerate(batches):
-            if mine is not None and produced >= mine:
-                return
-            yield self._to_tensor(batch)
+        blocks = self.loader.iter_blocks(first, every=workers)
+        batches = self._tensors(blocks, whole_blocks=info is None)
+        yield from batches if mine is None else itertools.islice(batches, mine)
+
+    def _tensors(
+        self, blocks: Iterator[tuple[list[int], np.ndarray]], *, whole_blocks: bool
+    ) -> Iterator[torch.Tensor]:
+        """Tensors of each block's batches.
+
+        In-process and without a conversion: one tensor per block, split into batch views
+        (cheaper than a tensor per batch). Otherwise one tensor per batch: a converted copy is
+        made batch by batch so that a block's worth of wider tokens is never held at once, and
+        a DataLoader worker sends each batch's own memory rather than its whole block's.
+        """
+        to_tensor = self._converter()
+        if whole_blocks and to_tensor is torch.from_numpy:
+            for _, data in blocks:
+                yield from to_tensor(data).unbind(0)
+            return
+        for _, data in blocks:
+            for batch in data:
+                yield to_tensor(batch)
+
+    def _converter(self) -> Callable[[np.ndarray], torch.Tensor]:
+        """numpy batch -> tensor, with the dtype decisions taken once rather than per batch."""
+        from_numpy, dtype = torch.from_numpy, self.dtype
+        if self.loader.dtype == np.uint32:  # torch has no general uint32 arithmetic
+
+            def widen(arr: np.ndarray) -> torch.Tensor:
+                t = from_numpy(arr.astype(np.int64))
+                return t if dtype is None else t.to(dtype)
+
+            return widen
+        if dtype is None:
+            return from_numpy
+        return lambda arr: from_numpy(arr).to(dtype)
 
     def _to_tensor(self, arr: np.ndarray) -> torch.Tensor:
-        if arr.dtype == np.uint32:  # torch has no general uint32 arithmetic
-            arr = arr.astype(np.int64)
-        t = torch.from_numpy(arr)
-        return t if self.dtype is None else t.to(self.dtype)
+        return self._converter()(arr)
 
 
 class TorchTokenLoader:
@@ -83,9 +112,15 @@ class TorchTokenLoader:
         step = self.loader.config.global_batch
         if self.num_workers == 0:
             # In-process: no DataLoader machinery (it costs more per batch than the read).
+            loader = self.loader
+            if self.pin_memory:
+                for batch in ds:
+                    loader.consumed += step
+                    yield batch.pin_memory()
+                return
             for batch in ds:
-                self.loader.consumed += step
-                yield batch.pin_memory() if self.pin_memory else batch
+                loader.consumed += step
+                yield batch
             return
         extra: dict[str, Any] = {}
         if self.num_workers and self.prefetch_factor is not None:
