@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from tensoryard.data import build_loader, open_dataset, verify_dataset, write_token_dataset
 from tensoryard.data.format import INDEX_NAME, MANIFEST_NAME, SHARDS_NAME, shard_file_name
+from tensoryard.data.source import LocalShardSource
 from tensoryard.errors import DataError
 
 
@@ -133,3 +135,32 @@ def test_datasets_of_different_tokenizers_cannot_be_blended(tmp_path: Path) -> N
     write_token_dataset(tmp_path / "b", [np.arange(100, dtype=np.uint16)], vocab_size=2000)
     with pytest.raises(DataError, match="different tokenizers"):
         build_loader([tmp_path / "a", tmp_path / "b"], seq_len=8, global_batch=2)
+
+
+class HoldCountingSource(LocalShardSource):
+    """A local source that counts how often each shard is held and released."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.held: Counter[int] = Counter()
+        self.released: Counter[int] = Counter()
+
+    def shard_path(self, index: int, name: str) -> Path:
+        self.held[index] += 1
+        return super().shard_path(index, name)
+
+    def release(self, index: int) -> None:
+        self.released[index] += 1
+
+
+@pytest.mark.parametrize("io", ["pread", "mmap"], ids=["with pread", "with mmap"])
+def test_a_shard_that_fails_its_check_is_released_so_a_cache_may_evict_it(
+    dataset: Path, io: str
+) -> None:
+    flip_byte(dataset / shard_file_name(2), 100)
+    source = HoldCountingSource(dataset)
+    ds = open_dataset(dataset, source=source, io=io)  # type: ignore[arg-type]
+    with pytest.raises(DataError, match=r"shard-000002\.tok"):
+        ds.read(0, ds.num_tokens)
+    assert source.held[2] >= 1
+    assert source.released[2] >= 1
