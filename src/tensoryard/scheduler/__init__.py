@@ -13,9 +13,12 @@ One cycle reads as numbered phases (see ``core.Cycle.run``):
    service level; weighted dominant fair share; submit time) and try, in order: admit
    within quota (borrowing inside the cohort within limits) on a topology-aware placement;
    backfill onto reserved nodes if its runtime estimate ends before the reserved start;
-   preempt (reclaim of lent quota, lower priority, or attained service) choosing victims
-   that lose the least work since their last checkpoint, and keep for it the GPUs those
-   free; reserve nodes for it as the head of line; a queue is skipped once nothing behind
+   preempt (reclaim of lent quota, lower priority, or attained service, also of other
+   queues' long runners on borrowed quota) choosing victims that lose the least work since
+   their last checkpoint (node by node when the cheapest victims are scattered), and keep
+   for it the GPUs those free; when it fails on placement alone although enough GPUs are
+   free in total, move small jobs to clear whole nodes (defragmentation); reserve nodes for
+   it as the head of line; a queue is skipped once nothing behind
    its head could start; finally offer reserved GPUs to short work (backfill pass);
 5. return admissions, preemptions (with a grace period to checkpoint), reservations, the
    updated usage history, and for every pending workload a reason and an estimated start.
@@ -26,7 +29,10 @@ Policies and their knobs live in :class:`SchedulerConfig`; queues and cohorts co
 Ranking used by preemption ("a victim never outranks the job it makes room for"): a workload
 running on *borrowed* quota ranks below every workload that runs within its queue's nominal
 quota; after that, higher priority ranks higher; at equal priority, a lower attained-service
-level ranks higher. Victims are always strictly below their preemptor in this order.
+level ranks higher. Victims are always strictly below their preemptor in this order, except
+for defragmentation, which moves rather than displaces: its victims are smaller single-node
+jobs at no higher priority and no lower level, and only as many as can restart at once on
+GPUs that stay free.
 """
 
 from tensoryard.scheduler.config import SchedulerConfig

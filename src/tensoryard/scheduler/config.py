@@ -36,7 +36,21 @@ class SchedulerConfig:
             taken back by `reclaim`). The victim resumes later from its checkpoint.
         service_preemption_min_run_s: least run time of an attempt before service preemption
             may stop it (prevents thrashing).
+        service_preemption_of_borrowers: a pending workload may also preempt, for service, a
+            running workload of another queue of its cohort tree that runs on borrowed quota,
+            at the same priority and a higher service level, after the same least run time;
+            the victim's queue keeps at least its nominal quota (reason "borrowed-service").
+            Without it, a team that always borrows has its newcomers wait behind other teams'
+            long runners, where Tiresias-like LAS would let them in.
         preemption_grace_s: seconds a victim gets to checkpoint before it is stopped.
+        defragment: when a multi-GPU workload fails on placement alone (enough GPUs are free
+            in total, but scattered over nodes), preempt single-node workloads narrower than its
+            workers that do not outrank it (priority <= its own, service level >= its own)
+            to clear whole nodes (at most one such search per cycle),
+            least work lost first, and only as many as can restart at once on the GPUs left
+            free: the victims migrate, they are not displaced (reason "defragment").
+        defrag_min_run_s: least run time of an attempt before defragmentation may move it
+            (each workload moves at most once per such period).
         max_preemptors_per_cycle: at most this many pending workloads issue preemptions in one
             cycle (bounds churn and cycle time).
         max_victim_candidates: at most this many cheapest candidates are tried per preemptor.
@@ -60,7 +74,10 @@ class SchedulerConfig:
     preempt_lower_priority: bool = True
     preempt_by_service: bool = True
     service_preemption_min_run_s: float = 600.0
+    service_preemption_of_borrowers: bool = True
     preemption_grace_s: float = 120.0
+    defragment: bool = True
+    defrag_min_run_s: float = 600.0
     max_preemptors_per_cycle: int = 32
     max_victim_candidates: int = 64
     max_reservations: int = 1
@@ -79,6 +96,7 @@ class SchedulerConfig:
             ),
             (self.service_preemption_min_run_s >= 0, "service_preemption_min_run_s must be >= 0"),
             (self.preemption_grace_s >= 0, "preemption_grace_s must be >= 0"),
+            (self.defrag_min_run_s >= 0, "defrag_min_run_s must be >= 0"),
             (self.max_preemptors_per_cycle >= 0, "max_preemptors_per_cycle must be >= 0"),
             (self.max_victim_candidates >= 1, "max_victim_candidates must be >= 1"),
             (self.max_reservations >= 0, "max_reservations must be >= 0"),

@@ -30,6 +30,14 @@ from tensoryard.spec.queue import CPU_RESOURCE
 __all__ = ["Cycle", "Scheduler", "decay_usage"]
 
 _CAP_CACHE_LIMIT = 32
+# Node-by-node victim search (when the cheapest victims are scattered): at most this many per
+# cycle, looking at the cheapest nodes for the gang plus this many spare ones.
+_NODE_AWARE_TRIES = 1
+_NODE_AWARE_SPARE = 4
+# Preemption attempts per cycle that look at other queues' long runners ("borrowed-service").
+_BORROWED_TRIES = 8
+# Defragmentation searches (each looks at every node of a model) per cycle.
+_DEFRAG_TRIES = 1
 _ID = attrgetter("id")
 _FIRST = itemgetter(0)
 _Cost = tuple[float, int, float, str]
@@ -156,6 +164,17 @@ class Cycle:
         self.preemptors = 0
         self.late_admitted: set[str] = set()
         self.claims: dict[str, tuple[str, ...]] = {}
+        self._on_nodes: dict[str, list[Workload]] | None = None
+        # Quota charged by this cycle's admissions, per (queue, resource): reclaim looks at
+        # what a queue borrows with work that already runs, not with work admitted just now.
+        self.admitted_charge: dict[tuple[str, str], float] = {}
+        # Quota of victims already chosen this cycle (still charged until they stop), so that
+        # two preemptors do not both count the same borrowed GPUs as reclaimable.
+        self.victim_charge: dict[tuple[str, str], float] = {}
+        self.node_tries = 0
+        self.borrowed_tries = 0
+        self.defrag_tries = 0
+        self.defrag_failed: dict[str, float] = {}
         # Facts behind the last successful preemption / reservation, for its pending reason.
         self._last_preempt_details: dict[str, object] = {}
         self._last_reserve_details: dict[str, object] = {}
@@ -235,6 +254,7 @@ class Cycle:
                     level = self._level(w)
                     if level > self.q_max_level.get(queue, 0):
                         self.q_max_level[queue] = level
+        self.max_level = max(self.q_max_level.values(), default=0)
         for (queue, resource), amount in totals.items():
             self._charge(queue, resource, amount, 0.0, False)
         self.history = decay_usage(
@@ -454,6 +474,9 @@ class Cycle:
         if fail.code in ("quota", "capacity") and self._try_preempt(w, line, fails):
             self.outcomes[w.id] = Outcome("preempting", self._last_preempt_details, position)
             return False
+        if fail.code == "capacity" and fail.model is not None and self._try_defrag(w, fail.model):
+            self.outcomes[w.id] = Outcome("preempting", self._last_preempt_details, position)
+            return False
         if fail.code == "capacity" and fail.model is not None and self._try_reserve(w, fail.model):
             self.outcomes[w.id] = Outcome("reserved", self._last_reserve_details, position)
             return False
@@ -610,6 +633,8 @@ class Cycle:
         resource = resource_of(w, gpu_model)
         self._charge(w.queue, resource, charge_of(w), w.total_cpu, w.gpus_per_node > 0)
         borrowing = self.tree.borrowing(w.queue, resource)
+        key = (w.queue, resource)
+        self.admitted_charge[key] = self.admitted_charge.get(key, 0.0) + charge_of(w)
         self.admissions.append(Admission(w.id, placement, borrowing))
 
     def _most_telling(self, fails: list[_Fail]) -> _Fail:
@@ -725,6 +750,8 @@ class Cycle:
             w
         ):
             return True
+        if self._service_of_borrowers_left() and self.max_level > self._pending_level(w):
+            return True
         return self.cfg.reclaim and self._within_nominal_after(w, model or None)
 
     def _within_nominal_after(self, w: Workload, model: str | None) -> bool:
@@ -747,14 +774,36 @@ class Cycle:
             return None
         resource = resource_of(v, v.placement.gpu_model)
         if (
+            self.cfg.service_preemption_of_borrowers
+            and v.priority == w.priority
+            and self._service_preemptible(v)
+            and self._level(v) > self._pending_level(w)
+            and self.tree.has_queue(v.queue)
+            and self.tree.same_tree(w.queue, v.queue)
+            and self._borrows_running(v.queue, resource, keep=charge_of(v))
+        ):
+            return "borrowed-service"
+        if (
             self.cfg.reclaim
             and within_nominal
             and self.tree.has_queue(v.queue)
             and self.tree.same_tree(w.queue, v.queue)
-            and self.tree.borrowing(v.queue, resource)
+            and self._borrows_running(v.queue, resource)
         ):
             return "reclaim"
         return None
+
+    def _borrows_running(self, queue: str, resource: str, keep: float = 0.0) -> bool:
+        """True when the queue's running work (not this cycle's admissions) exceeds its
+        nominal quota: only then may reclaim take that work back. With `keep` > 0: True when
+        it still uses at least its nominal quota after giving `keep` back."""
+        key = (queue, resource)
+        used = self.tree.usage(queue, resource) - self.admitted_charge.get(key, 0.0)
+        used -= self.victim_charge.get(key, 0.0)
+        nominal = self.tree.nominal(queue, resource)
+        if keep > 0:
+            return used - keep >= nominal - 1e-9
+        return used > nominal + 1e-9
 
     def _preempt_on(self, w: Workload, model: str) -> bool:
         """What-if: remove the cheapest eligible victims until `w` fits, then keep the fewest."""
@@ -773,15 +822,24 @@ class Cycle:
         removed: list[tuple[Workload, str]] = []
         fits = False
         for v, reason in candidates:
-            if reason == "reclaim":
+            if reason in ("reclaim", "borrowed-service"):
                 assert v.placement is not None
-                if not self.tree.borrowing(v.queue, resource_of(v, v.placement.gpu_model)):
+                resource = resource_of(v, v.placement.gpu_model)
+                keep = charge_of(v) if reason == "borrowed-service" else 0.0
+                if not self._borrows_running(v.queue, resource, keep=keep):
                     continue
             self._vacate(v)
             removed.append((v, reason))
             if self._fits(w, model):
                 fits = True
                 break
+        if not fits and w.gpus_per_node > 1 and self.node_tries < _NODE_AWARE_TRIES:
+            # The cheapest victims were scattered over nodes: clear whole nodes instead.
+            self.node_tries += 1
+            for v, _ in reversed(removed):
+                self._unvacate(v)
+            removed = self._victims_by_node(w, model, within)
+            fits = bool(removed)
         claim: dict[str, tuple[int, ...]] = {}
         if fits:
             removed = self._fewest(w, model, removed)
@@ -796,6 +854,198 @@ class Cycle:
         self._issue(w, removed)
         self._claim(w, claim)
         return True
+
+    def _victims_by_node(self, w: Workload, model: str, within: bool) -> list[tuple[Workload, str]]:
+        """Clear the nodes that are cheapest to clear (work lost) for one worker of `w` each,
+        until `w` fits. Returns the victims, left vacated, or [] (nothing changed)."""
+        index = self.state.open[model]
+        on_node = self._running_on_nodes()
+        allowed = set(self._victim_queues(w, model, within))
+        leaving: dict[str, list[Workload]] = {}
+        for v in self.leaving.get(model, []):
+            if v.id not in self.victims and v.placement is not None:
+                for name in v.placement.gpus:
+                    leaving.setdefault(name, []).append(v)
+        options: list[tuple[float, int, int, list[tuple[Workload, str]]]] = []
+        for state in index.nodes.values():
+            missing = w.gpus_per_node - len(state.free)
+            if missing <= 0 or state.gpus_total < w.gpus_per_node:
+                continue
+            chosen: list[tuple[Workload, str]] = []
+            for v in leaving.get(state.name, ()):
+                assert v.placement is not None
+                chosen.append((v, "terminating"))
+                missing -= len(v.placement.gpus[state.name])
+            eligible: list[tuple[_Cost, Workload, str]] = []
+            for v in on_node.get(state.name, ()):
+                if v.queue not in allowed:
+                    continue
+                reason = self._victim_reason(w, v, within)
+                if reason is not None:
+                    eligible.append((self._victim_cost(v), v, reason))
+            eligible.sort(key=_FIRST)
+            lost = 0.0
+            for cost, v, reason in eligible:
+                if missing <= 0:
+                    break
+                assert v.placement is not None
+                chosen.append((v, reason))
+                lost += cost[0]
+                missing -= len(v.placement.gpus[state.name])
+            if missing <= 0:
+                options.append((lost, len(chosen), state.ix, chosen))
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        removed: list[tuple[Workload, str]] = []
+        seen: set[str] = set()
+        for _, _, _, chosen in options[: w.nodes + _NODE_AWARE_SPARE]:
+            for v, reason in chosen:
+                if v.id in seen:
+                    continue
+                if reason in ("reclaim", "borrowed-service"):
+                    assert v.placement is not None
+                    resource = resource_of(v, v.placement.gpu_model)
+                    keep = charge_of(v) if reason == "borrowed-service" else 0.0
+                    if not self._borrows_running(v.queue, resource, keep=keep):
+                        continue
+                seen.add(v.id)
+                self._vacate(v)
+                removed.append((v, reason))
+            if self._fits(w, model):
+                return removed
+        for v, _ in reversed(removed):
+            self._unvacate(v)
+        return []
+
+    # --- defragmentation ---------------------------------------------------------------------
+
+    def _try_defrag(self, w: Workload, model: str) -> bool:
+        """Free whole nodes for a gang that fails on placement alone (fragmentation).
+
+        Only when enough GPUs are free in total: single-node workloads that ran at least
+        ``defrag_min_run_s`` and do not outrank `w` (priority, then service level) are moved,
+        cheapest work lost first, and only as many as the GPUs left free after `w` starts can
+        take back at once, so a victim is migrated, not displaced.
+        """
+        cfg = self.cfg
+        if not cfg.defragment or w.gpus_per_node == 0 or not model:
+            return False
+        if self.preemptors >= cfg.max_preemptors_per_cycle or self.defrag_tries >= _DEFRAG_TRIES:
+            return False
+        index = self.state.open[model]
+        spare = index.total_free - w.total_gpus
+        if spare <= 0 or w.gpus_per_node <= 1:
+            return False
+        if w.gpus_per_node >= self.defrag_failed.get(model, INF):
+            return False  # a worker as wide found no node to clear this cycle
+        self.defrag_tries += 1
+        options = self._defrag_options(w, index)
+        if not options:
+            self.defrag_failed[model] = min(w.gpus_per_node, self.defrag_failed.get(model, INF))
+            return False
+        removed: list[tuple[Workload, str]] = []
+        moved = 0
+        fits = False
+        for _, gpus, _, victims in options:
+            if moved + gpus > spare:
+                continue
+            for v in victims:
+                self._vacate(v)
+                removed.append((v, "defragment"))
+            moved += gpus
+            if self._fits(w, model):
+                fits = True
+                break
+        claim: dict[str, tuple[int, ...]] = {}
+        if fits:
+            nodes = self._place(self.state.open[model], w, model, cache=None) or []
+            claim = {n.name: tuple(n.free[: w.gpus_per_node]) for n in nodes}
+            fits = bool(claim) and self._victims_replace(index, claim, [v for v, _ in removed])
+        for v, _ in removed:
+            self._unvacate(v)
+        if not fits:
+            return False
+        self.preemptors += 1
+        self._issue(w, removed)
+        self._claim(w, claim)
+        return True
+
+    def _victims_replace(
+        self, index: CapacityIndex, claim: Mapping[str, tuple[int, ...]], victims: list[Workload]
+    ) -> bool:
+        """What-if: with `claim` taken, every victim finds a node elsewhere (best fit)."""
+        undo: list[tuple[NodeState, tuple[int, ...]]] = []
+        ok = True
+        for name, gpus in claim.items():
+            state = self.state.by_name[name]
+            index.take_exact(state, gpus, 0.0, 0)
+            undo.append((state, gpus))
+        for v in sorted(victims, key=_GPUS_PER_NODE, reverse=True):
+            node = index.best_node(v.gpus_per_node, v.cpu_per_node, v.mem_per_node)
+            if node is None:
+                ok = False
+                break
+            undo.append((node, index.take(node, v.gpus_per_node, 0.0, 0)))
+        for state, gpus in reversed(undo):
+            index.give(state, gpus, 0.0, 0)
+        return ok
+
+    def _defrag_options(
+        self, w: Workload, index: CapacityIndex
+    ) -> list[tuple[float, int, int, list[Workload]]]:
+        """Per node short of room for one worker of `w`: (work lost, GPUs moved, node, victims)
+        to clear it, cheapest first."""
+        on_node = self._running_on_nodes()
+        level = self._pending_level(w)
+        min_start = self.now - self.cfg.defrag_min_run_s
+        options: list[tuple[float, int, int, list[Workload]]] = []
+        for state in index.nodes.values():
+            missing = w.gpus_per_node - len(state.free)
+            # Only partly free nodes: clearing a full one moves more work (and is slower to
+            # search in a big, busy cluster).
+            if missing <= 0 or missing == w.gpus_per_node or state.gpus_total < w.gpus_per_node:
+                continue
+            eligible = sorted(
+                (
+                    (self._victim_cost(v), v)
+                    for v in on_node.get(state.name, ())
+                    if v.nodes == 1
+                    and v.gpus_per_node < w.gpus_per_node
+                    and v.preemptible
+                    and v.id not in self.victims
+                    and v.priority <= w.priority
+                    and v.start_time is not None
+                    and v.start_time <= min_start
+                    and self._level(v) >= level
+                ),
+                key=_FIRST,
+            )
+            victims: list[Workload] = []
+            lost = 0.0
+            for cost, v in eligible:
+                victims.append(v)
+                lost += cost[0]
+                missing -= v.gpus_per_node
+                if missing <= 0:
+                    break
+            if missing > 0:
+                continue
+            gpus = sum(v.gpus_per_node for v in victims)
+            options.append((lost, gpus, state.ix, victims))
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        return options
+
+    def _running_on_nodes(self) -> dict[str, list[Workload]]:
+        """Running (not terminating) workloads per node name (built on first use)."""
+        if self._on_nodes is not None:
+            return self._on_nodes
+        out: dict[str, list[Workload]] = {}
+        for w in self.snap.running:
+            if w.placement is None or w.terminating:
+                continue
+            for name in w.placement.gpus:
+                out.setdefault(name, []).append(w)
+        self._on_nodes = out
+        return out
 
     def _claim(self, w: Workload, gpus: Mapping[str, tuple[int, ...]]) -> None:
         """Keep for `w` the GPUs it will use that are free already.
@@ -818,15 +1068,36 @@ class Cycle:
 
     def _victim_pool(self, w: Workload, model: str, within: bool) -> Iterator[Workload]:
         """Running workloads that may be victims of `w`, cheapest first."""
-        queues = [w.queue]
-        if self.cfg.reclaim and within:
-            resource = resource_of(w, model or None)
-            for queue in self.tree.tree_queues(w.queue):
-                if queue != w.queue and self.tree.borrowing(queue, resource):
-                    queues.append(queue)
-        sources = [self._pool(model, queue) for queue in queues]
+        sources = [self._pool(model, queue) for queue in self._victim_queues(w, model, within)]
         for _, v in heapq.merge(*sources, key=_FIRST):
             yield v
+
+    def _victim_queues(self, w: Workload, model: str, within: bool) -> list[str]:
+        """`w`'s queue, and the borrowing queues of its tree that a rule lets it take from."""
+        queues = [w.queue]
+        reclaim = self.cfg.reclaim and within
+        service = self._service_of_borrowers_left()
+        if not (reclaim or service):
+            return queues
+        level = self._pending_level(w)
+        resource = resource_of(w, model or None)
+        if service and not reclaim:
+            self.borrowed_tries += 1
+        for queue in self.tree.tree_queues(w.queue):
+            if queue == w.queue or not (reclaim or self.q_max_level.get(queue, 0) > level):
+                continue
+            if self._borrows_running(queue, resource):
+                queues.append(queue)
+        return queues
+
+    def _service_of_borrowers_left(self) -> bool:
+        """Whether "borrowed-service" may still be tried this cycle (bounded: each try scans
+        other queues' victims)."""
+        return (
+            self.cfg.service_preemption_of_borrowers
+            and self.max_level > 0
+            and self.borrowed_tries < _BORROWED_TRIES
+        )
 
     def _pool(self, model: str, queue: str) -> list[tuple[_Cost, Workload]]:
         """A queue's running workloads on `model`, cheapest victim first (built on first use)."""
@@ -878,6 +1149,9 @@ class Cycle:
             self.victims.add(v.id)
             if reason == "terminating":
                 continue
+            assert v.placement is not None
+            key = (v.queue, resource_of(v, v.placement.gpu_model))
+            self.victim_charge[key] = self.victim_charge.get(key, 0.0) + charge_of(v)
             lost = self._victim_cost(v)[0]
             self.preemptions.append(
                 Preemption(
@@ -955,6 +1229,8 @@ class Cycle:
     def _may_preempt_any(self, w: Workload) -> bool:
         if self.preemptors >= self.cfg.max_preemptors_per_cycle:
             return False
+        if self.preempt_attempts >= 4 * max(1, self.cfg.max_preemptors_per_cycle):
+            return False  # _try_preempt would refuse: do not keep the queue open for it
         return any(self._may_preempt(w, m) for m in self._models_for(w))
 
     def _unvisited_reason(self, w: Workload) -> tuple[str, dict[str, object]]:
@@ -979,6 +1255,14 @@ def _preemption_message(v: Workload, w: Workload, reason: str, grace: float) -> 
     why = {
         "reclaim": f"queue {v.queue} borrowed GPUs that queue {w.queue} needs back",
         "priority": f"higher-priority workload {w.id} (priority {w.priority}) needs the room",
+        "defragment": (
+            f"gang {w.id} of queue {w.queue} needs whole nodes; it restarts at once from its "
+            "checkpoint on GPUs free elsewhere"
+        ),
+        "borrowed-service": (
+            f"it has run long on GPUs its queue {v.queue} borrowed; newcomer {w.id} of queue "
+            f"{w.queue} gets a turn (it resumes from its checkpoint)"
+        ),
         "attained-service": (
             f"it has run long; newcomer {w.id} of queue {w.queue} gets a turn "
             "(it resumes from its checkpoint)"

@@ -193,8 +193,11 @@ class Preemption:
         workload_id: the victim.
         preemptor_id: the pending workload it makes room for.
         reason: "reclaim" (its queue borrowed quota the lender needs back), "priority" (a
-            higher-priority workload of its own queue needs the room), or "attained-service"
-            (it has run long; a newcomer with less service takes its turn at a checkpoint).
+            higher-priority workload of its own queue needs the room), "attained-service"
+            (it has run long; a newcomer with less service takes its turn at a checkpoint),
+            "borrowed-service" (the same, for a long runner of another queue that runs on
+            borrowed quota; its queue keeps its nominal quota) or "defragment" (a small job is
+            moved to GPUs free elsewhere so that a gang gets whole nodes).
         grace_s: seconds to write a checkpoint before it is stopped.
         work_lost_gpu_s: GPU-seconds since its last checkpoint (what the preemption costs).
         message: a sentence for the victim's owner.

@@ -212,6 +212,23 @@ def test_a_victim_never_outranks_the_job_it_makes_room_for(world: World) -> None
             v_level = config.service_level(victim.service_s(world.now) * victim.total_gpus)
             w_level = config.service_level(preemptor.attained_service_s * preemptor.total_gpus)
             assert victim.queue == preemptor.queue and v_level > w_level
+        elif p.reason == "borrowed-service":
+            # Another queue's long runner on borrowed quota, at equal priority and a higher
+            # level; its queue keeps at least its nominal quota.
+            v_level = config.service_level(victim.service_s(world.now) * victim.total_gpus)
+            w_level = config.service_level(preemptor.attained_service_s * preemptor.total_gpus)
+            assert victim.priority == preemptor.priority and v_level > w_level
+            spec = world.quotas.queue(victim.queue)
+            model = victim.placement.gpu_model  # type: ignore[union-attr]
+            assert spec is not None
+            assert use[(victim.queue, model)] - victim.total_gpus >= spec.nominal.get(model, 0)
+        elif p.reason == "defragment":
+            # A move, not a displacement: a smaller single-node job at no higher priority
+            # and no lower service level than the gang it clears a node for.
+            v_level = config.service_level(victim.service_s(world.now) * victim.total_gpus)
+            w_level = config.service_level(preemptor.attained_service_s * preemptor.total_gpus)
+            assert victim.nodes == 1 and victim.gpus_per_node < preemptor.gpus_per_node
+            assert victim.priority <= preemptor.priority and v_level >= w_level
         else:
             assert p.reason == "reclaim" and victim.queue != preemptor.queue
             model = victim.placement.gpu_model  # type: ignore[union-attr]
