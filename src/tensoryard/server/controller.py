@@ -164,8 +164,9 @@ class Controller:
                 pending_reason="",
                 pending_eta=None,
             )
+        running_by_id = {j.id: j for j in running}
         for preemption in decisions.preemptions:
-            self._preempt({j.id: j for j in running}.get(preemption.job_id), preemption)
+            self._preempt(running_by_id.get(preemption.job_id), preemption)
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
             eta = _utc(info.eta_s) if info.eta_s is not None else None
