@@ -114,8 +114,15 @@ def decay_usage(
             since = prev.as_of
         if since >= now:
             continue
-        key = (w.queue, resource_of(w, placement.gpu_model), since)
-        rates[key] = rates.get(key, 0.0) + charge_of(w)
+        # resource_of / charge_of, inlined: this loop runs over every running workload
+        model = placement.gpu_model
+        if w.gpus_per_node > 0:
+            key = (w.queue, model or CPU_RESOURCE, since)
+            charge = float(w.nodes * w.gpus_per_node)
+        else:
+            key = (w.queue, CPU_RESOURCE, since)
+            charge = w.nodes * w.cpu_per_node
+        rates[key] = rates.get(key, 0.0) + charge
     scale = half_life_s / math.log(2)
     for (queue, resource, since), rate in rates.items():
         amount = rate * scale * (1.0 - 0.5 ** ((now - since) / half_life_s))
@@ -164,7 +171,6 @@ class Cycle:
         self.preemptors = 0
         self.late_admitted: set[str] = set()
         self.claims: dict[str, tuple[str, ...]] = {}
-        self._on_nodes: dict[str, list[Workload]] | None = None
         # Quota charged by this cycle's admissions, per (queue, resource): reclaim looks at
         # what a queue borrows with work that already runs, not with work admitted just now.
         self.admitted_charge: dict[tuple[str, str], float] = {}
@@ -225,6 +231,12 @@ class Cycle:
         totals: dict[tuple[str, str], float] = {}
         service = self.cfg.preempt_by_service and bool(self.cfg.service_levels_gpu_s)
         min_start = self.now - self.cfg.service_preemption_min_run_s
+        # Local names: this loop runs over every running workload.
+        total_of = totals.get
+        by_queue = self.by_queue
+        min_prio = self.q_min_prio
+        most_served: dict[str, float] = {}
+        now = self.now
         for w in self.snap.running:
             placement = w.placement
             if placement is None:
@@ -233,27 +245,37 @@ class Cycle:
             queue = w.queue
             if w.gpus_per_node > 0 and model:
                 key = (queue, model)
-                totals[key] = totals.get(key, 0.0) + w.nodes * w.gpus_per_node
+                totals[key] = total_of(key, 0.0) + w.nodes * w.gpus_per_node
                 if w.cpu_per_node:
                     key = (queue, CPU_RESOURCE)
-                    totals[key] = totals.get(key, 0.0) + w.nodes * w.cpu_per_node
+                    totals[key] = total_of(key, 0.0) + w.nodes * w.cpu_per_node
             else:
                 key = (queue, CPU_RESOURCE)
-                totals[key] = totals.get(key, 0.0) + w.nodes * w.cpu_per_node
+                totals[key] = total_of(key, 0.0) + w.nodes * w.cpu_per_node
             if w.terminating:
                 self.leaving.setdefault(model, []).append(w)
                 continue
-            pool = self.by_queue.get((model, queue))
+            key = (model, queue)
+            pool = by_queue.get(key)
             if pool is None:
-                pool = self.by_queue[(model, queue)] = []
+                pool = by_queue[key] = []
             pool.append(w)
             if w.preemptible:
-                if w.priority < self.q_min_prio.get(queue, w.priority + 1):
-                    self.q_min_prio[queue] = w.priority
-                if service and w.start_time is not None and w.start_time <= min_start:
-                    level = self._level(w)
-                    if level > self.q_max_level.get(queue, 0):
-                        self.q_max_level[queue] = level
+                if w.priority < min_prio.get(queue, w.priority + 1):
+                    min_prio[queue] = w.priority
+                start = w.start_time
+                if service and start is not None and start <= min_start:
+                    # self._level(w) is monotone in these GPU-seconds: keep each queue's
+                    # largest and take its level once, after the loop.
+                    served = (w.attained_service_s + max(0.0, now - start)) * max(
+                        1, w.nodes * w.gpus_per_node
+                    )
+                    if served > most_served.get(queue, -INF):
+                        most_served[queue] = served
+        for queue, served in most_served.items():
+            level = self.cfg.service_level(served)
+            if level > 0:
+                self.q_max_level[queue] = level
         self.max_level = max(self.q_max_level.values(), default=0)
         for (queue, resource), amount in totals.items():
             self._charge(queue, resource, amount, 0.0, False)
@@ -290,7 +312,15 @@ class Cycle:
                     if level:
                         self.levels[w.id] = level
                         leveled.add(w.queue)
-        ordered = {q: self._sorted(groups[q], q in leveled) for q in sorted(groups)}
+        # Two sequential passes over the whole backlog spare a hundred scattered per-queue
+        # ones: a queue's items keep the backlog's order, so a backlog in strict submission
+        # order (or of one priority) has every queue so too.
+        times = list(map(_BY_TIME, pending))
+        in_order = all(map(operator.lt, times, islice(times, 1, None)))
+        one_priority = len(set(map(_PRIORITY, pending))) <= 1
+        ordered = {
+            q: self._sorted(groups[q], q in leveled, in_order, one_priority) for q in sorted(groups)
+        }
         self.lines = {q: _QueueLine(q, items) for q, items in ordered.items()}
 
     def _phase4_admit(self) -> None:
@@ -383,10 +413,16 @@ class Cycle:
             return 0
         return self.cfg.service_level(w.service_s(self.now) * max(1, w.total_gpus))
 
-    def _sorted(self, items: list[Workload], leveled: bool) -> list[Workload]:
-        """(-priority, level, submit time, id) by stable passes with C-level keys."""
-        times = list(map(_BY_TIME, items))
-        if not all(map(operator.lt, times, islice(times, 1, None))):
+    def _sorted(
+        self, items: list[Workload], leveled: bool, in_order: bool, one_priority: bool
+    ) -> list[Workload]:
+        """(-priority, level, submit time, id) by stable passes with C-level keys.
+
+        `in_order` / `one_priority`: the items are known to be in strict submission order /
+        of one priority already (skips checking them).
+        """
+        times = [] if in_order else list(map(_BY_TIME, items))
+        if not (in_order or all(map(operator.lt, times, islice(times, 1, None)))):
             # Not already listed in strict submission order (the common case skips this).
             if self.cfg.ordering_tiebreak_by_id and len(set(times)) < len(items):
                 items.sort(key=_ID)  # equal submit times: the id decides, whatever the order
@@ -394,7 +430,7 @@ class Cycle:
         if leveled:
             levels = self.levels
             items.sort(key=lambda w: levels.get(w.id, 0))
-        if len(set(map(_PRIORITY, items))) > 1:
+        if not one_priority and len(set(map(_PRIORITY, items))) > 1:
             items.sort(key=_PRIORITY, reverse=True)  # reverse=True keeps the sort stable
         return items
 
@@ -859,7 +895,7 @@ class Cycle:
         """Clear the nodes that are cheapest to clear (work lost) for one worker of `w` each,
         until `w` fits. Returns the victims, left vacated, or [] (nothing changed)."""
         index = self.state.open[model]
-        on_node = self._running_on_nodes()
+        on_node = self.state.running_on
         allowed = set(self._victim_queues(w, model, within))
         leaving: dict[str, list[Workload]] = {}
         for v in self.leaving.get(model, []):
@@ -877,7 +913,7 @@ class Cycle:
                 chosen.append((v, "terminating"))
                 missing -= len(v.placement.gpus[state.name])
             eligible: list[tuple[_Cost, Workload, str]] = []
-            for v in on_node.get(state.name, ()):
+            for v in on_node[state.ix]:
                 if v.queue not in allowed:
                     continue
                 reason = self._victim_reason(w, v, within)
@@ -994,7 +1030,7 @@ class Cycle:
     ) -> list[tuple[float, int, int, list[Workload]]]:
         """Per node short of room for one worker of `w`: (work lost, GPUs moved, node, victims)
         to clear it, cheapest first."""
-        on_node = self._running_on_nodes()
+        on_node = self.state.running_on
         level = self._pending_level(w)
         min_start = self.now - self.cfg.defrag_min_run_s
         options: list[tuple[float, int, int, list[Workload]]] = []
@@ -1007,7 +1043,7 @@ class Cycle:
             eligible = sorted(
                 (
                     (self._victim_cost(v), v)
-                    for v in on_node.get(state.name, ())
+                    for v in on_node[state.ix]
                     if v.nodes == 1
                     and v.gpus_per_node < w.gpus_per_node
                     and v.preemptible
@@ -1033,19 +1069,6 @@ class Cycle:
             options.append((lost, gpus, state.ix, victims))
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         return options
-
-    def _running_on_nodes(self) -> dict[str, list[Workload]]:
-        """Running (not terminating) workloads per node name (built on first use)."""
-        if self._on_nodes is not None:
-            return self._on_nodes
-        out: dict[str, list[Workload]] = {}
-        for w in self.snap.running:
-            if w.placement is None or w.terminating:
-                continue
-            for name in w.placement.gpus:
-                out.setdefault(name, []).append(w)
-        self._on_nodes = out
-        return out
 
     def _claim(self, w: Workload, gpus: Mapping[str, tuple[int, ...]]) -> None:
         """Keep for `w` the GPUs it will use that are free already.

@@ -25,6 +25,8 @@ class ClusterState:
         self.by_name: dict[str, NodeState] = {}
         # per node: (expected end, gpus, cpu) of what runs there; end is inf when unknown
         self.node_jobs: list[list[tuple[float, int, float]]] = []
+        # per node: the running, not terminating workloads there (victim searches read it)
+        self.running_on: list[list[Workload]] = []
         switch_ids: dict[str, int] = {}
         block_ids: dict[str, int] = {}
         switch_block: list[int] = []
@@ -79,6 +81,7 @@ class ClusterState:
         self.states.append(state)
         self.by_name[node.name] = state
         self.node_jobs.append([])
+        self.running_on.append([])
         if node.schedulable:
             model = node.gpu_model or CPU_MODEL
             self.schedulable_nodes[model] = self.schedulable_nodes.get(model, 0) + 1
@@ -88,12 +91,15 @@ class ClusterState:
         used: dict[str, list[int]] = {}
         by_name = self.by_name
         jobs = self.node_jobs
+        on = self.running_on
         for w in running:
             placement = w.placement
             if placement is None:
                 continue
-            end = w.expected_end()
-            end = INF if end is None else end
+            stays = not w.terminating
+            # w.expected_end(), inlined: this loop runs over every running workload
+            start, estimate = w.start_time, w.runtime_estimate_s
+            end = INF if start is None or estimate is None else start + estimate
             cpu, mem = placement.cpu_per_node, placement.mem_per_node
             for name, gpus in placement.gpus.items():
                 state = by_name.get(name)
@@ -107,6 +113,8 @@ class ClusterState:
                 state.cpu_free -= cpu
                 state.mem_free -= mem
                 jobs[state.ix].append((end, len(gpus), cpu))
+                if stays:
+                    on[state.ix].append(w)
         for name, taken in used.items():
             state = by_name[name]
             gone = set(taken)
