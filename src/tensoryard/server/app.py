@@ -140,7 +140,7 @@ def create_app(
         _check_submittable(store, spec)
         job = store.create_job(spec, run_dir_root=runs_dir)
         kick()
-        return JobOut.of(job)
+        return JobOut.model_validate(job)
 
     @app.get(f"{API}/jobs", tags=["jobs"], dependencies=[Admin])
     def list_jobs(
@@ -156,12 +156,14 @@ def create_app(
             states=states, team=team, user=user, name=name, limit=limit, cursor=cursor
         )
         return JobListOut(
-            items=[JobOut.of(j) for j in page.items], next_cursor=page.next_cursor, total=page.total
+            items=[JobOut.model_validate(j) for j in page.items],
+            next_cursor=page.next_cursor,
+            total=page.total,
         )
 
     @app.get(f"{API}/jobs/{{job_id}}", tags=["jobs"], dependencies=[Admin])
     def get_job(job_id: int) -> JobOut:
-        return JobOut.of(store.get_job(job_id))
+        return JobOut.model_validate(store.get_job(job_id))
 
     @app.post(f"{API}/jobs/{{job_id}}/cancel", tags=["jobs"], dependencies=[Admin])
     def cancel(job_id: int) -> JobOut:
@@ -170,19 +172,22 @@ def create_app(
             raise Conflict(f"job {job_id} already ended ({job.state.value}); nothing to cancel")
         job = store.request_cancel(job_id)
         kick()
-        return JobOut.of(job)
+        return JobOut.model_validate(job)
 
     @app.get(f"{API}/jobs/{{job_id}}/attempts", tags=["jobs"], dependencies=[Admin])
     def attempts(job_id: int) -> list[AttemptOut]:
         store.get_job(job_id)
-        return [AttemptOut.of(a) for a in store.list_attempts(job_id)]
+        return [AttemptOut.model_validate(a) for a in store.list_attempts(job_id)]
 
     @app.get(f"{API}/jobs/{{job_id}}/events", tags=["jobs"], dependencies=[Admin])
     def events(
         job_id: int, after: Annotated[int, Query(ge=0)] = 0, limit: int = 1000
     ) -> list[EventOut]:
         store.get_job(job_id)
-        return [EventOut.of(e) for e in store.list_events(job_id, after_id=after, limit=limit)]
+        return [
+            EventOut.model_validate(e)
+            for e in store.list_events(job_id, after_id=after, limit=limit)
+        ]
 
     @app.get(f"{API}/jobs/{{job_id}}/metrics", tags=["jobs"], dependencies=[Admin])
     def metrics(
@@ -190,12 +195,12 @@ def create_app(
     ) -> list[MetricOut]:
         store.get_job(job_id)
         rows = store.list_metrics(job_id, attempt=attempt, after_step=after_step)
-        return [MetricOut.of(m) for m in rows]
+        return [MetricOut.model_validate(m) for m in rows]
 
     @app.get(f"{API}/jobs/{{job_id}}/checkpoints", tags=["jobs"], dependencies=[Admin])
     def checkpoints(job_id: int) -> list[CheckpointOut]:
         store.get_job(job_id)
-        return [CheckpointOut.of(c) for c in store.list_checkpoints(job_id)]
+        return [CheckpointOut.model_validate(c) for c in store.list_checkpoints(job_id)]
 
     @app.get(f"{API}/jobs/{{job_id}}/summary", tags=["jobs"], dependencies=[Admin])
     def summary(job_id: int) -> SummaryOut:
@@ -264,7 +269,7 @@ def create_app(
 
     @app.get(f"{API}/teams", tags=["teams"], dependencies=[Admin])
     def teams() -> list[TeamOut]:
-        return [TeamOut.of(t) for t in store.list_teams()]
+        return [TeamOut.model_validate(t) for t in store.list_teams()]
 
     @app.post(f"{API}/teams", status_code=201, tags=["teams"], dependencies=[Admin])
     def create_team(body: TeamIn) -> TeamOut:
@@ -274,7 +279,7 @@ def create_app(
             cpu_quota=body.cpu_quota,
             description=body.description,
         )
-        return TeamOut.of(team)
+        return TeamOut.model_validate(team)
 
     return app
 

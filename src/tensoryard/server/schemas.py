@@ -5,16 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from tensoryard.store import (
-    AttemptRecord,
-    CheckpointRecord,
-    EventRecord,
-    JobRecord,
-    MetricRecord,
-    TeamRecord,
-)
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AttemptOut",
@@ -38,7 +29,13 @@ class SubmitIn(BaseModel):
     spec: dict[str, Any] = Field(..., description="A JobSpec, as in a job YAML file.")
 
 
-class JobOut(BaseModel):
+class _FromRecord(BaseModel):
+    """Built from a store record with `model_validate(record)` (attributes, not a dict)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class JobOut(_FromRecord):
     id: int
     name: str
     team: str
@@ -61,32 +58,6 @@ class JobOut(BaseModel):
     last_heartbeat: datetime | None
     spec: dict[str, Any]
 
-    @classmethod
-    def of(cls, job: JobRecord) -> JobOut:
-        return cls(
-            id=job.id,
-            name=job.name,
-            team=job.team,
-            user=job.user,
-            priority=job.priority,
-            state=job.state.value,
-            reason=job.reason,
-            pending_reason=job.pending_reason,
-            pending_eta=job.pending_eta,
-            created_at=job.created_at,
-            updated_at=job.updated_at,
-            admitted_at=job.admitted_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            attempts=job.attempts,
-            restarts=job.restarts,
-            cancel_requested=job.cancel_requested,
-            placement={k: list(v) for k, v in job.placement.items()},
-            run_dir=job.run_dir,
-            last_heartbeat=job.last_heartbeat,
-            spec=job.spec,
-        )
-
 
 class JobListOut(BaseModel):
     items: list[JobOut]
@@ -94,7 +65,7 @@ class JobListOut(BaseModel):
     total: int
 
 
-class AttemptOut(BaseModel):
+class AttemptOut(_FromRecord):
     number: int
     state: str
     started_at: datetime
@@ -104,60 +75,29 @@ class AttemptOut(BaseModel):
     resumed_from_step: int | None
     last_heartbeat: datetime | None
 
-    @classmethod
-    def of(cls, a: AttemptRecord) -> AttemptOut:
-        return cls(
-            number=a.number,
-            state=a.state,
-            started_at=a.started_at,
-            finished_at=a.finished_at,
-            exit_code=a.exit_code,
-            reason=a.reason,
-            resumed_from_step=a.resumed_from_step,
-            last_heartbeat=a.last_heartbeat,
-        )
 
-
-class EventOut(BaseModel):
+class EventOut(_FromRecord):
     id: int
     ts: datetime
     kind: str
     message: str
     attempt: int | None
 
-    @classmethod
-    def of(cls, e: EventRecord) -> EventOut:
-        return cls(id=e.id, ts=e.ts, kind=e.kind, message=e.message, attempt=e.attempt)
 
-
-class MetricOut(BaseModel):
+class MetricOut(_FromRecord):
     attempt: int
     step: int
     ts: float
     step_time_s: float | None
     values: dict[str, float]
 
-    @classmethod
-    def of(cls, m: MetricRecord) -> MetricOut:
-        return cls(
-            attempt=m.attempt,
-            step=m.step,
-            ts=m.ts,
-            step_time_s=m.step_time_s,
-            values=dict(m.values),
-        )
 
-
-class CheckpointOut(BaseModel):
+class CheckpointOut(_FromRecord):
     attempt: int
     step: int
     path: str
     ts: float
     size_bytes: int | None
-
-    @classmethod
-    def of(cls, c: CheckpointRecord) -> CheckpointOut:
-        return cls(attempt=c.attempt, step=c.step, path=c.path, ts=c.ts, size_bytes=c.size_bytes)
 
 
 class TeamIn(BaseModel):
@@ -167,22 +107,12 @@ class TeamIn(BaseModel):
     description: str = ""
 
 
-class TeamOut(BaseModel):
+class TeamOut(_FromRecord):
     name: str
     gpu_quota: int | None
     cpu_quota: float | None
     description: str
     created_at: datetime
-
-    @classmethod
-    def of(cls, t: TeamRecord) -> TeamOut:
-        return cls(
-            name=t.name,
-            gpu_quota=t.gpu_quota,
-            cpu_quota=t.cpu_quota,
-            description=t.description,
-            created_at=t.created_at,
-        )
 
 
 class MetricIn(BaseModel):
