@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -40,8 +40,6 @@ TokenOpt = Annotated[
     typer.Option("--token", envvar="TYARD_TOKEN", help="Bearer token.", show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-T = TypeVar("T")
 
 
 def die(message: str, code: int = 2) -> NoReturn:
@@ -89,8 +87,3 @@ def ago(value: str | None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(max(seconds, 0))}s ago"
-
-
-def call(fn: Callable[[], T]) -> T:
-    with user_errors():
-        return fn()

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensoryard.spec.job import NAME_PATTERN
+
 __all__ = [
     "AttemptOut",
     "CheckpointOut",
@@ -101,7 +103,7 @@ class CheckpointOut(_FromRecord):
 
 
 class TeamIn(BaseModel):
-    name: str = Field(..., pattern=r"^[a-z][a-z0-9-]{0,62}$")
+    name: str = Field(..., pattern=NAME_PATTERN)
     gpu_quota: int | None = Field(None, ge=0)
     cpu_quota: float | None = Field(None, ge=0)
     description: str = ""
