@@ -4,6 +4,18 @@ The reconciler drives executors only through this protocol. An executor knows no
 the database: it gets a LaunchRequest, returns a handle (plain JSON-able data that the control
 plane stores with the attempt), and answers polls. After a control-plane restart the reconciler
 hands the stored handle back to `reattach` to find the workload again.
+
+Crash safety rests on two promises (see docs/state-machine.md):
+
+- `prepare` computes the handle of an attempt without side effects, so the control plane can
+  record it (with the attempt key) *before* anything starts;
+- `launch` is idempotent per attempt key: called again for an attempt that already runs (or
+  ran) it starts nothing new and returns the same workload's handle. A control plane that died
+  anywhere in a launch simply calls `launch` again.
+
+`terminate` finds every process/object of an attempt by its key and stops it at once; the
+reconciler calls it before it declares an attempt LOST, so nothing runs that the store
+believes gone.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ class LaunchRequest:
     run_dir: Path  # per-job directory; the executor writes attempt logs under it
     env: dict[str, str] = field(default_factory=dict)  # TYARD_* contract vars, merged over spec.env
     placement: dict[str, list[int]] = field(default_factory=dict)  # node -> GPU indices
+    attempt_key: str = ""  # names everything of this attempt; "" lets the executor make one
 
 
 class AttemptPhase(enum.StrEnum):
@@ -58,8 +71,19 @@ class Executor(Protocol):
 
     name: str
 
+    def prepare(self, request: LaunchRequest) -> dict[str, Any]:
+        """The handle `launch` will return, computed without side effects (to record first)."""
+        ...
+
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        """Start the attempt; return a handle to store. Raise ExecutorError on failure."""
+        """Start the attempt; return a handle to store. Raise ExecutorError on failure.
+
+        Idempotent per `request.attempt_key`: when the attempt was launched before (fully or
+        partly), nothing new starts and the existing workload's handle is returned."""
+        ...
+
+    def terminate(self, handle: dict[str, Any]) -> int:
+        """Kill every process of the attempt (found by its key) now; how many were running."""
         ...
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:

@@ -12,6 +12,7 @@ from tensoryard.store.records import (
     JobPage,
     JobRecord,
     MetricRecord,
+    StepProgress,
     TeamRecord,
 )
 from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
@@ -24,6 +25,7 @@ __all__ = [
     "JobPage",
     "JobRecord",
     "MetricRecord",
+    "StepProgress",
     "Store",
     "TeamRecord",
     "default_sqlite_url",

@@ -56,6 +56,8 @@ def job_record(j: Job) -> JobRecord:
         run_dir=j.run_dir,
         placement=dict(j.placement),
         last_heartbeat=j.last_heartbeat,
+        run_time_s=j.run_time_s or 0.0,
+        changed_at=j.changed_at,
     )
 
 
@@ -71,6 +73,8 @@ def attempt_record(a: Attempt) -> AttemptRecord:
         reason=a.reason,
         resumed_from_step=a.resumed_from_step,
         last_heartbeat=a.last_heartbeat,
+        attempt_key=a.attempt_key or "",
+        running_at=a.running_at,
     )
 
 

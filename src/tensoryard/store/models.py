@@ -113,6 +113,7 @@ class Job(Base):
         Index(None, "team"),
         Index(None, "user_name"),
         Index(None, "name"),
+        Index(None, "changed_at"),
         {"sqlite_autoincrement": True},
     )
 
@@ -137,6 +138,10 @@ class Job(Base):
     run_dir: Mapped[str] = mapped_column(Text)
     placement: Mapped[dict[str, Any]]
     last_heartbeat: Mapped[datetime | None]
+    run_time_s: Mapped[float] = mapped_column(Float, server_default="0")
+    """Run time of the finished attempts (max_runtime and fair share count this)."""
+    changed_at: Mapped[datetime | None]
+    """Bumped by every write to the row: the control loop reads what changed since a time."""
 
 
 class Attempt(Base):
@@ -156,6 +161,10 @@ class Attempt(Base):
     reason: Mapped[str] = mapped_column(Text)
     resumed_from_step: Mapped[int | None] = mapped_column(Integer)
     last_heartbeat: Mapped[datetime | None]
+    attempt_key: Mapped[str] = mapped_column(String(64), server_default="")
+    """Names every process/object of the attempt; recorded before anything is launched."""
+    running_at: Mapped[datetime | None]
+    """When the attempt's workers were confirmed running (its run time starts here)."""
 
 
 class Event(Base):
@@ -212,3 +221,25 @@ class JobToken(Base):
     )
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
+
+
+class Lease(Base):
+    """A named lease (the controller leader): held by `holder` until `expires_at`."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    epoch: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+
+
+class SchedulerState(Base):
+    """A JSON blob the scheduler keeps across restarts (usage history, estimator state)."""
+
+    __tablename__ = "scheduler_state"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime]

@@ -15,6 +15,7 @@ __all__ = [
     "JobPage",
     "JobRecord",
     "MetricRecord",
+    "StepProgress",
     "TeamRecord",
 ]
 
@@ -55,6 +56,8 @@ class JobRecord:
     run_dir: str
     placement: dict[str, Any]  # node -> GPU indices (may be {})
     last_heartbeat: datetime | None
+    run_time_s: float = 0.0  # run time of the finished attempts
+    changed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class AttemptRecord:
     reason: str
     resumed_from_step: int | None
     last_heartbeat: datetime | None
+    attempt_key: str = ""
+    running_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -116,3 +121,13 @@ class JobPage:
     items: list[JobRecord]
     next_cursor: str | None
     total: int
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """How an attempt's steps advance: for hang detection."""
+
+    steps: int  # step rows looked at (the newest ones)
+    last_step: int | None
+    last_ts: float | None  # unix seconds of the newest step row
+    median_step_s: float | None  # median time between consecutive steps among them

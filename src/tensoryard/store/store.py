@@ -13,7 +13,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,17 @@ from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_
 from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._inputs import JOB_FIELDS
-from tensoryard.store.models import Attempt, Checkpoint, Event, Job, JobToken, Metric, Team
+from tensoryard.store.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    JobToken,
+    Lease,
+    Metric,
+    SchedulerState,
+    Team,
+)
 from tensoryard.store.records import (
     AttemptRecord,
     CheckpointRecord,
@@ -35,6 +45,7 @@ from tensoryard.store.records import (
     JobPage,
     JobRecord,
     MetricRecord,
+    StepProgress,
     TeamRecord,
 )
 
@@ -221,6 +232,8 @@ class Store:
                 cancel_requested=False,
                 run_dir="",
                 placement={},
+                run_time_s=0.0,
+                changed_at=now,
             )
             s.add(job)
             s.flush()  # assigns the id the run directory is named after
@@ -315,6 +328,7 @@ class Store:
             job = _get(s, Job, job_id, f"job {job_id}", lock=True)
             for key, value in fields.items():
                 setattr(job, key, value)
+            job.changed_at = self._now()
             return _rows.job_record(job)
 
     def request_cancel(self, job_id: int) -> JobRecord:
@@ -326,7 +340,7 @@ class Store:
                 raise Conflict(f"job {job_id} is already {state}; there is nothing to cancel")
             if not job.cancel_requested:
                 job.cancel_requested = True
-                job.updated_at = self._now()
+                job.updated_at = job.changed_at = self._now()
                 self._event(s, job_id, "cancel", f"cancellation requested while {state}")
             return _rows.job_record(job)
 
@@ -371,7 +385,7 @@ class Store:
             )
             s.add(attempt)
             job.attempts = attempt.number
-            job.updated_at = now
+            job.updated_at = job.changed_at = now
             s.flush()
             return _rows.attempt_record(attempt)
 
@@ -429,6 +443,281 @@ class Store:
                 job.last_heartbeat = ts
             if att.last_heartbeat is None or att.last_heartbeat < ts:
                 att.last_heartbeat = ts
+
+    # -- the attempt life cycle (each step one transaction with the job's move) ------------
+
+    def begin_attempt(
+        self,
+        job_id: int,
+        *,
+        expected: JobState,
+        number: int,
+        attempt_key: str,
+        handle: dict[str, Any],
+        reason: str,
+        resumed_from_step: int | None = None,
+    ) -> tuple[JobRecord, AttemptRecord]:
+        """Record the intent to launch attempt ``number`` and move the job to STARTING.
+
+        Written *before* the executor starts anything: the attempt row (state ``launching``)
+        carries the key and the handle the executor will use, so a crash at any later moment
+        leaves a record that recovery can re-launch idempotently or clean up by key. Conflict
+        when the job is no longer ``expected``, has another attempt count, or a cancel is
+        requested (a cancelled job never launches).
+        """
+        with self._tx(f"record attempt {number} of job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            old = JobState(job.state)
+            if old is not expected or job.attempts != number - 1:
+                raise Conflict(
+                    f"job {job_id} is {old} with {job.attempts} attempt(s), not {expected} "
+                    f"with {number - 1}; attempt {number} is not launched (re-read the job)"
+                )
+            if job.cancel_requested:
+                raise Conflict(f"job {job_id} has a cancel request; it is not launched")
+            now = self._now()
+            attempt = Attempt(
+                job_id=job_id,
+                number=number,
+                state="launching",
+                handle=dict(handle),
+                started_at=now,
+                reason="",
+                resumed_from_step=resumed_from_step,
+                attempt_key=attempt_key,
+            )
+            s.add(attempt)
+            job.attempts = number
+            _apply_state(job, old, JobState.STARTING, now)
+            job.reason = reason
+            self._event(s, job_id, "state", f"{old} -> {JobState.STARTING}: {reason}")
+            s.flush()
+            return _rows.job_record(job), _rows.attempt_record(attempt)
+
+    def mark_launched(self, job_id: int, number: int, handle: dict[str, Any]) -> AttemptRecord:
+        """The executor accepted the attempt: ``launching`` -> ``starting`` with its handle."""
+        with self._tx(f"record the launch of attempt {number} of job {job_id}", write=True) as s:
+            attempt = _get(
+                s, Attempt, (job_id, number), f"attempt {number} of job {job_id}", lock=True
+            )
+            if attempt.state == "launching" and attempt.finished_at is None:
+                attempt.state = "starting"
+                attempt.handle = dict(handle)
+            return _rows.attempt_record(attempt)
+
+    def mark_running(self, job_id: int, number: int, reason: str) -> JobRecord:
+        """Workers confirmed: the attempt's run time starts; a STARTING job becomes RUNNING."""
+        with self._tx(f"mark attempt {number} of job {job_id} running", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            attempt = _get(s, Attempt, (job_id, number), f"attempt {number} of job {job_id}")
+            if attempt.finished_at is not None:
+                raise Conflict(f"attempt {number} of job {job_id} has already finished")
+            now = self._now()
+            attempt.state = "running"
+            if attempt.running_at is None:
+                attempt.running_at = now
+            old = JobState(job.state)
+            if old is JobState.STARTING and job.attempts == number:
+                _apply_state(job, old, JobState.RUNNING, now)
+                job.reason = reason
+                self._event(s, job_id, "state", f"{old} -> {JobState.RUNNING}: {reason}")
+            return _rows.job_record(job)
+
+    def finish_attempt(
+        self,
+        job_id: int,
+        number: int,
+        *,
+        state: str,
+        reason: str,
+        exit_code: int | None = None,
+        job_to: JobState | None = None,
+        job_reason: str = "",
+        expected: Iterable[JobState] | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """End an attempt and move its job in one transaction (or neither happens).
+
+        The attempt's run time (from ``running_at``) is added to the job's ``run_time_s``.
+        ``job_to`` None ends the attempt only. Conflict as in :meth:`transition`.
+        """
+        fields = _in.clean_job_fields(fields)
+        allowed = None if expected is None else {JobState(e) for e in expected}
+        with self._tx(f"finish attempt {number} of job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            attempt = _get(s, Attempt, (job_id, number), f"attempt {number} of job {job_id}")
+            now = self._now()
+            if attempt.finished_at is None:
+                attempt.state = state
+                attempt.reason = reason
+                if exit_code is not None:
+                    attempt.exit_code = exit_code
+                attempt.finished_at = now
+                if attempt.running_at is not None:
+                    ran = (now - attempt.running_at).total_seconds()
+                    job.run_time_s = (job.run_time_s or 0.0) + max(ran, 0.0)
+                job.changed_at = now
+            if job_to is not None:
+                old = JobState(job.state)
+                if allowed is not None and old not in allowed:
+                    raise Conflict(
+                        f"job {job_id} is {old}; attempt {number} ends without moving it "
+                        "(another change won; re-read the job)"
+                    )
+                if job_to not in ALLOWED_TRANSITIONS[old]:
+                    raise Conflict(f"job {job_id} is {old}; it cannot move to {job_to}")
+                _apply_state(job, old, job_to, now)
+                job.reason = job_reason
+                for key, value in fields.items():
+                    setattr(job, key, value)
+                self._event(s, job_id, "state", f"{old} -> {job_to}: {job_reason}")
+            return _rows.job_record(job)
+
+    def current_attempts(self) -> dict[int, AttemptRecord]:
+        """Job id -> its newest attempt, for every job that holds capacity (one query)."""
+        query = (
+            select(Attempt)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(
+                Job.state.in_([x.value for x in ACTIVE_STATES]),
+                Attempt.number == Job.attempts,
+            )
+        )
+        with self._tx("list current attempts", write=False) as s:
+            return {a.job_id: _rows.attempt_record(a) for a in s.scalars(query)}
+
+    def stray_attempts(self) -> list[tuple[JobRecord, AttemptRecord]]:
+        """Unfinished attempts that are not their job's live attempt (repairs after a crash).
+
+        That is: the job has ended, went back to PENDING/ADMITTED/RESTARTING, or has a newer
+        attempt. Such an attempt may still have processes that the store no longer tracks.
+        """
+        live = (JobState.STARTING.value, JobState.RUNNING.value)
+        query = (
+            select(Job, Attempt)
+            .join(Attempt, Attempt.job_id == Job.id)
+            .where(Attempt.finished_at.is_(None))
+            .where((Job.state.not_in(live)) | (Attempt.number != Job.attempts))
+            .order_by(Job.id, Attempt.number)
+        )
+        with self._tx("find stray attempts", write=False) as s:
+            return [(_rows.job_record(j), _rows.attempt_record(a)) for j, a in s.execute(query)]
+
+    def jobs_changed_since(self, since: datetime | None) -> tuple[list[JobRecord], datetime]:
+        """Jobs written at or after ``since`` (every unfinished job when None), and the time
+        to pass next (the store's now at the start of the read; overlap it by a few seconds
+        because a transaction may commit a little after it stamped ``changed_at``)."""
+        with self._tx("read changed jobs", write=False) as s:
+            now = self._now()
+            query = select(Job)
+            if since is None:
+                query = query.where(Job.state.not_in([x.value for x in TERMINAL_STATES]))
+            else:
+                query = query.where(Job.changed_at >= _in.as_utc(since))
+            return [_rows.job_record(j) for j in s.scalars(query.order_by(Job.id))], now
+
+    def set_pending_info(
+        self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 500
+    ) -> list[JobRecord]:
+        """Set (job id, pending reason, ETA) for jobs still PENDING, a few hundred per
+        transaction; a changed reason is also an event. Returns the updated jobs."""
+        out: list[JobRecord] = []
+        for start in range(0, len(items), chunk):
+            part = {job_id: (r, eta) for job_id, r, eta in items[start : start + chunk]}
+            with self._tx("record pending reasons", write=True) as s:
+                query = (
+                    select(Job)
+                    .where(Job.id.in_(list(part)), Job.state == JobState.PENDING.value)
+                    .with_for_update()
+                )
+                now = self._now()
+                for job in s.scalars(query):
+                    reason, eta = part[job.id]
+                    eta = None if eta is None else _in.as_utc(eta)
+                    if reason != job.pending_reason:
+                        self._event(s, job.id, "pending", reason)
+                    job.pending_reason = reason
+                    job.pending_eta = eta
+                    job.changed_at = now
+                    out.append(_rows.job_record(job))
+        return out
+
+    def step_progress(self, job_id: int, attempt: int, *, window: int = 64) -> StepProgress:
+        """The newest ``window`` step rows of an attempt, summarised for hang detection."""
+        query = (
+            select(Metric.step, Metric.ts)
+            .where(Metric.job_id == job_id, Metric.attempt == attempt)
+            .order_by(Metric.step.desc())
+            .limit(window)
+        )
+        with self._tx(f"read step progress of job {job_id}", write=False) as s:
+            rows = list(s.execute(query))
+        if not rows:
+            return StepProgress(0, None, None, None)
+        ts = sorted(float(r.ts) for r in rows)
+        gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b >= a)
+        median = gaps[len(gaps) // 2] if gaps else None
+        return StepProgress(len(rows), int(rows[0].step), ts[-1], median)
+
+    # -- leases (one controller leads) -----------------------------------------------------
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """Take or renew the lease for ``ttl_s``; its epoch when ``holder`` holds it, else None.
+
+        A lease is free when nobody holds it or it has expired. The epoch grows whenever the
+        holder changes, so a deposed leader can tell that it lost the lease in between.
+        """
+        with self._tx(f"acquire lease {name!r}", write=True) as s:
+            now = self._now()
+            expires = now + timedelta(seconds=ttl_s)
+            stmt = self._insert(Lease).values(
+                name=name, holder=holder, epoch=1, acquired_at=now, expires_at=expires
+            )
+            inserted = s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            lease = _get(s, Lease, name, f"lease {name!r}", lock=True)
+            if inserted.rowcount == 1 and lease.holder == holder:
+                return lease.epoch
+            if lease.holder == holder and lease.expires_at > now:
+                lease.expires_at = expires
+                return lease.epoch
+            if lease.expires_at <= now or lease.holder == holder:
+                lease.holder = holder
+                lease.epoch += 1
+                lease.acquired_at = now
+                lease.expires_at = expires
+                return lease.epoch
+            return None
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up at once (on a clean shutdown), if ``holder`` holds it."""
+        with self._tx(f"release lease {name!r}", write=True) as s:
+            lease = s.get(Lease, name, with_for_update=True)
+            if lease is not None and lease.holder == holder:
+                lease.expires_at = self._now()
+
+    def lease_holder(self, name: str) -> tuple[str, int, datetime] | None:
+        """(holder, epoch, expires_at) of a lease, or None when it was never taken."""
+        with self._tx(f"read lease {name!r}", write=False) as s:
+            lease = s.get(Lease, name)
+            return None if lease is None else (lease.holder, lease.epoch, lease.expires_at)
+
+    # -- scheduler state (kept across restarts) --------------------------------------------
+
+    def get_scheduler_state(self, key: str) -> dict[str, Any] | None:
+        """The JSON blob stored under ``key``, or None."""
+        with self._tx(f"read scheduler state {key!r}", write=False) as s:
+            row = s.get(SchedulerState, key)
+            return None if row is None else dict(row.value)
+
+    def put_scheduler_state(self, key: str, value: Mapping[str, Any]) -> None:
+        """Store (replace) the JSON blob under ``key``."""
+        with self._tx(f"save scheduler state {key!r}", write=True) as s:
+            row = s.get(SchedulerState, key, with_for_update=True)
+            if row is None:
+                s.add(SchedulerState(key=key, value=dict(value), updated_at=self._now()))
+            else:
+                row.value = dict(value)
+                row.updated_at = self._now()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -595,7 +884,7 @@ def _get(s: Session, model: Any, key: Any, what: str, *, lock: bool = False) -> 
 def _apply_state(job: Job, old: JobState, to: JobState, now: datetime) -> None:
     """Set the state and the bookkeeping that follows from it."""
     job.state = to.value
-    job.updated_at = now
+    job.updated_at = job.changed_at = now
     if to == JobState.ADMITTED:
         job.admitted_at = now
         # A pending reason is stale once the job is admitted.

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,24 @@ from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
 from tensoryard.executors.local.outcome import ExitRecord, attempt_status
-from tensoryard.executors.local.plan import build_plan, python_path_with
-from tensoryard.executors.local.procs import create_time, is_alive, kill_all, marked_processes
+from tensoryard.executors.local.plan import (
+    DEFAULT_ENV_ALLOW,
+    allowed_env,
+    build_plan,
+    python_path_with,
+)
+from tensoryard.executors.local.procs import (
+    create_time,
+    is_alive,
+    kill_all,
+    marked_processes,
+)
 
 __all__ = ["LocalExecutor", "LocalHandle"]
 
 _SRC_ROOT = Path(tensoryard.__file__).resolve().parent.parent
 _HANDLE_VERSION = 1
+_SHIM_MODULE = "tensoryard.executors.local.shim"
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,10 @@ class LocalExecutor:
             relative to it); default: any directory, relative to the current one.
         python: the interpreter for the shim and the workload (torchrun runs under it).
         base_env: the environment jobs inherit before spec.env and the TYARD_* variables;
-            default: this process's environment at launch time.
+            default: the variables of this process's environment named by `env_allow`
+            (never the control plane's secrets).
+        env_allow: names (shell-style patterns allowed) passed on from this process's
+            environment to jobs and to the shim; default `DEFAULT_ENV_ALLOW`.
         confirm_start_s: how long `launch` waits for the shim to report in, so a shim that
             cannot start is an ExecutorError at launch rather than a LOST attempt later;
             0 returns at once.
@@ -101,44 +115,102 @@ class LocalExecutor:
         *,
         base_env: Mapping[str, str] | None = None,
         confirm_start_s: float = 15.0,
+        env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
     ) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.python = python
         self.base_env = None if base_env is None else dict(base_env)
         self.confirm_start_s = confirm_start_s
+        self.env_allow = tuple(env_allow)
         # Shims we started, kept only to reap them (a shim outlives us when we die).
         self._shims: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
     # -- launch -------------------------------------------------------------------------------
 
-    def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        """Start the attempt under a shim in a new session; return the handle to store."""
+    def prepare(self, request: LaunchRequest) -> dict[str, Any]:
+        """The handle of the attempt, before anything starts (the shim is found through
+        shim.json and its key later, so no pid is needed up front)."""
         layout = AttemptLayout.for_attempt(self._run_dir(request.run_dir), request.attempt)
-        _make_attempt_dir(layout)
-        key = f"{request.job_id}-{request.attempt}-{uuid.uuid4().hex[:12]}"
-        plan = build_plan(
-            request,
-            layout,
-            python=self.python,
-            attempt_key=key,
-            base_env=os.environ if self.base_env is None else self.base_env,
-        )
-        # 0600: the environment carries the job's report token.
-        write_json_atomic(layout.launch, plan.to_dict(), mode=0o600)
+        return self._handle(request, layout, _key_of(request), pid=0, started=0.0).to_dict()
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the attempt under a shim in a new session; return the handle to store.
+
+        Idempotent per attempt key: when launch.json already names this key, the attempt is
+        found again (running, finished or still starting) and nothing new starts; only an
+        attempt whose supervisor never came up (no shim.json, no process with the key, no exit
+        record) is started again. A directory holding another key's attempt is an error."""
+        layout = AttemptLayout.for_attempt(self._run_dir(request.run_dir), request.attempt)
+        key = _key_of(request)
+        previous = read_json(layout.launch) if layout.dir.is_dir() else None
+        if previous is not None and previous.get("attempt_key") != key:
+            raise ExecutorError(
+                f"attempt directory {layout.dir} already holds attempt "
+                f"{previous.get('attempt_key')!r}, not {key!r} (fix: launch with a new attempt "
+                "number)"
+            )
+        if previous is None:
+            _make_attempt_dir(layout)
+            plan = build_plan(
+                request,
+                layout,
+                python=self.python,
+                attempt_key=key,
+                base_env=self._base_env(),
+            )
+            # 0600: the environment carries the job's report token.
+            write_json_atomic(layout.launch, plan.to_dict(), mode=0o600)
+        elif self._started_before(layout, key):
+            handle = self._handle(request, layout, key, pid=0, started=0.0)
+            self._confirm_started(handle, None)
+            return self._with_shim_identity(handle).to_dict()
         shim = self._start_shim(layout)
-        handle = LocalHandle(
-            job_id=str(request.job_id),
-            attempt=request.attempt,
-            attempt_dir=str(layout.dir),
-            launcher=plan.launcher,
-            world_size=plan.world_size,
-            shim_pid=shim.pid,
-            shim_create_time=_create_time_or_fail(shim.pid, layout),
-            attempt_key=key,
+        handle = self._handle(
+            request, layout, key, pid=shim.pid, started=_create_time_or_fail(shim.pid, layout)
         )
         self._confirm_started(handle, shim)
         return handle.to_dict()
+
+    def terminate(self, handle: dict[str, Any]) -> int:
+        """Kill every process carrying the attempt's key, now; how many were running."""
+        return kill_all(marked_processes(LocalHandle.from_dict(handle).attempt_key))
+
+    def _handle(
+        self, request: LaunchRequest, layout: AttemptLayout, key: str, *, pid: int, started: float
+    ) -> LocalHandle:
+        return LocalHandle(
+            job_id=str(request.job_id),
+            attempt=request.attempt,
+            attempt_dir=str(layout.dir),
+            launcher=request.spec.launcher,
+            world_size=request.spec.resources.world_size,
+            shim_pid=pid,
+            shim_create_time=started,
+            attempt_key=key,
+        )
+
+    def _started_before(self, layout: AttemptLayout, key: str) -> bool:
+        """Whether an earlier launch of this attempt got its supervisor going at all."""
+        return (
+            layout.shim.exists()
+            or layout.exit.exists()
+            or bool(marked_processes(key))
+            or bool(shim_processes(layout.dir))
+        )
+
+    def _with_shim_identity(self, h: LocalHandle) -> LocalHandle:
+        info = read_json(h.layout.shim) or {}
+        try:
+            pid, started = int(info["pid"]), float(info["create_time"])
+        except (KeyError, TypeError, ValueError):
+            return h
+        return LocalHandle(**{**asdict(h), "shim_pid": pid, "shim_create_time": started})
+
+    def _base_env(self) -> dict[str, str]:
+        if self.base_env is not None:
+            return dict(self.base_env)
+        return allowed_env(os.environ, self.env_allow)
 
     def _run_dir(self, run_dir: Path) -> Path:
         path = Path(run_dir)
@@ -153,8 +225,8 @@ class LocalExecutor:
         return path
 
     def _start_shim(self, layout: AttemptLayout) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": python_path_with(_SRC_ROOT)}
-        argv = [self.python, "-m", "tensoryard.executors.local.shim", str(layout.dir)]
+        env = {**allowed_env(os.environ, self.env_allow), "PYTHONPATH": python_path_with(_SRC_ROOT)}
+        argv = [self.python, "-m", _SHIM_MODULE, str(layout.dir)]
         try:
             with layout.launcher_log.open("ab") as log:
                 shim = subprocess.Popen(
@@ -172,8 +244,11 @@ class LocalExecutor:
             self._shims[shim.pid] = shim
         return shim
 
-    def _confirm_started(self, handle: LocalHandle, shim: subprocess.Popen[bytes]) -> None:
-        """Wait until the shim has written shim.json, or fail with its output."""
+    def _confirm_started(
+        self, handle: LocalHandle, shim: subprocess.Popen[bytes] | None
+    ) -> None:
+        """Wait until the shim has written shim.json, or fail with its output. Without a
+        Popen (a relaunch found a shim starting up) it watches the key's processes."""
         layout = handle.layout
         if self.confirm_start_s <= 0:
             return
@@ -181,12 +256,15 @@ class LocalExecutor:
         while time.monotonic() < deadline:
             if layout.shim.exists() or layout.exit.exists():
                 return
-            if shim.poll() is not None:
+            if shim is not None and shim.poll() is not None:
+                break
+            if shim is None and not shim_processes(layout.dir):
                 break
             time.sleep(0.02)
         if layout.shim.exists() or layout.exit.exists():
             return
-        kill_all(marked_processes(handle.attempt_key) + _as_list(shim.pid))
+        extra = _as_list(shim.pid) if shim is not None else shim_processes(layout.dir)
+        kill_all(marked_processes(handle.attempt_key) + extra)
         raise ExecutorError(
             f"the job supervisor for job {handle.job_id} attempt {handle.attempt} did not start "
             f"within {self.confirm_start_s:g}s; its output:\n{_tail_text(layout.launcher_log)}"
@@ -246,6 +324,13 @@ class LocalExecutor:
         return attempt_status(ExitRecord.from_dict(data))
 
     def _shim_alive(self, h: LocalHandle) -> bool:
+        """Alive by (pid, create time); a handle recorded before launch learns them from
+        shim.json, and while that is missing a process carrying the key counts."""
+        if not h.shim_pid:
+            known = self._with_shim_identity(h)
+            if not known.shim_pid:
+                return bool(shim_processes(h.layout.dir))
+            h = known
         self._reap(h.shim_pid)
         return is_alive(h.shim_pid, h.shim_create_time)
 
@@ -293,6 +378,26 @@ class LocalExecutor:
             kill_all(marked_processes(h.attempt_key))  # nobody supervises them any more
 
 
+def shim_processes(attempt_dir: Path) -> list[psutil.Process]:
+    """Live shims supervising `attempt_dir` (found by command line: a shim that is still
+    starting up has not written shim.json yet)."""
+    want = [_SHIM_MODULE, str(attempt_dir)]
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = proc.info["cmdline"] or []
+            if cmd[-2:] == want and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, TypeError):
+            continue
+    return found
+
+
+def _key_of(request: LaunchRequest) -> str:
+    """The request's attempt key; a random one for callers that do not record keys."""
+    return request.attempt_key or f"{request.job_id}-{request.attempt}-{uuid.uuid4().hex[:12]}"
+
+
 def _make_attempt_dir(layout: AttemptLayout) -> None:
     if layout.dir.exists() and any(layout.dir.iterdir()):
         raise ExecutorError(
@@ -300,7 +405,9 @@ def _make_attempt_dir(layout: AttemptLayout) -> None:
             "(fix: launch with a new attempt number)"
         )
     try:
-        layout.dir.mkdir(parents=True, exist_ok=True)
+        layout.dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        layout.dir.mkdir(exist_ok=True, mode=0o700)  # logs and launch.json are the job's own
+        os.chmod(layout.dir, 0o700)
     except OSError as exc:
         raise ExecutorError(f"cannot create {layout.dir}: {exc.strerror or exc}") from exc
 

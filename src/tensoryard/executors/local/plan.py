@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,41 @@ from tensoryard.executors.base import LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout
 from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
 
-__all__ = ["RANK_WRAPPER", "LaunchPlan", "build_plan", "python_path_with"]
+__all__ = [
+    "DEFAULT_ENV_ALLOW",
+    "RANK_WRAPPER",
+    "LaunchPlan",
+    "allowed_env",
+    "build_plan",
+    "python_path_with",
+]
+
+# What a job inherits from the control plane's environment: locale, paths, and the knobs of
+# the GPU/NCCL stack that an operator sets machine-wide. Never tokens, cloud credentials,
+# database URLs or TYARD_* settings of the control plane; a job gets its own from spec.env.
+DEFAULT_ENV_ALLOW: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "NCCL_*",
+    "NVIDIA_*",
+    "OPENBLAS_*",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
 
 RANK_WRAPPER = Path(__file__).with_name("rank.py")
 DEFAULT_GRACE_S = 30.0
@@ -99,7 +134,8 @@ def build_plan(
 
 
 def _job_env(request: LaunchRequest, base: Mapping[str, str], attempt_key: str) -> dict[str, str]:
-    """os.environ, then spec.env, then the TYARD_* contract vars, then our own markers."""
+    """The allowed base environment, then spec.env, then the TYARD_* contract vars, then
+    our own markers."""
     env = {**base, **request.spec.env, **request.env}
     env.setdefault("TYARD_JOB_ID", str(request.job_id))
     env.setdefault("TYARD_ATTEMPT", str(request.attempt))
@@ -110,6 +146,11 @@ def _job_env(request: LaunchRequest, base: Mapping[str, str], attempt_key: str) 
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     return env
+
+
+def allowed_env(env: Mapping[str, str], allow: Sequence[str]) -> dict[str, str]:
+    """The variables of `env` whose names match one of the `allow` patterns."""
+    return {k: v for k, v in env.items() if any(fnmatch.fnmatchcase(k, p) for p in allow)}
 
 
 def python_path_with(src_root: Path, env: Mapping[str, str] = os.environ) -> str:

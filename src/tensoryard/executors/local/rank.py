@@ -32,7 +32,7 @@ def _note_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def _redirect_output(log: Path) -> None:
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -87,7 +87,7 @@ class Shim:
         out = None
         if self.plan.launcher == "python":
             # A plain python job is rank 0; torchrun jobs get per-rank files from rank.py.
-            out = os.open(self.layout.rank_log(0), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            out = os.open(self.layout.rank_log(0), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.workload = subprocess.Popen(
                 self.plan.argv,
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m tensoryard.executors.local.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
+    os.umask(0o077)  # logs, records and checkpoints of a job are private to its owner
     layout = AttemptLayout(Path(args[0]))
     plan = LaunchPlan.from_dict(read_json(layout.launch) or {})
     shim = Shim(layout, plan)
