@@ -9,6 +9,7 @@ event ids are committed in increasing order and ``list_events(after_id=...)`` ne
 from __future__ import annotations
 
 import hmac
+import itertools
 import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -655,7 +656,7 @@ class Store:
         if not rows:
             return StepProgress(0, None, None, None)
         ts = sorted(float(r.ts) for r in rows)
-        gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False) if b >= a)
+        gaps = sorted(b - a for a, b in itertools.pairwise(ts) if b >= a)
         median = gaps[len(gaps) // 2] if gaps else None
         return StepProgress(len(rows), int(rows[0].step), ts[-1], median)
 

@@ -244,9 +244,7 @@ class LocalExecutor:
             self._shims[shim.pid] = shim
         return shim
 
-    def _confirm_started(
-        self, handle: LocalHandle, shim: subprocess.Popen[bytes] | None
-    ) -> None:
+    def _confirm_started(self, handle: LocalHandle, shim: subprocess.Popen[bytes] | None) -> None:
         """Wait until the shim has written shim.json, or fail with its output. Without a
         Popen (a relaunch found a shim starting up) it watches the key's processes."""
         layout = handle.layout
