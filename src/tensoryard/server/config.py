@@ -42,12 +42,38 @@ class ServerConfig:
     cpu_slots: float | None = None
     """CPU cores the local executor may hand out; None means every usable core of this machine."""
 
-    heartbeat_timeout_s: float = 120.0
-    """A running attempt silent for this long gets a warning event."""
+    heartbeat_timeout_s: float = 300.0
+    """A running attempt without a heartbeat for this long is hung (a job's
+    `health.heartbeat_timeout` overrides it)."""
+
+    starting_timeout_s: float = 900.0
+    """An attempt whose workers are not all up after this long is stopped and restarted."""
+
+    poll_failure_grace_s: float = 60.0
+    """How long an attempt may fail to be polled (a transient error) before its processes
+    are killed by key and it is declared LOST."""
+
+    reschedule_interval_s: float = 10.0
+    """The scheduler runs at once on every change, and at least this often (ETAs, aging)."""
+
+    launch_workers: int = 4
+    """Threads that launch attempts, so a slow launch never blocks the loop (0: inline)."""
+
+    lease_ttl_s: float = 10.0
+    """Leader lease: a replica that stops renewing loses the lead after this long."""
+
+    job_env_allow: tuple[str, ...] | None = None
+    """Variables (shell patterns) jobs inherit from the control plane's environment; None:
+    the local executor's DEFAULT_ENV_ALLOW."""
 
     @property
     def token_path(self) -> Path:
         return self.home / "admin.token"
+
+    @property
+    def job_key_path(self) -> Path:
+        """The secret job tokens are derived from (0600); replicas share it through `home`."""
+        return self.home / "job-token.key"
 
     @property
     def runs_dir(self) -> Path:

@@ -1,27 +1,44 @@
 """The control loop: schedule pending jobs, launch admitted ones, reconcile running attempts.
 
-One `cycle()` reads top to bottom as numbered phases. All side effects go through the store
-(state, events) and the executor (processes); the policy only decides. Every state change is a
-compare-and-set in the store, so a crash between two phases loses nothing: the next cycle (or
-the next control plane after a restart) picks up from what the store says.
+One `cycle()` reads top to bottom as numbered phases. The loop works from an in-memory index
+of unfinished jobs (loaded once, then only the rows that changed since the last look), so an
+idle cycle costs one small query however many jobs wait. Every state change is one store
+transaction (compare-and-set), written *before* the side effect it stands for:
+
+- a launch is recorded as an attempt with its key and handle (job -> STARTING) before the
+  executor starts anything, and the executor's launch is idempotent per key, so a crash at any
+  point is repaired by launching again;
+- an attempt's end and its job's move are one transaction;
+- after a restart (or when a replica takes the lead) `recover()` kills and closes every stray
+  attempt by key and repairs every job whose attempt ended without it.
+
+docs/state-machine.md lists the states and the invariants the tests check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from tensoryard.errors import Conflict, ExecutorError, TensoryardError
+from pydantic import ValidationError
+
+from tensoryard.errors import Conflict, ExecutorError, StoreError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
+from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
+from tensoryard.server.faults import crashpoint
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.spec.job import JobSpec
-from tensoryard.spec.states import JobState
+from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import AttemptRecord, JobRecord, Store
 
 __all__ = ["Controller"]
@@ -29,12 +46,26 @@ __all__ = ["Controller"]
 log = logging.getLogger("tensoryard.controller")
 
 PREEMPTED = "preempted"
+MAX_RUNTIME = "exceeded max_runtime"
+HUNG = "hung"
+NOT_STARTED = "did not start"
+LEADER_LEASE = "controller"
+SCHEDULER_STATE_KEY = "core"
 
 CapacityProvider = Callable[[], tuple[NodeCapacity, ...]]
+
+_CHANGE_OVERLAP = timedelta(seconds=5)  # commits may land a little after their changed_at
+_FAILURES_BEFORE_QUARANTINE = 3
+_HEALTH_CHECK_EVERY_S = 5.0
+_STATE_SAVE_EVERY_S = 30.0
 
 
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
+
+
+class BadJobData(TensoryardError):
+    """A stored job that cannot be acted on (its spec or handle is invalid)."""
 
 
 @dataclass
@@ -42,7 +73,10 @@ class _Memory:
     """What the controller remembers between cycles (rebuilt from the store after a restart)."""
 
     cancel_sent: set[tuple[int, int]] = field(default_factory=set)  # (job, attempt)
-    stale_warned: set[tuple[int, int]] = field(default_factory=set)
+    warned: set[tuple[int, int, str]] = field(default_factory=set)
+    poll_failing_since: dict[tuple[int, int], float] = field(default_factory=dict)
+    health_checked: dict[tuple[int, int], float] = field(default_factory=dict)
+    failures: dict[int, int] = field(default_factory=dict)  # job -> consecutive errors
 
 
 class Controller:
@@ -56,7 +90,9 @@ class Controller:
         policy: CorePolicy,
         capacity: CapacityProvider,
         config: ServerConfig,
+        job_key: str = "",
         clock: Callable[[], float] = time.time,
+        holder: str | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -64,32 +100,27 @@ class Controller:
         self.capacity = capacity
         self.config = config
         self.clock = clock
+        self.job_key = job_key or uuid.uuid4().hex
+        self.holder = holder or f"{uuid.uuid4().hex[:8]}"
+        self.is_leader = False
+        self.epoch: int | None = None
         self._mem = _Memory()
+        self._jobs: dict[int, JobRecord] = {}  # every unfinished job
+        self._specs: dict[int, JobSpec] = {}
+        self._since: datetime | None = None
+        self._dirty = True
+        self._last_schedule = 0.0
+        self._last_state_save = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._in_flight: set[tuple[int, int]] = set()
+        self._flight_lock = threading.Lock()
+        workers = config.launch_workers
+        self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
 
     # ---- lifecycle -------------------------------------------------------------------------
-
-    def recover(self) -> None:
-        """After a (re)start: find every active attempt again and record what became of it."""
-        for job in self.store.active_jobs():
-            attempt = self._current_attempt(job)
-            if attempt is None or attempt.finished_at is not None:
-                continue
-            try:
-                status = self.executor.reattach(attempt.handle)
-            except TensoryardError as exc:
-                status = AttemptStatus(AttemptPhase.LOST, reason=f"reattach failed: {exc}")
-            self.store.add_event(
-                job.id,
-                "recovery",
-                f"control plane restarted; attempt {attempt.number} is {status.phase.value}"
-                + (f" ({status.reason})" if status.reason else ""),
-                attempt=attempt.number,
-            )
-            self._apply_status(job, attempt, status)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tyard-controller", daemon=True)
@@ -104,15 +135,95 @@ class Controller:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=False)
+        if self.is_leader:
+            with contextlib.suppress(StoreError):
+                self.store.release_lease(LEADER_LEASE, self.holder)
+            self._save_scheduler_state(force=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.cycle()
+                if self.lead():
+                    self.cycle()
             except Exception:  # the loop must survive anything; the next cycle retries
                 log.exception("control cycle failed")
             self._wake.wait(self.config.loop_interval_s)
             self._wake.clear()
+
+    def lead(self) -> bool:
+        """Take or renew the leader lease; on taking it, recover. False while another leads."""
+        epoch = self.store.acquire_lease(LEADER_LEASE, self.holder, self.config.lease_ttl_s)
+        if epoch is None:
+            if self.is_leader:
+                log.warning("lost the leader lease; this replica now only serves the API")
+            self.is_leader, self.epoch = False, None
+            return False
+        if not self.is_leader or epoch != self.epoch:
+            log.info("leading the control loop (holder %s, epoch %d)", self.holder, epoch)
+            self.is_leader, self.epoch = True, epoch
+            self.recover()
+        return True
+
+    def recover(self) -> None:
+        """After a (re)start or a change of leader: rebuild memory from the store, close and
+        kill stray attempts by key, and repair every job whose attempt ended without it."""
+        self._mem = _Memory()
+        self._jobs.clear()
+        self._since = None
+        self._dirty = True
+        self._load_scheduler_state()
+        for job, attempt in self.store.stray_attempts():
+            self._guarded(job.id, self._close_stray, job, attempt)
+        self._refresh()
+        attempts = self.store.current_attempts()
+        for job in list(self._jobs.values()):
+            current = attempts.get(job.id)
+            if current is None or job.state not in (JobState.STARTING, JobState.RUNNING):
+                continue
+            if current.finished_at is not None:
+                self._guarded(job.id, self._repair_finished, job, current)
+            else:
+                self.store.add_event(
+                    job.id,
+                    "recovery",
+                    f"control plane restarted or took the lead; attempt {current.number} is "
+                    f"{current.state}: re-attaching",
+                    attempt=current.number,
+                )
+
+    def _close_stray(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        killed = 0
+        if attempt.handle:
+            with contextlib.suppress(TensoryardError):
+                killed = self.executor.terminate(attempt.handle)
+        why = (
+            f"found unfinished after a restart while the job is {job.state.value}"
+            + (f" at attempt {job.attempts}" if job.attempts != attempt.number else "")
+            + f"; killed {killed} process(es) by its key"
+        )
+        self.store.finish_attempt(job.id, attempt.number, state="lost", reason=why)
+        self.store.add_event(job.id, "recovery", f"attempt {attempt.number} {why}", attempt=None)
+
+    def _repair_finished(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """An attempt ended but its job was not moved (a crash between two old transactions)."""
+        try:
+            phase = AttemptPhase(attempt.state)
+        except ValueError:
+            phase = AttemptPhase.LOST
+        status = AttemptStatus(phase, attempt.exit_code, attempt.reason)
+        to, why = self._next_state(job, attempt, status)
+        if to is JobState.RESTARTING and job.restarts >= self._spec(job).restart.max_restarts:
+            to = JobState.FAILED
+        self.store.add_event(
+            job.id,
+            "recovery",
+            f"attempt {attempt.number} had ended ({attempt.state}) but the job was still "
+            f"{job.state.value}: moving it to {to.value}",
+            attempt=attempt.number,
+        )
+        self._put(self.store.transition(job.id, to, reason=why, expected=[job.state]))
 
     # ---- one cycle -------------------------------------------------------------------------
 
@@ -120,36 +231,94 @@ class Controller:
         """One pass: the numbered phases below, each idempotent."""
         with self._lock:
             now = self.clock()
+            # 0. Read what changed since the last cycle into the index.
+            self._refresh()
             # 1. Cancel requests for jobs that never started end at once.
             self._cancel_pending()
             # 2. Schedule: snapshot -> policy -> admissions and pending reasons.
-            self._schedule(now)
-            # 3. Launch admitted jobs and restarts whose backoff has passed.
+            if self._dirty or now - self._last_schedule >= self.config.reschedule_interval_s:
+                self._schedule(now)
+            # 3. Launch admitted jobs and restarts whose backoff has passed (in the background).
             self._launch_ready(now)
             # 4. Reconcile running attempts with what the executor sees.
             self._reconcile(now)
+            self._save_scheduler_state()
+
+    # 0 ------------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        since = None if self._since is None else self._since - _CHANGE_OVERLAP
+        changed, now = self.store.jobs_changed_since(since)
+        for job in changed:
+            old = self._jobs.get(job.id)
+            if (
+                old is None
+                or old.state != job.state
+                or old.cancel_requested != job.cancel_requested
+            ):
+                self._dirty = True
+            self._put(job)
+        self._since = now
+
+    def _put(self, job: JobRecord) -> None:
+        old = self._jobs.get(job.id)
+        if (
+            old is not None
+            and old.changed_at
+            and job.changed_at
+            and job.changed_at < old.changed_at
+        ):
+            return  # an older read than what we hold
+        if job.state in TERMINAL_STATES:
+            if self._jobs.pop(job.id, None) is not None:
+                self._dirty = True
+            self._specs.pop(job.id, None)
+            self._mem.failures.pop(job.id, None)
+            return
+        if old is not None and old.state != job.state:
+            self._dirty = True
+        self._jobs[job.id] = job
+
+    def _in(self, *states: JobState) -> list[JobRecord]:
+        return [j for j in self._jobs.values() if j.state in states]
 
     # 1 ------------------------------------------------------------------------------------
     def _cancel_pending(self) -> None:
-        for job in self.store.pending_jobs():
+        for job in self._in(JobState.PENDING):
             if job.cancel_requested:
                 self._try_transition(job, JobState.CANCELLED, "cancelled before it started")
 
     # 2 ------------------------------------------------------------------------------------
     def _schedule(self, now: float) -> None:
-        pending = tuple(j for j in self.store.pending_jobs() if not j.cancel_requested)
+        self._dirty = False
+        self._last_schedule = now
+        pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
+        pending = [j for j in pending if self._spec_or_quarantine(j) is not None]
         if not pending:
             return
-        running = tuple(self.store.active_jobs())
+        pending.sort(key=lambda j: (-j.priority, j.created_at, j.id))
+        running = tuple(
+            j
+            for j in sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id))
+            if j.state not in (JobState.PENDING,) and self._spec_or_quarantine(j) is not None
+        )
+        attempts = self.store.current_attempts()
         view = ClusterView(
             nodes=self.capacity(),
             teams=tuple(self.store.list_teams()),
-            pending=pending,
+            pending=tuple(pending),
             running=running,
             now=now,
             last_checkpoint=self._checkpoint_times(running),
-            attained_s={j.id: self._attained_s(j) for j in (*pending, *running) if j.attempts},
-            terminating=frozenset(j.id for j in running if self._terminating(j)),
+            attained_s={j.id: j.run_time_s for j in (*pending, *running) if j.run_time_s},
+            terminating=frozenset(
+                j.id for j in running if self._terminating(j, attempts.get(j.id))
+            ),
+            attempt_started={
+                j.id: (a.running_at or a.started_at).timestamp()
+                for j in running
+                if (a := attempts.get(j.id)) is not None and a.finished_at is None
+            },
+            specs=self._specs,
         )
         decisions = self.policy.decide(view)
         by_id = {j.id: j for j in pending}
@@ -164,16 +333,20 @@ class Controller:
                 pending_reason="",
                 pending_eta=None,
             )
+            crashpoint("schedule.after_admit")
         running_by_id = {j.id: j for j in running}
         for preemption in decisions.preemptions:
-            self._preempt(running_by_id.get(preemption.job_id), preemption)
+            victim = running_by_id.get(preemption.job_id)
+            if victim is not None:
+                self._guarded(victim.id, self._preempt, victim, preemption)
+        changes = []
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
-            eta = _utc(info.eta_s) if info.eta_s is not None else None
+            eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
             if job.pending_reason != info.reason or job.pending_eta != eta:
-                self.store.update_job(job_id, pending_reason=info.reason, pending_eta=eta)
-                if job.pending_reason != info.reason:
-                    self.store.add_event(job_id, "pending", info.reason)
+                changes.append((job_id, info.reason, eta))
+        for record in self.store.set_pending_info(changes):
+            self._put(record)
 
     def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
         times = {}
@@ -183,66 +356,82 @@ class Controller:
                 times[job.id] = latest.ts
         return times
 
-    def _terminating(self, job: JobRecord) -> bool:
-        """Cancelled or preempted: still holds its resources during the grace period."""
+    def _terminating(self, job: JobRecord, attempt: AttemptRecord | None) -> bool:
+        """Cancelled or being stopped: still holds its resources during the grace period."""
         if job.cancel_requested:
             return True
-        attempt = self._current_attempt(job)
-        return attempt is not None and attempt.reason.startswith(PREEMPTED)
+        return attempt is not None and attempt.finished_at is None and bool(attempt.reason)
 
-    def _attained_s(self, job: JobRecord) -> float:
-        """Run time of the job's finished attempts (what fair share and LAS may look at)."""
-        return sum(
-            (a.finished_at - a.started_at).total_seconds()
-            for a in self.store.list_attempts(job.id)
-            if a.finished_at is not None
-        )
-
-    def _preempt(self, job: JobRecord | None, preemption: Preemption) -> None:
+    def _preempt(self, job: JobRecord, preemption: Preemption) -> None:
         """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""
-        if job is None or job.cancel_requested:
+        if job.cancel_requested or job.state not in (JobState.STARTING, JobState.RUNNING):
             return
         attempt = self._current_attempt(job)
-        if attempt is None or attempt.finished_at is not None:
+        if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
             return
         key = (job.id, attempt.number)
         if key in self._mem.cancel_sent:
             return
         reason = f"{PREEMPTED} for job {preemption.for_job_id}: {preemption.message}"
-        self.store.update_attempt(job.id, attempt.number, reason=reason)
-        self._mem.cancel_sent.add(key)
-        self.store.add_event(
-            job.id,
-            "preempt",
+        self._stop_attempt(
+            job,
+            attempt,
+            reason,
             f"{reason}; {preemption.grace_s:g}s to checkpoint before SIGKILL",
-            attempt=attempt.number,
+            grace_s=preemption.grace_s,
+            kind="preempt",
         )
-        try:
-            self.executor.cancel(attempt.handle, grace_s=preemption.grace_s)
-        except TensoryardError as exc:
-            self.store.add_event(
-                job.id, "error", f"preemption failed: {exc}", attempt=attempt.number
-            )
+        crashpoint("preempt.after_signal")
 
     # 3 ------------------------------------------------------------------------------------
     def _launch_ready(self, now: float) -> None:
-        for job in self.store.active_jobs():
-            if job.state is JobState.ADMITTED:
-                self._launch(job)
-            elif job.state is JobState.RESTARTING:
-                spec = JobSpec.model_validate(job.spec)
-                if job.cancel_requested:
-                    self._try_transition(job, JobState.CANCELLED, "cancelled while restarting")
-                elif now >= job.updated_at.timestamp() + spec.restart.backoff:
-                    self._launch(job)
+        attempts: dict[int, AttemptRecord] | None = None
+        for job in self._in(JobState.ADMITTED, JobState.RESTARTING, JobState.STARTING):
+            if job.state is JobState.STARTING:
+                # A launch recorded but not confirmed (a crash, or a launch still in flight).
+                attempts = attempts if attempts is not None else self.store.current_attempts()
+                attempt = attempts.get(job.id)
+                if attempt is not None and attempt.state == "launching":
+                    self._guarded(job.id, self._dispatch, job, attempt)
+                continue
+            self._guarded(job.id, self._begin_launch, job, now)
 
-    def _launch(self, job: JobRecord) -> None:
-        spec = JobSpec.model_validate(job.spec)
+    def _begin_launch(self, job: JobRecord, now: float) -> None:
+        spec = self._spec(job)
+        if job.cancel_requested:
+            where = "restarting" if job.state is JobState.RESTARTING else "admitted"
+            self._try_transition(job, JobState.CANCELLED, f"cancelled while {where}")
+            return
+        if job.state is JobState.RESTARTING and now < job.updated_at.timestamp() + (
+            spec.restart.backoff
+        ):
+            return
+        number = job.attempts + 1
+        key = f"j{job.id}-a{number}-{uuid.uuid4().hex[:12]}"
+        request = self._request(job, spec, number, key)
+        latest = self.store.latest_checkpoint(job.id)
+        resume = f", resuming from checkpoint step {latest.step}" if latest else ""
+        try:
+            record, attempt = self.store.begin_attempt(
+                job.id,
+                expected=job.state,
+                number=number,
+                attempt_key=key,
+                handle=self.executor.prepare(request),
+                reason=f"attempt {number} launching{resume}",
+                resumed_from_step=latest.step if latest else None,
+            )
+        except Conflict as exc:
+            log.info("job %s: launch skipped (%s)", job.id, exc)
+            self._dirty = True
+            return
+        self._put(record)
+        crashpoint("launch.after_intent")
+        self._dispatch(record, attempt)
+
+    def _request(self, job: JobRecord, spec: JobSpec, number: int, key: str) -> LaunchRequest:
         run_dir = Path(job.run_dir)
         ckpt_dir = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
-        latest = self.store.latest_checkpoint(job.id)
-        number = job.attempts + 1
-        token = self.store.issue_job_token(job.id)
         env = {
             "TYARD_JOB_ID": str(job.id),
             "TYARD_ATTEMPT": str(number),
@@ -251,141 +440,374 @@ class Controller:
             "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
             "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
             "TYARD_SERVER_URL": self.config.report_url,
-            "TYARD_JOB_TOKEN": token,
+            "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
         }
-        request = LaunchRequest(
+        return LaunchRequest(
             job_id=str(job.id),
             attempt=number,
             spec=spec,
             run_dir=run_dir,
             env=env,
             placement=dict(job.placement),
+            attempt_key=key,
         )
+
+    def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Hand a recorded attempt to the executor, in the background when configured."""
+        key = (job.id, attempt.number)
+        with self._flight_lock:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
+        if self._pool is None:
+            self._launch(job, attempt)
+        else:
+            self._pool.submit(self._launch, job, attempt)
+
+    def _launch(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Launch (or re-launch: idempotent by key) one recorded attempt, record the result."""
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handle = self.executor.launch(request)
-        except (ExecutorError, OSError) as exc:
-            reason = f"launch of attempt {number} failed: {exc}"
-            self.store.start_attempt(job.id, handle={})  # the number is used up
-            self.store.update_attempt(
-                job.id, number, state=AttemptPhase.FAILED.value, reason=reason, finished=True
+            spec = self._spec(job)
+            request = self._request(job, spec, attempt.number, attempt.attempt_key)
+            self.store.issue_job_token(job.id, request.env["TYARD_JOB_TOKEN"])
+            Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                handle = self.executor.launch(request)
+            except (ExecutorError, OSError) as exc:
+                self._launch_failed(
+                    job, attempt, f"launch of attempt {attempt.number} failed: {exc}"
+                )
+                return
+            crashpoint("launch.after_start")
+            self.store.mark_launched(job.id, attempt.number, handle)
+        except Exception as exc:  # never lose a launch thread silently
+            log.exception("job %s: launch of attempt %s failed", job.id, attempt.number)
+            with contextlib.suppress(TensoryardError):
+                self.store.add_event(
+                    job.id, "error", f"launch error: {exc}", attempt=attempt.number
+                )
+        finally:
+            with self._flight_lock:
+                self._in_flight.discard((job.id, attempt.number))
+            self.kick()
+
+    def _launch_failed(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
+        fresh = self.store.get_job(job.id)
+        to, why = self._retry_or_fail(fresh, reason)
+        with contextlib.suppress(Conflict):
+            self.store.finish_attempt(
+                job.id,
+                attempt.number,
+                state=AttemptPhase.FAILED.value,
+                reason=reason,
+                job_to=to,
+                job_reason=why,
+                expected=[JobState.STARTING],
             )
-            self._fail_or_retry(self.store.get_job(job.id), number, reason)
-            return
-        self.store.start_attempt(
-            job.id, handle=handle, resumed_from_step=latest.step if latest else None
-        )
-        resume = f", resuming from checkpoint step {latest.step}" if latest else ""
-        self._try_transition(job, JobState.STARTING, f"attempt {number} launched{resume}")
 
     # 4 ------------------------------------------------------------------------------------
     def _reconcile(self, now: float) -> None:
-        for job in self.store.active_jobs():
-            if job.state not in (JobState.STARTING, JobState.RUNNING):
-                continue
-            attempt = self._current_attempt(job)
+        live = self._in(JobState.STARTING, JobState.RUNNING)
+        if not live:
+            return
+        attempts = self.store.current_attempts()
+        for job in live:
+            attempt = attempts.get(job.id)
             if attempt is None or attempt.finished_at is not None:
                 continue
-            key = (job.id, attempt.number)
-            if job.cancel_requested and key not in self._mem.cancel_sent:
-                self._cancel_attempt(job, attempt, "cancel requested by the user")
-            self._enforce_max_runtime(job, attempt, now)
-            self._warn_if_silent(job, attempt, now)
-            try:
-                status = self.executor.poll(attempt.handle)
-            except TensoryardError as exc:
-                status = AttemptStatus(AttemptPhase.LOST, reason=f"poll failed: {exc}")
+            if attempt.state == "launching":
+                continue  # phase 3 (re)launches it
+            self._guarded(job.id, self._reconcile_one, job, attempt, now)
+
+    def _reconcile_one(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
+        key = (job.id, attempt.number)
+        if job.cancel_requested and key not in self._mem.cancel_sent:
+            self._stop_attempt(
+                job, attempt, "", "cancel requested by the user", self.config.cancel_grace_s
+            )
+        if key not in self._mem.cancel_sent:
+            self._enforce_limits(job, attempt, now)
+        try:
+            status: AttemptStatus | None = self.executor.poll(attempt.handle)
+        except TensoryardError as exc:
+            status = self._poll_failed(job, attempt, now, exc)
+        else:
+            self._mem.poll_failing_since.pop(key, None)
+        if status is not None:
             self._apply_status(job, attempt, status)
 
-    def _cancel_attempt(self, job: JobRecord, attempt: AttemptRecord, why: str) -> None:
-        self._mem.cancel_sent.add((job.id, attempt.number))
-        grace = self.config.cancel_grace_s
-        self.store.add_event(
-            job.id, "cancel", f"{why}: SIGTERM, SIGKILL after {grace:g}s", attempt=attempt.number
-        )
-        try:
-            self.executor.cancel(attempt.handle, grace_s=grace)
-        except TensoryardError as exc:
-            self.store.add_event(job.id, "error", f"cancel failed: {exc}", attempt=attempt.number)
-
-    def _enforce_max_runtime(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
-        limit = JobSpec.model_validate(job.spec).max_runtime
-        if limit is None or job.started_at is None or job.cancel_requested:
-            return
-        if now - job.started_at.timestamp() > limit:
-            self.store.request_cancel(job.id)
-            self.store.update_attempt(
-                job.id, attempt.number, reason=f"exceeded max_runtime of {limit:g}s"
-            )
-            self._cancel_attempt(job, attempt, f"max_runtime of {limit:g}s exceeded")
-
-    def _warn_if_silent(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
-        if job.state is not JobState.RUNNING or attempt.last_heartbeat is None:
-            return
+    def _poll_failed(
+        self, job: JobRecord, attempt: AttemptRecord, now: float, exc: Exception
+    ) -> AttemptStatus | None:
+        """A transient poll error is not a verdict: wait, then kill by key and declare LOST."""
         key = (job.id, attempt.number)
-        silent = now - attempt.last_heartbeat.timestamp()
-        if silent > self.config.heartbeat_timeout_s and key not in self._mem.stale_warned:
-            self._mem.stale_warned.add(key)
+        since = self._mem.poll_failing_since.setdefault(key, now)
+        if since == now:
             self.store.add_event(
                 job.id,
                 "warning",
-                f"no heartbeat for {silent:.0f}s: the job may be hung",
+                f"cannot poll attempt {attempt.number} ({exc}); retrying for "
+                f"{self.config.poll_failure_grace_s:g}s before giving it up",
                 attempt=attempt.number,
             )
+        if now - since < self.config.poll_failure_grace_s:
+            return None
+        killed = 0
+        with contextlib.suppress(TensoryardError):
+            killed = self.executor.terminate(attempt.handle)
+        self._mem.poll_failing_since.pop(key, None)
+        return AttemptStatus(
+            AttemptPhase.LOST,
+            reason=f"could not be polled for {now - since:.0f}s ({exc}); "
+            f"killed {killed} process(es) by its key",
+        )
+
+    def _stop_attempt(
+        self,
+        job: JobRecord,
+        attempt: AttemptRecord,
+        reason: str,
+        message: str,
+        grace_s: float,
+        kind: str = "cancel",
+    ) -> None:
+        """Record why (first), then signal: SIGTERM now (the runtime checkpoints), SIGKILL
+        after `grace_s`."""
+        self._mem.cancel_sent.add((job.id, attempt.number))
+        if reason:
+            self.store.update_attempt(job.id, attempt.number, reason=reason)
+        self.store.add_event(
+            job.id,
+            kind,
+            f"{message}: SIGTERM, SIGKILL after {grace_s:g}s",
+            attempt=attempt.number,
+        )
+        try:
+            self.executor.cancel(attempt.handle, grace_s=grace_s)
+        except TensoryardError as exc:
+            self.store.add_event(job.id, "error", f"stop failed: {exc}", attempt=attempt.number)
+
+    def _enforce_limits(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
+        spec = self._spec(job)
+        grace = self.config.cancel_grace_s
+        if attempt.state == "starting":
+            waited = now - attempt.started_at.timestamp()
+            if waited > self.config.starting_timeout_s:
+                why = f"{NOT_STARTED} within {self.config.starting_timeout_s:g}s"
+                self._stop_attempt(job, attempt, why, why, grace)
+            return
+        limit = spec.max_runtime
+        if limit is not None and attempt.running_at is not None:
+            ran = job.run_time_s + now - attempt.running_at.timestamp()
+            if ran > limit:
+                why = f"{MAX_RUNTIME} of {limit:g}s (ran {ran:.0f}s over all attempts)"
+                self._stop_attempt(job, attempt, why, why, grace)
+                return
+        self._check_health(job, attempt, spec, now)
+
+    def _check_health(
+        self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec, now: float
+    ) -> None:
+        """Hung: no heartbeat for the timeout, or no step for stall_factor x the median step
+        time (at least min_stall). Then stop (checkpoint signal first) and restart."""
+        key = (job.id, attempt.number)
+        if now - self._mem.health_checked.get(key, 0.0) < _HEALTH_CHECK_EVERY_S:
+            return
+        self._mem.health_checked[key] = now
+        health = spec.health
+        why = ""
+        beat_limit = health.heartbeat_timeout or self.config.heartbeat_timeout_s
+        fresh = self.store.get_attempt(job.id, attempt.number)
+        beat = fresh.last_heartbeat or fresh.running_at
+        if beat is not None and now - beat.timestamp() > beat_limit:
+            why = f"{HUNG}: no heartbeat for {now - beat.timestamp():.0f}s (limit {beat_limit:g}s)"
+        else:
+            progress = self.store.step_progress(job.id, attempt.number)
+            if progress.steps >= 3 and progress.median_step_s and progress.last_ts is not None:
+                limit = max(health.stall_factor * progress.median_step_s, health.min_stall)
+                silent = now - progress.last_ts
+                if silent > limit:
+                    why = (
+                        f"{HUNG}: no step for {silent:.0f}s after step {progress.last_step} "
+                        f"({health.stall_factor:g}x the median step time of "
+                        f"{progress.median_step_s:.2f}s, at least {health.min_stall:g}s)"
+                    )
+        if not why:
+            return
+        if health.on_hang == "warn":
+            if (job.id, attempt.number, why[:20]) not in self._mem.warned:
+                self._mem.warned.add((job.id, attempt.number, why[:20]))
+                self.store.add_event(job.id, "warning", why, attempt=attempt.number)
+            return
+        self._stop_attempt(job, attempt, why, f"{why}; restarting", self.config.cancel_grace_s)
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         if status.phase is AttemptPhase.STARTING:
             return
         if status.phase is AttemptPhase.RUNNING:
-            if attempt.state != "running":
-                self.store.update_attempt(job.id, attempt.number, state="running")
-            if job.state is JobState.STARTING:
-                self._try_transition(job, JobState.RUNNING, f"attempt {attempt.number} running")
+            if attempt.state != "running" or job.state is JobState.STARTING:
+                crashpoint("running.before_mark")
+                with contextlib.suppress(Conflict):  # it ended meanwhile: the next poll says so
+                    self._put(
+                        self.store.mark_running(
+                            job.id, attempt.number, f"attempt {attempt.number} running"
+                        )
+                    )
             return
-        reason = status.reason or status.phase.value
-        limit_reason = attempt.reason if attempt.reason.startswith("exceeded max_runtime") else ""
-        kept = attempt.reason if attempt.reason.startswith(PREEMPTED) else limit_reason
-        self.store.update_attempt(
-            job.id,
-            attempt.number,
-            state=status.phase.value,
-            exit_code=status.exit_code,
-            reason=kept or reason,
-            finished=True,
-        )
-        if status.phase is AttemptPhase.SUCCEEDED:
-            self._try_transition(job, JobState.SUCCEEDED, f"attempt {attempt.number} succeeded")
-        elif attempt.reason.startswith(PREEMPTED) and not job.cancel_requested:
-            self._try_transition(
-                job,
-                JobState.PENDING,
-                f"{attempt.reason}; requeued, resumes from its last checkpoint",
-                placement={},
+        crashpoint("finish.before")
+        to, why = self._next_state(job, attempt, status)
+        if to is JobState.RESTARTING:
+            to, why = self._retry_or_fail(job, why)
+        # The stop reason we recorded (preempted, limit, hang) is the attempt's reason.
+        reason = attempt.reason or status.reason or status.phase.value
+        try:
+            record = self.store.finish_attempt(
+                job.id,
+                attempt.number,
+                state=status.phase.value,
+                exit_code=status.exit_code,
+                reason=reason,
+                job_to=to,
+                job_reason=why,
+                expected=[job.state],
+                **({"placement": {}} if to is JobState.PENDING else {}),
             )
-        elif limit_reason:
-            self._try_transition(job, JobState.FAILED, limit_reason)
-        elif job.cancel_requested or status.phase is AttemptPhase.CANCELLED:
-            self._try_transition(job, JobState.CANCELLED, "cancelled by the user")
-        else:
-            self._fail_or_retry(job, attempt.number, f"attempt {attempt.number}: {reason}")
+        except Conflict as exc:
+            log.info("job %s: attempt end not applied yet (%s)", job.id, exc)
+            self._dirty = True
+            return
+        crashpoint("finish.after")
+        self._put(record)
+        self._mem.cancel_sent.discard((job.id, attempt.number))
+        if to in TERMINAL_STATES:
+            self.store.revoke_job_token(job.id)
 
-    def _fail_or_retry(self, job: JobRecord, number: int, reason: str) -> None:
-        spec = JobSpec.model_validate(job.spec)
-        fresh = self.store.get_job(job.id)
-        if fresh.restarts < spec.restart.max_restarts:
-            left = spec.restart.max_restarts - fresh.restarts - 1
-            self._try_transition(
-                fresh,
+    def _next_state(
+        self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus
+    ) -> tuple[JobState, str]:
+        """Where a job goes when its attempt ended (RESTARTING still subject to the budget)."""
+        n = attempt.number
+        reason = status.reason or status.phase.value
+        if status.phase is AttemptPhase.SUCCEEDED:
+            return JobState.SUCCEEDED, f"attempt {n} succeeded"
+        if attempt.reason.startswith(PREEMPTED) and not job.cancel_requested:
+            return JobState.PENDING, f"{attempt.reason}; requeued, resumes from its last checkpoint"
+        if attempt.reason.startswith(MAX_RUNTIME):
+            return JobState.FAILED, attempt.reason
+        if job.cancel_requested:
+            return JobState.CANCELLED, "cancelled by the user"
+        if attempt.reason.startswith((HUNG, NOT_STARTED)):
+            return JobState.RESTARTING, f"attempt {n} {attempt.reason}"
+        if status.phase is AttemptPhase.CANCELLED:
+            return JobState.CANCELLED, "cancelled"
+        return JobState.RESTARTING, f"attempt {n}: {reason}"
+
+    def _retry_or_fail(self, job: JobRecord, reason: str) -> tuple[JobState, str]:
+        spec = self._spec(job)
+        if job.restarts < spec.restart.max_restarts:
+            left = spec.restart.max_restarts - job.restarts - 1
+            return (
                 JobState.RESTARTING,
                 f"{reason}; restarting from the last checkpoint in {spec.restart.backoff:g}s "
                 f"({left} restart(s) left)",
             )
+        return (
+            JobState.FAILED,
+            f"{reason}; no restarts left (max_restarts={spec.restart.max_restarts})",
+        )
+
+    # ---- per-job isolation -----------------------------------------------------------------
+
+    def _guarded(self, job_id: int, action: Callable[..., Any], *args: Any) -> None:
+        """Run one job's step; an error there never stops the others.
+
+        A store error is taken as transient (the next cycle retries). Bad data fails the job at
+        once; any other error does after a few cycles in a row, with the error as reason."""
+        try:
+            action(*args)
+        except StoreError as exc:
+            log.warning("job %s: store error, retrying next cycle: %s", job_id, exc)
+        except Exception as exc:
+            count = self._mem.failures.get(job_id, 0) + 1
+            self._mem.failures[job_id] = count
+            log.exception("job %s: error in the control loop (%d in a row)", job_id, count)
+            if isinstance(exc, BadJobData) or count >= _FAILURES_BEFORE_QUARANTINE:
+                self._quarantine(job_id, f"{type(exc).__name__}: {exc}")
         else:
-            self._try_transition(
-                fresh,
-                JobState.FAILED,
-                f"{reason}; no restarts left (max_restarts={spec.restart.max_restarts})",
-            )
+            self._mem.failures.pop(job_id, None)
+
+    @contextlib.contextmanager
+    def _never_raise(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception:
+            log.exception("while failing a job")
+
+    def _quarantine(self, job_id: int, why: str) -> None:
+        """Fail one job that the loop cannot handle, stopping whatever of it runs."""
+        with self._never_raise():
+            job = self.store.get_job(job_id)
+            if job.state in TERMINAL_STATES:
+                return
+            attempt = self._current_attempt(job)
+            if attempt is not None and attempt.finished_at is None:
+                killed = 0
+                if attempt.handle:
+                    with contextlib.suppress(Exception):
+                        killed = self.executor.terminate(attempt.handle)
+                self.store.finish_attempt(
+                    job_id,
+                    attempt.number,
+                    state="failed",
+                    reason=f"stopped by the control plane ({killed} process(es) killed): {why}",
+                    job_to=JobState.FAILED,
+                    job_reason=f"the control plane cannot run this job: {why}",
+                )
+            else:
+                self.store.transition(
+                    job_id, JobState.FAILED, reason=f"the control plane cannot run this job: {why}"
+                )
+            self._put(self.store.get_job(job_id))
+
+    def _spec(self, job: JobRecord) -> JobSpec:
+        """The job's spec, validated once per control plane (at submission it was, too)."""
+        spec = self._specs.get(job.id)
+        if spec is None:
+            try:
+                spec = JobSpec.model_validate(job.spec)
+            except ValidationError as exc:
+                raise BadJobData(f"its stored spec is invalid: {exc.errors()[0]['msg']}") from exc
+            self._specs[job.id] = spec
+        return spec
+
+    def _spec_or_quarantine(self, job: JobRecord) -> JobSpec | None:
+        try:
+            return self._spec(job)
+        except BadJobData as exc:
+            self._quarantine(job.id, str(exc))
+            return None
+
+    # ---- scheduler state across restarts ---------------------------------------------------
+
+    def _load_scheduler_state(self) -> None:
+        importer = getattr(self.policy, "import_state", None)
+        if importer is None:
+            return
+        try:
+            state = self.store.get_scheduler_state(SCHEDULER_STATE_KEY)
+            if state:
+                importer(state)
+        except Exception:
+            log.exception("stored scheduler state unreadable; starting with a fresh history")
+
+    def _save_scheduler_state(self, *, force: bool = False) -> None:
+        exporter = getattr(self.policy, "export_state", None)
+        now = self.clock()
+        if exporter is None or (not force and now - self._last_state_save < _STATE_SAVE_EVERY_S):
+            return
+        self._last_state_save = now
+        with contextlib.suppress(StoreError):
+            self.store.put_scheduler_state(SCHEDULER_STATE_KEY, exporter())
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -396,8 +818,21 @@ class Controller:
 
     def _try_transition(self, job: JobRecord, to: JobState, reason: str, **fields: object) -> bool:
         try:
-            self.store.transition(job.id, to, reason=reason, expected=[job.state], **fields)
+            record = self.store.transition(
+                job.id, to, reason=reason, expected=[job.state], **fields
+            )
         except Conflict as exc:
             log.info("job %s: skipped %s -> %s (%s)", job.id, job.state, to, exc)
+            self._dirty = True
             return False
+        self._put(record)
         return True
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Wait until no launch is in flight (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._flight_lock:
+                if not self._in_flight:
+                    return
+            time.sleep(0.02)

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
 from tensoryard.server.app import create_app
-from tensoryard.server.auth import ensure_admin_token
+from tensoryard.server.auth import ensure_admin_token, ensure_secret
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
@@ -73,7 +73,12 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     store = Store.open(config.database_url)
     store.ensure_team("default", description="created on first start")
     token = ensure_admin_token(config.token_path)
-    executor = LocalExecutor()
+    job_key = ensure_secret(config.job_key_path)
+    executor = (
+        LocalExecutor()
+        if config.job_env_allow is None
+        else LocalExecutor(env_allow=config.job_env_allow)
+    )
     nodes = _local_capacity(config)
     controller = Controller(
         store=store,
@@ -81,6 +86,8 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         policy=CorePolicy(),
         capacity=lambda: nodes,
         config=config,
+        job_key=job_key,
+        holder=f"{socket.gethostname()}:{os.getpid()}:{config.port}",
     )
     return ControlPlane(config, store, executor, controller, token)
 
@@ -128,8 +135,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     plane = build_control_plane(config)
     _setup_logging(config.home, log_level)
     log.info("database %s; state in %s", plane.store.url, config.home)
-    plane.controller.recover()
-    plane.controller.start()
+    plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
     server = uvicorn.Server(
         uvicorn.Config(
             plane.app(),

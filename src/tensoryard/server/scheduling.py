@@ -62,6 +62,9 @@ class ClusterView:
     # job -> run time of its earlier attempts (observed service, for fair share and LAS)
     attained_s: Mapping[int, float] = field(default_factory=dict)
     terminating: frozenset[int] = frozenset()  # signalled to stop (cancel, preemption)
+    # job -> when its current attempt started running (its launch while not yet running)
+    attempt_started: Mapping[int, float] = field(default_factory=dict)
+    specs: Mapping[int, JobSpec] = field(default_factory=dict)  # parsed once by the caller
 
 
 @dataclass(frozen=True)
@@ -150,17 +153,22 @@ def _quotas(teams: tuple[TeamRecord, ...], nodes: tuple[NodeCapacity, ...]) -> Q
     return QuotaConfig.build(queues)
 
 
+def _spec(job: JobRecord, view: ClusterView) -> JobSpec:
+    spec = view.specs.get(job.id)
+    return spec if spec is not None else JobSpec.model_validate(job.spec)
+
+
 def _pending(job: JobRecord, view: ClusterView) -> Workload:
     return workload_from_job(
         str(job.id),
-        JobSpec.model_validate(job.spec),
+        _spec(job, view),
         submit_time=job.created_at.timestamp(),
         attained_service_s=view.attained_s.get(job.id, 0.0),
     )
 
 
 def _running(job: JobRecord, view: ClusterView) -> Workload:
-    spec = JobSpec.model_validate(job.spec)
+    spec = _spec(job, view)
     base = workload_from_job(
         str(job.id),
         spec,
@@ -174,12 +182,16 @@ def _running(job: JobRecord, view: ClusterView) -> Workload:
         cpu_per_node=spec.resources.cpu,
         mem_per_node=spec.resources.memory,
     )
-    started = job.started_at or job.admitted_at or job.updated_at
+    # The current attempt's start: a job re-admitted after a preemption starts afresh (its
+    # earlier run time is attained service, not time spent in this placement).
+    started = view.attempt_started.get(job.id)
+    if started is None:
+        started = (job.admitted_at or job.updated_at).timestamp()
     return Workload(
         **{
             **{f: getattr(base, f) for f in Workload.__dataclass_fields__},
             "placement": placement,
-            "start_time": started.timestamp(),
+            "start_time": started,
             "last_checkpoint_time": view.last_checkpoint.get(job.id),
             "terminating": job.id in view.terminating,
         }

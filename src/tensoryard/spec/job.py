@@ -20,6 +20,7 @@ from tensoryard.spec._common import (
 
 __all__ = [
     "CheckpointSpec",
+    "HealthSpec",
     "JobSpec",
     "ResourcesSpec",
     "RestartPolicy",
@@ -102,6 +103,34 @@ class RestartPolicy(StrictModel):
     backoff: Seconds = Field(2.0, ge=0, le=3600, description="Wait before a restart, like '10s'.")
 
 
+class HealthSpec(StrictModel):
+    """When the control plane calls a running attempt hung, and what it does then."""
+
+    heartbeat_timeout: Seconds | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="No heartbeat for this long means hung, like '5m' (default: the server's).",
+    )
+    stall_factor: float = Field(
+        10.0,
+        ge=2,
+        le=1000,
+        description="No new step for this many times the median step time means hung.",
+    )
+    min_stall: Seconds = Field(
+        300.0,
+        ge=1,
+        le=7 * 86400,
+        description="Never call a stall a hang before this long without a step, like '5m'.",
+    )
+    on_hang: Literal["restart", "warn"] = Field(
+        "restart",
+        description="restart: stop the attempt (checkpoint signal first) and restart it; "
+        "warn: only record an event.",
+    )
+
+
 class SchedulingSpec(StrictModel):
     """Hints for the scheduler."""
 
@@ -127,7 +156,10 @@ class JobSpec(StrictModel):
     image: str | None = Field(None, description="Container image (cluster executors only).")
     checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec())
     restart: RestartPolicy = Field(default_factory=lambda: RestartPolicy())
-    max_runtime: Seconds | None = Field(None, gt=0, description="Stop after this long, like '2h'.")
+    max_runtime: Seconds | None = Field(
+        None, gt=0, description="Stop after this much run time (all attempts), like '2h'."
+    )
+    health: HealthSpec = Field(default_factory=lambda: HealthSpec())
     scheduling: SchedulingSpec = Field(default_factory=lambda: SchedulingSpec())
 
     @field_validator("command", mode="before")

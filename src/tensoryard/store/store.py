@@ -674,19 +674,19 @@ class Store:
             stmt = self._insert(Lease).values(
                 name=name, holder=holder, epoch=1, acquired_at=now, expires_at=expires
             )
-            inserted = s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
-            lease = _get(s, Lease, name, f"lease {name!r}", lock=True)
-            if inserted.rowcount == 1 and lease.holder == holder:
-                return lease.epoch
+            s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            lease: Lease = _get(s, Lease, name, f"lease {name!r}", lock=True)
+            if lease.holder == holder and lease.acquired_at == now:
+                return int(lease.epoch)  # just created by us
             if lease.holder == holder and lease.expires_at > now:
                 lease.expires_at = expires
-                return lease.epoch
+                return int(lease.epoch)
             if lease.expires_at <= now or lease.holder == holder:
                 lease.holder = holder
                 lease.epoch += 1
                 lease.acquired_at = now
                 lease.expires_at = expires
-                return lease.epoch
+                return int(lease.epoch)
             return None
 
     def release_lease(self, name: str, holder: str) -> None:
@@ -839,9 +839,10 @@ class Store:
 
     # -- job tokens ------------------------------------------------------------------------
 
-    def issue_job_token(self, job_id: int) -> str:
-        """A new bearer token for the job's runtime; replaces the old one. Only its hash is kept."""
-        token = secrets.token_urlsafe(32)
+    def issue_job_token(self, job_id: int, token: str | None = None) -> str:
+        """A bearer token for the job's runtime (``token``, or a new random one); replaces the
+        old one. Only its hash is kept."""
+        token = token or secrets.token_urlsafe(32)
         with self._tx(f"issue a token for job {job_id}", write=True) as s:
             _get(s, Job, job_id, f"job {job_id}", lock=True)
             row = s.get(JobToken, job_id)

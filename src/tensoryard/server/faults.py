@@ -1,0 +1,54 @@
+"""Crash points for fault-injection tests: ``crashpoint("launch.after_intent")``.
+
+Off unless the environment variable ``TYARD_CRASH_AT`` names a point when the process starts
+(``NAME`` crashes at the first pass, ``NAME:N`` at the N-th). The process then SIGKILLs itself
+at that exact place, as a power cut or the OOM killer would, so tests can prove that a restart
+repairs whatever state the crash left. Production never sets the variable; a disabled point
+costs one global lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+__all__ = ["CRASH_ENV", "POINTS", "crashpoint"]
+
+CRASH_ENV = "TYARD_CRASH_AT"
+
+POINTS = (
+    "launch.after_intent",  # attempt recorded, job STARTING, nothing launched yet
+    "launch.after_start",  # executor launched it, the store does not know yet
+    "running.before_mark",  # workers are up, the store still says STARTING
+    "finish.before",  # the attempt ended, nothing recorded yet
+    "finish.after",  # attempt end and job move committed, token not yet revoked
+    "preempt.after_signal",  # victim signalled, its reason recorded
+    "schedule.after_admit",  # a job admitted, not yet launched
+)
+
+_target: tuple[str, int] | None = None
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def _parse(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    name, _, count = value.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"{CRASH_ENV}={value!r}: unknown crash point; known: {', '.join(POINTS)}")
+    return name, int(count or 1)
+
+
+_target = _parse(os.environ.get(CRASH_ENV))
+
+
+def crashpoint(name: str) -> None:
+    """SIGKILL this process here when the test setting names this point (else nothing)."""
+    if _target is None or _target[0] != name:
+        return
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        if _hits[name] == _target[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
