@@ -36,6 +36,7 @@ class ServerProcess:
     port: int
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the next start
 
     @property
     def url(self) -> str:
@@ -45,7 +46,9 @@ class ServerProcess:
         log = (self.home / "server.out").open("ab")
         cmd = [sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(self.home)]
         cmd += ["--port", str(self.port), *self.extra_args]
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **self.env}
+        )
         log.close()
         deadline = time.monotonic() + 60
         probe = Client(self.url, None, timeout=2)
