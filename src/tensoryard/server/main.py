@@ -87,7 +87,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         capacity=lambda: nodes,
         config=config,
         job_key=job_key,
-        holder=f"{socket.gethostname()}:{os.getpid()}:{config.port}",
+        holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
     )
     return ControlPlane(config, store, executor, controller, token)
 

@@ -1,0 +1,349 @@
+"""The controller's own tests: one cycle at a time, a test clock, a real SQLite store and a
+scripted executor (a test double that records every call and plays back statuses).
+
+The real executor and real crashes are covered by tests/e2e/test_e2e_crash_safety.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from tensoryard.errors import ExecutorError
+from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
+from tensoryard.server.config import ServerConfig
+from tensoryard.server.controller import Controller
+from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.spec.job import JobSpec
+from tensoryard.spec.states import JobState
+from tensoryard.store import Store
+from tensoryard.store.models import Job
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def dt(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
+
+@dataclass
+class ScriptedExecutor:
+    """Records launches by attempt key (idempotent like a real one) and plays statuses."""
+
+    store: Store | None = None
+    name: str = "scripted"
+    launches: dict[str, int] = field(default_factory=dict)  # key -> times a workload started
+    statuses: dict[str, list[AttemptStatus | Exception]] = field(default_factory=dict)
+    default: AttemptStatus = AttemptStatus(AttemptPhase.RUNNING)
+    cancels: list[tuple[str, float]] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    fail_launch: bool = False
+    seen_intent: list[str] = field(default_factory=list)
+
+    def prepare(self, request: LaunchRequest) -> dict[str, Any]:
+        return {"key": request.attempt_key}
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        if self.store is not None:  # the intent must be on record before anything starts
+            attempt = self.store.get_attempt(int(request.job_id), request.attempt)
+            assert attempt.attempt_key == request.attempt_key
+            self.seen_intent.append(attempt.state)
+        if self.fail_launch:
+            raise ExecutorError("no such command")
+        self.launches.setdefault(request.attempt_key, 1)
+        return {"key": request.attempt_key}
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        queue = self.statuses.get(handle["key"], [])
+        item = queue.pop(0) if len(queue) > 1 else (queue[0] if queue else self.default)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
+        self.cancels.append((handle["key"], grace_s))
+
+    def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
+        return self.poll(handle)
+
+    def terminate(self, handle: dict[str, Any]) -> int:
+        self.terminated.append(handle["key"])
+        return 1
+
+    def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
+        return {}
+
+    def finish(self, key: str, phase: AttemptPhase, reason: str = "") -> None:
+        self.statuses[key] = [AttemptStatus(phase, 0 if phase == "succeeded" else 1, reason)]
+
+
+@dataclass
+class World:
+    store: Store
+    executor: ScriptedExecutor
+    clock: Clock
+    controller: Controller
+    tmp: Path
+
+    def submit(self, name: str = "job", **extra: Any) -> int:
+        spec = JobSpec.model_validate(
+            {"name": name, "launcher": "python", "command": ["x.py"], "workdir": str(self.tmp)}
+            | extra
+        )
+        return self.store.create_job(spec, run_dir_root=self.tmp / "runs").id
+
+    def cycle(self, n: int = 1, advance: float = 0.0) -> None:
+        for _ in range(n):
+            self.clock.t += advance
+            self.controller.cycle()
+
+    def state(self, job_id: int) -> JobState:
+        return self.store.get_job(job_id).state
+
+    def key(self, job_id: int, number: int | None = None) -> str:
+        job = self.store.get_job(job_id)
+        return self.store.get_attempt(job_id, number or job.attempts).attempt_key
+
+    def new_controller(self) -> Controller:
+        """As after a control-plane restart: fresh memory, same store and executor."""
+        self.controller = make_controller(self.store, self.executor, self.clock)
+        return self.controller
+
+
+def make_controller(store: Store, executor: ScriptedExecutor, clock: Clock) -> Controller:
+    config = ServerConfig(
+        launch_workers=0,
+        cancel_grace_s=5,
+        starting_timeout_s=60,
+        poll_failure_grace_s=30,
+        heartbeat_timeout_s=120,
+    )
+    return Controller(
+        store=store,
+        executor=executor,  # type: ignore[arg-type]
+        policy=CorePolicy(),
+        capacity=lambda: (NodeCapacity("n1", cpu_slots=4, memory_bytes=64 * 2**30),),
+        config=config,
+        clock=clock,
+        job_key="k",
+        holder="replica-a",  # a restarted replica comes back under its own name
+    )
+
+
+@pytest.fixture
+def world(migrated_sqlite_url: str, tmp_path: Path) -> World:
+    clock = Clock()
+    store = Store.open(migrated_sqlite_url, clock=clock.dt)
+    store.ensure_team("default")
+    executor = ScriptedExecutor(store)
+    controller = make_controller(store, executor, clock)
+    assert controller.lead()
+    return World(store, executor, clock, controller, tmp_path)
+
+
+def test_an_attempt_is_on_record_before_the_executor_launches_it(world: World) -> None:
+    job_id = world.submit()
+    world.cycle()
+    assert world.executor.seen_intent == ["launching"]
+    attempt = world.store.get_attempt(job_id, 1)
+    assert attempt.handle == {"key": attempt.attempt_key}
+    assert attempt.state == "running" and attempt.running_at is not None
+    assert world.state(job_id) is JobState.RUNNING
+
+
+def test_a_launch_interrupted_after_its_intent_is_launched_again_with_the_same_key(
+    world: World,
+) -> None:
+    job_id = world.submit()
+    world.store.transition(job_id, JobState.ADMITTED, reason="test", placement={"n1": []})
+    world.store.begin_attempt(
+        job_id,
+        expected=JobState.ADMITTED,
+        number=1,
+        attempt_key="the-key",
+        handle={"key": "the-key"},
+        reason="test",
+    )
+    world.new_controller().lead()  # the crash: nothing was launched
+    world.cycle(2)
+    assert world.executor.launches == {"the-key": 1}
+    assert world.state(job_id) is JobState.RUNNING
+    assert world.store.get_job(job_id).attempts == 1
+
+
+def test_a_transient_poll_error_does_not_restart_the_job(world: World) -> None:
+    job_id = world.submit()
+    world.cycle(2)
+    key = world.key(job_id)
+    err = ExecutorError("cannot read exit.json")
+    world.executor.statuses[key] = [err, err, AttemptStatus(AttemptPhase.RUNNING)]
+    world.cycle(3, advance=5)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.attempts == 1
+    assert world.executor.terminated == []
+    kinds = [e.kind for e in world.store.list_events(job_id)]
+    assert "warning" in kinds
+
+
+def test_a_persistent_poll_error_kills_the_attempt_by_key_before_it_is_declared_lost(
+    world: World,
+) -> None:
+    job_id = world.submit()
+    world.cycle(2)
+    key = world.key(job_id)
+    world.executor.statuses[key] = [ExecutorError("disk gone")]
+    world.cycle(8, advance=5)
+    assert world.executor.terminated == [key]
+    attempt = world.store.get_attempt(job_id, 1)
+    assert attempt.state == "lost" and "killed 1 process" in attempt.reason
+    assert world.store.get_job(job_id).attempts >= 2  # restarted after the kill
+
+
+def test_max_runtime_counts_run_time_over_attempts_not_time_in_the_queue(world: World) -> None:
+    job_id = world.submit(max_runtime="100s")
+    world.cycle(2)
+    assert world.state(job_id) is JobState.RUNNING
+    world.clock.t += 60
+    world.executor.finish(world.key(job_id), AttemptPhase.FAILED, "rank 0 exited with code 1")
+    world.cycle()
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RESTARTING and job.run_time_s == pytest.approx(60)
+    world.clock.t += 500  # waiting is not running
+    world.cycle(2)
+    assert world.state(job_id) is JobState.RUNNING
+    world.cycle(advance=30)
+    assert world.executor.cancels == []
+    world.cycle(advance=15)  # 60 + 45 > 100
+    assert len(world.executor.cancels) == 1
+    assert "exceeded max_runtime" in world.store.get_attempt(job_id, 2).reason
+    world.executor.finish(world.key(job_id), AttemptPhase.CANCELLED)
+    world.cycle()
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.FAILED and "exceeded max_runtime" in job.reason
+
+
+def test_an_attempt_stuck_starting_is_stopped_and_restarted_with_the_reason(
+    world: World,
+) -> None:
+    job_id = world.submit()
+    world.executor.default = AttemptStatus(AttemptPhase.STARTING)
+    world.cycle()
+    world.cycle(advance=61)
+    assert "did not start within 60s" in world.store.get_attempt(job_id, 1).reason
+    world.executor.finish(world.key(job_id), AttemptPhase.CANCELLED)
+    world.cycle()
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RESTARTING and "did not start" in job.reason
+
+
+def test_a_job_that_stops_stepping_is_stopped_and_restarted_as_hung(world: World) -> None:
+    job_id = world.submit(health={"min_stall": "60s", "stall_factor": 10})
+    world.cycle(2)
+    rows = [{"step": s, "ts": world.clock.t + s, "values": {"loss": 1.0}} for s in range(1, 6)]
+    world.store.add_metrics(job_id, 1, rows)
+    world.store.heartbeat(job_id, 1, world.clock.dt())
+    world.cycle(advance=30)
+    assert world.executor.cancels == []
+    world.store.heartbeat(job_id, 1, datetime.fromtimestamp(world.clock.t + 40, UTC))
+    world.cycle(advance=40)  # 65 s after the last step: over max(10 x 1 s, 60 s)
+    reason = world.store.get_attempt(job_id, 1).reason
+    assert reason.startswith("hung: no step for") and "after step 5" in reason
+    world.executor.finish(world.key(job_id), AttemptPhase.CANCELLED)
+    world.cycle()
+    assert world.state(job_id) is JobState.RESTARTING
+
+
+def test_a_silent_job_is_hung_after_its_heartbeat_timeout(world: World) -> None:
+    job_id = world.submit(health={"heartbeat_timeout": "50s"})
+    world.cycle(2)
+    world.cycle(advance=51)
+    assert world.store.get_attempt(job_id, 1).reason.startswith("hung: no heartbeat for")
+
+
+def test_a_job_with_a_bad_stored_spec_fails_and_the_others_go_on(world: World) -> None:
+    bad = world.submit("bad")
+    good = world.submit("good")
+    with world.store.engine.begin() as conn:
+        conn.execute(update(Job).where(Job.id == bad).values(spec={"name": "bad", "command": []}))
+    world.cycle(2)
+    assert world.state(bad) is JobState.FAILED
+    assert "stored spec is invalid" in world.store.get_job(bad).reason
+    assert world.state(good) is JobState.RUNNING
+
+
+def test_an_admitted_job_whose_cancel_was_requested_never_launches(world: World) -> None:
+    job_id = world.submit()
+    world.store.transition(job_id, JobState.ADMITTED, reason="test", placement={"n1": []})
+    world.store.request_cancel(job_id)
+    world.cycle()
+    assert world.state(job_id) is JobState.CANCELLED
+    assert world.executor.launches == {}
+
+
+def test_a_failed_launch_ends_the_attempt_and_moves_the_job_together(world: World) -> None:
+    world.executor.fail_launch = True
+    job_id = world.submit(restart={"max_restarts": 0})
+    world.cycle()
+    job = world.store.get_job(job_id)
+    attempt = world.store.get_attempt(job_id, 1)
+    assert job.state is JobState.FAILED and "no such command" in job.reason
+    assert attempt.state == "failed" and attempt.finished_at is not None
+
+
+def test_recovery_repairs_a_job_whose_attempt_ended_without_it(world: World) -> None:
+    job_id = world.submit()
+    world.cycle(2)
+    # As the old two-transaction code could leave it: the attempt ended, the job RUNNING.
+    world.store.finish_attempt(job_id, 1, state="succeeded", reason="exit 0", exit_code=0)
+    world.new_controller().lead()
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED
+    assert any(e.kind == "recovery" for e in world.store.list_events(job_id))
+
+
+def test_recovery_kills_and_closes_an_attempt_the_job_no_longer_owns(world: World) -> None:
+    job_id = world.submit()
+    world.cycle(2)
+    key = world.key(job_id)
+    with world.store.engine.begin() as conn:  # as if the job had been requeued meanwhile
+        conn.execute(update(Job).where(Job.id == job_id).values(state="PENDING"))
+    world.new_controller().lead()
+    assert world.executor.terminated == [key]
+    attempt = world.store.get_attempt(job_id, 1)
+    assert attempt.state == "lost" and attempt.finished_at is not None
+
+
+def test_a_preempted_job_is_requeued_and_its_next_attempt_starts_its_own_clock(
+    world: World,
+) -> None:
+    low = world.submit("low", resources={"cpu": 4})
+    world.cycle(2)
+    world.clock.t += 600
+    high = world.submit("high", priority=10, resources={"cpu": 4})
+    world.cycle()
+    assert world.executor.cancels, "the low-priority job is signalled"
+    assert world.store.get_attempt(low, 1).reason.startswith("preempted for job")
+    world.executor.finish(world.key(low), AttemptPhase.CANCELLED)
+    world.cycle(3)
+    assert world.state(low) is JobState.PENDING and world.state(high) is JobState.RUNNING
+    assert world.store.get_job(low).run_time_s == pytest.approx(600)
+
+
+def test_two_controllers_never_lead_at_once(world: World) -> None:
+    other = make_controller(world.store, world.executor, world.clock)
+    other.holder = "other"
+    assert world.controller.is_leader
+    assert not other.lead()
+    world.clock.t += 11  # the leader stopped renewing: its lease expired
+    assert other.lead()
+    assert not world.controller.lead()
