@@ -44,7 +44,7 @@ class ScriptedExecutor:
     name: str = "scripted"
     launches: dict[str, int] = field(default_factory=dict)  # key -> times a workload started
     statuses: dict[str, list[AttemptStatus | Exception]] = field(default_factory=dict)
-    default: AttemptStatus = AttemptStatus(AttemptPhase.RUNNING)
+    default: AttemptStatus = field(default_factory=lambda: AttemptStatus(AttemptPhase.RUNNING))
     cancels: list[tuple[str, float]] = field(default_factory=list)
     terminated: list[str] = field(default_factory=list)
     fail_launch: bool = False
