@@ -59,13 +59,29 @@ def server(
         float | None, typer.Option(help="CPU cores jobs may use (default: all usable).")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a leader may go silent before another replica on the same database "
+            "takes over the control loop.",
+            min=1.0,
+        ),
+    ] = 10.0,
 ) -> None:
-    """Run the control plane here: REST API, scheduler loop, local executor."""
+    """Run the control plane here: REST API, scheduler loop, local executor.
+
+    Several replicas may share one PostgreSQL database (and one --home, for the local
+    executor's run directories and job-token key): all serve the API, one leads the loop."""
     from tensoryard.server.config import ServerConfig, default_home
     from tensoryard.server.main import run_server
 
     config = ServerConfig(
-        home=home or default_home(), db_url=db_url, host=host, port=port, cpu_slots=cpu_slots
+        home=home or default_home(),
+        db_url=db_url,
+        host=host,
+        port=port,
+        cpu_slots=cpu_slots,
+        lease_ttl_s=lease_ttl,
     )
     with user_errors():
         console.print(

@@ -64,8 +64,10 @@ def create_app(
     admin_token: str,
     runs_dir: Path,
     kick: Callable[[], None] = lambda: None,
+    loop_status: Callable[[], dict[str, Any]] = lambda: {},
 ) -> FastAPI:
-    """Build the API. `kick` wakes the control loop after a submit or cancel."""
+    """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
+    tells /healthz whether this replica leads the loop."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -131,8 +133,8 @@ def create_app(
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, Any]:
-        store.list_teams()  # touches the database
-        return {"ok": True, "version": __version__}
+        store.ping()  # touches the database
+        return {"ok": True, "version": __version__, **loop_status()}
 
     @app.post(f"{API}/jobs", status_code=201, tags=["jobs"], dependencies=[Admin])
     def submit(body: SubmitIn) -> JobOut:

@@ -44,6 +44,10 @@ class ControlPlane:
             admin_token=self.admin_token,
             runs_dir=self.config.runs_dir,
             kick=self.controller.kick,
+            loop_status=lambda: {
+                "leader": self.controller.is_leader,
+                "holder": self.controller.holder,
+            },
         )
 
 
