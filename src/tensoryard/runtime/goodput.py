@@ -24,6 +24,7 @@ __all__ = [
     "StepRow",
     "StepTime",
     "compute_goodput",
+    "resume_cuts",
 ]
 
 
@@ -73,11 +74,26 @@ class GoodputResult:
 _FRESH = float("-inf")  # "resumed from nothing": below every step
 
 
-def _resume_points(rows: list[StepRow], resumed_from: Mapping[int, int | None]) -> dict[int, float]:
+def resume_cuts(
+    first_step: Mapping[int, int], resumed_from: Mapping[int, int | None]
+) -> dict[int, float]:
+    """Attempt -> its cut: rows of that attempt with ``step > cut`` were recomputed later.
+
+    The cut is the lowest resume point of any later attempt. ``first_step`` is each attempt's
+    first reported step (it stands in for a resume point that was never recorded)."""
+    points = _resume_points(first_step, resumed_from)
+    cut: dict[int, float] = {}
+    lowest_later = float("inf")
+    for attempt in sorted(points, reverse=True):
+        cut[attempt] = lowest_later
+        lowest_later = min(lowest_later, points[attempt])
+    return cut
+
+
+def _resume_points(
+    first_step: Mapping[int, int], resumed_from: Mapping[int, int | None]
+) -> dict[int, float]:
     """Step each attempt resumed from; inferred from its first row when not recorded."""
-    first_step: dict[int, int] = {}
-    for row in rows:
-        first_step[row.attempt] = min(first_step.get(row.attempt, row.step), row.step)
     points: dict[int, float] = {}
     for attempt in set(first_step) | set(resumed_from):
         if attempt in resumed_from:
@@ -102,14 +118,10 @@ def compute_goodput(
         wall_s: wall time of the job (first attempt start to end, restarts included).
     """
     rows = list(steps)
-    points = _resume_points(rows, resumed_from)
-    # For each attempt, the lowest resume point of any later attempt ("the cut").
-    attempts = sorted(points)
-    cut: dict[int, float] = {}
-    lowest_later = float("inf")
-    for attempt in reversed(attempts):
-        cut[attempt] = lowest_later
-        lowest_later = min(lowest_later, points[attempt])
+    first_step: dict[int, int] = {}
+    for row in rows:
+        first_step[row.attempt] = min(first_step.get(row.attempt, row.step), row.step)
+    cut = resume_cuts(first_step, resumed_from)
     kept = lost = 0
     productive = lost_s = 0.0
     for row in rows:

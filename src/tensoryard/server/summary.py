@@ -1,10 +1,14 @@
-"""A job's end-of-run numbers: losses, steps, restarts, goodput."""
+"""A job's end-of-run numbers: losses, steps, restarts, goodput.
+
+Computed with aggregate queries (a GROUP BY per attempt, a sum per cut attempt, the first and
+last loss), so the answer is exact and cheap for a run of any length.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from tensoryard.runtime.goodput import compute_goodput
+from tensoryard.runtime.goodput import resume_cuts
 from tensoryard.server.schemas import SummaryOut
 from tensoryard.store import Store
 
@@ -15,19 +19,25 @@ def summarize(store: Store, job_id: int, *, now: datetime) -> SummaryOut:
     """Summarise a job from what the store holds (works while it runs, too)."""
     job = store.get_job(job_id)
     attempts = store.list_attempts(job_id)
-    rows = store.list_metrics(job_id)
-    losses = [(m.attempt, m.step, m.values["loss"]) for m in rows if "loss" in m.values]
-    initial = min(losses, key=lambda r: (r[0], r[1]))[2] if losses else None
-    final = max(losses, key=lambda r: (r[0], r[1]))[2] if losses else None
+    stats = store.metric_stats(job_id)
     start = attempts[0].started_at if attempts else None
     end = job.finished_at or now
     wall = (end - start).total_seconds() if start else None
     goodput = None
     steps_lost = 0
-    if wall and wall > 0 and rows:
+    if wall and wall > 0 and stats:
         resumed = {a.number: a.resumed_from_step for a in attempts}
-        result = compute_goodput(rows, resumed, wall)
-        goodput, steps_lost = result.goodput, result.steps_lost
+        cuts = resume_cuts({a: st[0] for a, st in stats.items()}, resumed)
+        productive = 0.0
+        for attempt, (_first, last, rows, seconds) in stats.items():
+            cut = cuts[attempt]
+            if cut >= last:
+                productive += seconds
+                continue
+            kept_rows, kept_s = store.metric_totals(job_id, attempt, max_step=cut)
+            productive += kept_s
+            steps_lost += rows - kept_rows
+        goodput = productive / wall
     latest = store.latest_checkpoint(job_id)
     return SummaryOut(
         job_id=job.id,
@@ -35,9 +45,9 @@ def summarize(store: Store, job_id: int, *, now: datetime) -> SummaryOut:
         state=job.state.value,
         restarts=job.restarts,
         attempts=job.attempts,
-        steps=max((m.step for m in rows), default=0),
-        initial_loss=initial,
-        final_loss=final,
+        steps=max((st[1] for st in stats.values()), default=0),
+        initial_loss=store.metric_value(job_id, "loss", newest=False),
+        final_loss=store.metric_value(job_id, "loss", newest=True),
         wall_s=wall,
         goodput=goodput,
         steps_lost=steps_lost,

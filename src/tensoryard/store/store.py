@@ -786,6 +786,49 @@ class Store:
         with self._tx(f"list metrics of job {job_id}", write=False) as s:
             return [_rows.metric_record(m) for m in s.scalars(query)]
 
+    def metric_stats(self, job_id: int) -> dict[int, tuple[int, int, int, float]]:
+        """Attempt -> (first step, last step, rows, seconds in steps): one GROUP BY, any size."""
+        query = (
+            select(
+                Metric.attempt,
+                func.min(Metric.step),
+                func.max(Metric.step),
+                func.count(),
+                func.coalesce(func.sum(Metric.step_time_s), 0.0),
+            )
+            .where(Metric.job_id == job_id)
+            .group_by(Metric.attempt)
+        )
+        with self._tx(f"summarise metrics of job {job_id}", write=False) as s:
+            return {
+                int(a): (int(lo), int(hi), int(n), float(sec or 0.0))
+                for a, lo, hi, n, sec in s.execute(query)
+            }
+
+    def metric_totals(self, job_id: int, attempt: int, *, max_step: float) -> tuple[int, float]:
+        """(rows, seconds in steps) of an attempt's steps up to ``max_step``."""
+        query = select(func.count(), func.coalesce(func.sum(Metric.step_time_s), 0.0)).where(
+            Metric.job_id == job_id, Metric.attempt == attempt, Metric.step <= max_step
+        )
+        with self._tx(f"sum metrics of job {job_id}", write=False) as s:
+            n, sec = s.execute(query).one()
+            return int(n), float(sec or 0.0)
+
+    def metric_value(
+        self, job_id: int, key: str, *, newest: bool, scan: int = 1000
+    ) -> float | None:
+        """The first (or newest) reported value of ``key``, in (attempt, step) order; looks at
+        ``scan`` rows from that end (a metric reported on no step among them is None)."""
+        order = (
+            (Metric.attempt.desc(), Metric.step.desc()) if newest else (Metric.attempt, Metric.step)
+        )
+        query = select(Metric.values).where(Metric.job_id == job_id).order_by(*order).limit(scan)
+        with self._tx(f"read metric {key!r} of job {job_id}", write=False) as s:
+            for values in s.scalars(query):
+                if key in values:
+                    return float(values[key])
+        return None
+
     def add_checkpoint(
         self,
         job_id: int,
