@@ -25,6 +25,8 @@ from tensoryard.executors.base import Executor
 from tensoryard.server.auth import tokens_equal
 from tensoryard.server.schemas import (
     AttemptOut,
+    BatchSubmitIn,
+    BatchSubmitOut,
     CheckpointOut,
     EventOut,
     JobListOut,
@@ -143,6 +145,28 @@ def create_app(
         job = store.create_job(spec, run_dir_root=runs_dir)
         kick()
         return JobOut.model_validate(job)
+
+    @app.post(f"{API}/jobs/batch", status_code=201, tags=["jobs"], dependencies=[Admin])
+    def submit_batch(body: BatchSubmitIn) -> BatchSubmitOut:
+        """Submit up to 1,000 jobs in one transaction (for scripts): all are stored, or none
+        (a bad spec is named by its index, like `specs.3.resources.cpu`)."""
+        specs: list[JobSpec] = []
+        issues: list[FieldIssue] = []
+        for i, raw in enumerate(body.specs):
+            try:
+                specs.append(parse_job_spec(raw, source="request"))
+            except SpecError as exc:
+                issues += [
+                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
+                    for x in exc.issues
+                ]
+        if issues:
+            raise SpecError(issues, source="request")
+        for spec in {s.team: s for s in specs}.values():
+            _check_submittable(store, spec)
+        jobs = store.create_jobs(specs, run_dir_root=runs_dir)
+        kick()
+        return BatchSubmitOut(ids=[j.id for j in jobs])
 
     @app.get(f"{API}/jobs", tags=["jobs"], dependencies=[Admin])
     def list_jobs(

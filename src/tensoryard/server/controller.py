@@ -58,10 +58,19 @@ _CHANGE_OVERLAP = timedelta(seconds=5)  # commits may land a little after their 
 _FAILURES_BEFORE_QUARANTINE = 3
 _HEALTH_CHECK_EVERY_S = 5.0
 _STATE_SAVE_EVERY_S = 30.0
+_ETA_SLACK_S = 60.0
 
 
 def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _eta_moved(old: datetime | None, new: datetime | None) -> bool:
+    """Whether a new start estimate is worth a write: known/unknown changed, or it moved by
+    more than a minute (estimates drift with the clock; 20k rewrites a cycle would not do)."""
+    if old is None or new is None:
+        return old is not new
+    return abs((new - old).total_seconds()) > _ETA_SLACK_S
 
 
 class BadJobData(TensoryardError):
@@ -104,6 +113,7 @@ class Controller:
         self.holder = holder or f"{uuid.uuid4().hex[:8]}"
         self.is_leader = False
         self.epoch: int | None = None
+        self._renewed = 0.0
         self._mem = _Memory()
         self._jobs: dict[int, JobRecord] = {}  # every unfinished job
         self._specs: dict[int, JobSpec] = {}
@@ -153,8 +163,14 @@ class Controller:
             self._wake.clear()
 
     def lead(self) -> bool:
-        """Take or renew the leader lease; on taking it, recover. False while another leads."""
+        """Take or renew the leader lease; on taking it, recover. False while another leads.
+
+        The leader renews when a third of the TTL has passed (not every cycle)."""
+        now = time.monotonic()
+        if self.is_leader and now - self._renewed < self.config.lease_ttl_s / 3:
+            return True
         epoch = self.store.acquire_lease(LEADER_LEASE, self.holder, self.config.lease_ttl_s)
+        self._renewed = now
         if epoch is None:
             if self.is_leader:
                 log.warning("lost the leader lease; this replica now only serves the API")
@@ -343,7 +359,7 @@ class Controller:
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
             eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
-            if job.pending_reason != info.reason or job.pending_eta != eta:
+            if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
                 changes.append((job_id, info.reason, eta))
         for record in self.store.set_pending_info(changes):
             self._put(record)

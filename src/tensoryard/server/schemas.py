@@ -11,6 +11,8 @@ from tensoryard.spec.job import NAME_PATTERN
 
 __all__ = [
     "AttemptOut",
+    "BatchSubmitIn",
+    "BatchSubmitOut",
     "CheckpointOut",
     "EventOut",
     "JobListOut",
@@ -29,6 +31,23 @@ class SubmitIn(BaseModel):
     """A submission: the JobSpec as a mapping (validated by the spec language, not here)."""
 
     spec: dict[str, Any] = Field(..., description="A JobSpec, as in a job YAML file.")
+
+
+MAX_BATCH = 1000
+
+
+class BatchSubmitIn(BaseModel):
+    """Several submissions at once: stored in one transaction, all or none."""
+
+    specs: list[dict[str, Any]] = Field(
+        ..., min_length=1, max_length=MAX_BATCH, description="JobSpecs, as in job YAML files."
+    )
+
+
+class BatchSubmitOut(BaseModel):
+    """The ids of the stored jobs, in the order of the request."""
+
+    ids: list[int]
 
 
 class _FromRecord(BaseModel):

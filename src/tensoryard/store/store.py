@@ -209,38 +209,49 @@ class Store:
 
     def create_job(self, spec: JobSpec, *, run_dir_root: Path) -> JobRecord:
         """Store a new PENDING job with a ``submitted`` event; nothing is stored on error."""
-        with self._tx(f"submit job {spec.name!r}", write=True) as s:
-            if s.get(Team, spec.team) is None:
-                known = ", ".join(s.scalars(select(Team.name).order_by(Team.name))) or "none yet"
-                raise NotFound(
-                    f"unknown team {spec.team!r}; create it with `tyard teams create "
-                    f"{spec.team}` or use one of: {known}"
-                )
+        return self.create_jobs([spec], run_dir_root=run_dir_root)[0]
+
+    def create_jobs(self, specs: Sequence[JobSpec], *, run_dir_root: Path) -> list[JobRecord]:
+        """Store several PENDING jobs in one transaction: all of them, or none on error."""
+        with self._tx(f"submit {len(specs)} job(s)", write=True) as s:
+            known = set(s.scalars(select(Team.name)))
+            for spec in specs:
+                if spec.team not in known:
+                    names = ", ".join(sorted(known)) or "none yet"
+                    raise NotFound(
+                        f"unknown team {spec.team!r}; create it with `tyard teams create "
+                        f"{spec.team}` or use one of: {names}"
+                    )
             now = self._now()
-            job = Job(
-                name=spec.name,
-                team=spec.team,
-                user=spec.user,
-                priority=spec.priority,
-                state=JobState.PENDING.value,
-                spec=spec.model_dump(mode="json"),
-                created_at=now,
-                updated_at=now,
-                attempts=0,
-                restarts=0,
-                reason="submitted",
-                pending_reason="",
-                cancel_requested=False,
-                run_dir="",
-                placement={},
-                run_time_s=0.0,
-                changed_at=now,
-            )
-            s.add(job)
-            s.flush()  # assigns the id the run directory is named after
-            job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
-            self._event(s, job.id, "submitted", f"submitted by {spec.user} to team {spec.team}")
-            return _rows.job_record(job)
+            jobs = [self._new_job(spec, now) for spec in specs]
+            s.add_all(jobs)
+            s.flush()  # assigns the ids the run directories are named after
+            for job, spec in zip(jobs, specs, strict=True):
+                job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
+                self._event(s, job.id, "submitted", f"submitted by {spec.user} to team {spec.team}")
+            return [_rows.job_record(j) for j in jobs]
+
+    @staticmethod
+    def _new_job(spec: JobSpec, now: datetime) -> Job:
+        return Job(
+            name=spec.name,
+            team=spec.team,
+            user=spec.user,
+            priority=spec.priority,
+            state=JobState.PENDING.value,
+            spec=spec.model_dump(mode="json"),
+            created_at=now,
+            updated_at=now,
+            attempts=0,
+            restarts=0,
+            reason="submitted",
+            pending_reason="",
+            cancel_requested=False,
+            run_dir="",
+            placement={},
+            run_time_s=0.0,
+            changed_at=now,
+        )
 
     def get_job(self, job_id: int) -> JobRecord:
         """The job, or NotFound."""

@@ -190,3 +190,26 @@ def test_the_openapi_document_lists_the_v1_routes(api: TestClient) -> None:
     paths = api.get("/openapi.json").json()["paths"]
     for route in ("/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/logs"):
         assert route in paths
+
+
+def test_a_batch_is_stored_whole_and_a_bad_spec_in_it_stores_nothing(api: TestClient) -> None:
+    specs = [{**GOOD, "name": f"batch-{i}"} for i in range(5)]
+    response = api.post("/api/v1/jobs/batch", json={"specs": specs})
+    assert response.status_code == 201, response.text
+    ids = response.json()["ids"]
+    assert len(ids) == 5 and ids == sorted(ids)
+    names = [api.get(f"/api/v1/jobs/{i}").json()["name"] for i in ids]
+    assert names == [s["name"] for s in specs]
+
+    bad = [*specs, {**GOOD, "name": "ok"}, {**GOOD, "resources": {"cpu": -1}}]
+    response = api.post("/api/v1/jobs/batch", json={"specs": bad})
+    assert response.status_code == 422
+    paths = [d["path"] for d in response.json()["detail"]]
+    assert paths == ["specs.6.resources.cpu"]
+    assert api.get("/api/v1/jobs").json()["total"] == 5
+
+
+def test_a_batch_over_the_limit_is_refused_naming_the_field(api: TestClient) -> None:
+    response = api.post("/api/v1/jobs/batch", json={"specs": [GOOD] * 1001})
+    assert response.status_code == 422
+    assert "specs" in response.text
