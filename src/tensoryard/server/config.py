@@ -33,7 +33,7 @@ class ServerConfig:
     public_url: str | None = None
     """URL that jobs use to report back; defaults to http://host:port."""
 
-    loop_interval_s: float = 0.5
+    loop_interval_s: float = 0.25
     """Pause between two control-loop cycles (schedule, launch, reconcile)."""
 
     cancel_grace_s: float = 10.0

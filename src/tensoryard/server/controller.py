@@ -166,8 +166,8 @@ class Controller:
         """Take or renew the leader lease; on taking it, recover. False while another leads.
 
         The leader renews when a third of the TTL has passed (not every cycle)."""
-        now = time.monotonic()
-        if self.is_leader and now - self._renewed < self.config.lease_ttl_s / 3:
+        now = self.clock()
+        if self.is_leader and 0 <= now - self._renewed < self.config.lease_ttl_s / 3:
             return True
         epoch = self.store.acquire_lease(LEADER_LEASE, self.holder, self.config.lease_ttl_s)
         self._renewed = now
@@ -251,19 +251,20 @@ class Controller:
             self._refresh()
             # 1. Cancel requests for jobs that never started end at once.
             self._cancel_pending()
-            # 2. Schedule: snapshot -> policy -> admissions and pending reasons.
+            # 2. Reconcile running attempts with what the executor sees (frees ended slots).
+            self._reconcile(now)
+            # 3. Schedule: snapshot -> policy -> admissions and pending reasons.
             if self._dirty or now - self._last_schedule >= self.config.reschedule_interval_s:
                 self._schedule(now)
-            # 3. Launch admitted jobs and restarts whose backoff has passed (in the background).
+            # 4. Launch admitted jobs and restarts whose backoff has passed (in the background).
             self._launch_ready(now)
-            # 4. Reconcile running attempts with what the executor sees.
-            self._reconcile(now)
             self._save_scheduler_state()
 
     # 0 ------------------------------------------------------------------------------------
     def _refresh(self) -> None:
         since = None if self._since is None else self._since - _CHANGE_OVERLAP
-        changed, now = self.store.jobs_changed_since(since)
+        known = {i: j.changed_at for i, j in self._jobs.items()}
+        changed, now = self.store.jobs_changed_since(since, known=known)
         for job in changed:
             old = self._jobs.get(job.id)
             if (
@@ -304,224 +305,6 @@ class Controller:
                 self._try_transition(job, JobState.CANCELLED, "cancelled before it started")
 
     # 2 ------------------------------------------------------------------------------------
-    def _schedule(self, now: float) -> None:
-        self._dirty = False
-        self._last_schedule = now
-        pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
-        pending = [j for j in pending if self._spec_or_quarantine(j) is not None]
-        if not pending:
-            return
-        pending.sort(key=lambda j: (-j.priority, j.created_at, j.id))
-        running = tuple(
-            j
-            for j in sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id))
-            if j.state not in (JobState.PENDING,) and self._spec_or_quarantine(j) is not None
-        )
-        attempts = self.store.current_attempts()
-        view = ClusterView(
-            nodes=self.capacity(),
-            teams=tuple(self.store.list_teams()),
-            pending=tuple(pending),
-            running=running,
-            now=now,
-            last_checkpoint=self._checkpoint_times(running),
-            attained_s={j.id: j.run_time_s for j in (*pending, *running) if j.run_time_s},
-            terminating=frozenset(
-                j.id for j in running if self._terminating(j, attempts.get(j.id))
-            ),
-            attempt_started={
-                j.id: (a.running_at or a.started_at).timestamp()
-                for j in running
-                if (a := attempts.get(j.id)) is not None and a.finished_at is None
-            },
-            specs=self._specs,
-        )
-        decisions = self.policy.decide(view)
-        by_id = {j.id: j for j in pending}
-        for admission in decisions.admissions:
-            job = by_id[admission.job_id]
-            nodes = ", ".join(admission.placement) or "-"
-            self._try_transition(
-                job,
-                JobState.ADMITTED,
-                f"admitted on {nodes}",
-                placement=admission.placement,
-                pending_reason="",
-                pending_eta=None,
-            )
-            crashpoint("schedule.after_admit")
-        running_by_id = {j.id: j for j in running}
-        for preemption in decisions.preemptions:
-            victim = running_by_id.get(preemption.job_id)
-            if victim is not None:
-                self._guarded(victim.id, self._preempt, victim, preemption)
-        changes = []
-        for job_id, info in decisions.pending.items():
-            job = by_id[job_id]
-            eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
-            if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
-                changes.append((job_id, info.reason, eta))
-        for record in self.store.set_pending_info(changes):
-            self._put(record)
-
-    def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
-        times = {}
-        for job in running:
-            latest = self.store.latest_checkpoint(job.id)
-            if latest is not None:
-                times[job.id] = latest.ts
-        return times
-
-    def _terminating(self, job: JobRecord, attempt: AttemptRecord | None) -> bool:
-        """Cancelled or being stopped: still holds its resources during the grace period."""
-        if job.cancel_requested:
-            return True
-        return attempt is not None and attempt.finished_at is None and bool(attempt.reason)
-
-    def _preempt(self, job: JobRecord, preemption: Preemption) -> None:
-        """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""
-        if job.cancel_requested or job.state not in (JobState.STARTING, JobState.RUNNING):
-            return
-        attempt = self._current_attempt(job)
-        if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
-            return
-        key = (job.id, attempt.number)
-        if key in self._mem.cancel_sent:
-            return
-        reason = f"{PREEMPTED} for job {preemption.for_job_id}: {preemption.message}"
-        self._stop_attempt(
-            job,
-            attempt,
-            reason,
-            f"{reason}; {preemption.grace_s:g}s to checkpoint before SIGKILL",
-            grace_s=preemption.grace_s,
-            kind="preempt",
-        )
-        crashpoint("preempt.after_signal")
-
-    # 3 ------------------------------------------------------------------------------------
-    def _launch_ready(self, now: float) -> None:
-        attempts: dict[int, AttemptRecord] | None = None
-        for job in self._in(JobState.ADMITTED, JobState.RESTARTING, JobState.STARTING):
-            if job.state is JobState.STARTING:
-                # A launch recorded but not confirmed (a crash, or a launch still in flight).
-                attempts = attempts if attempts is not None else self.store.current_attempts()
-                attempt = attempts.get(job.id)
-                if attempt is not None and attempt.state == "launching":
-                    self._guarded(job.id, self._dispatch, job, attempt)
-                continue
-            self._guarded(job.id, self._begin_launch, job, now)
-
-    def _begin_launch(self, job: JobRecord, now: float) -> None:
-        spec = self._spec(job)
-        if job.cancel_requested:
-            where = "restarting" if job.state is JobState.RESTARTING else "admitted"
-            self._try_transition(job, JobState.CANCELLED, f"cancelled while {where}")
-            return
-        if job.state is JobState.RESTARTING and now < job.updated_at.timestamp() + (
-            spec.restart.backoff
-        ):
-            return
-        number = job.attempts + 1
-        key = f"j{job.id}-a{number}-{uuid.uuid4().hex[:12]}"
-        request = self._request(job, spec, number, key)
-        latest = self.store.latest_checkpoint(job.id)
-        resume = f", resuming from checkpoint step {latest.step}" if latest else ""
-        try:
-            record, attempt = self.store.begin_attempt(
-                job.id,
-                expected=job.state,
-                number=number,
-                attempt_key=key,
-                handle=self.executor.prepare(request),
-                reason=f"attempt {number} launching{resume}",
-                resumed_from_step=latest.step if latest else None,
-            )
-        except Conflict as exc:
-            log.info("job %s: launch skipped (%s)", job.id, exc)
-            self._dirty = True
-            return
-        self._put(record)
-        crashpoint("launch.after_intent")
-        self._dispatch(record, attempt)
-
-    def _request(self, job: JobRecord, spec: JobSpec, number: int, key: str) -> LaunchRequest:
-        run_dir = Path(job.run_dir)
-        ckpt_dir = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
-        env = {
-            "TYARD_JOB_ID": str(job.id),
-            "TYARD_ATTEMPT": str(number),
-            "TYARD_RUN_DIR": str(run_dir),
-            "TYARD_CHECKPOINT_DIR": str(ckpt_dir),
-            "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
-            "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
-            "TYARD_SERVER_URL": self.config.report_url,
-            "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
-        }
-        return LaunchRequest(
-            job_id=str(job.id),
-            attempt=number,
-            spec=spec,
-            run_dir=run_dir,
-            env=env,
-            placement=dict(job.placement),
-            attempt_key=key,
-        )
-
-    def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
-        """Hand a recorded attempt to the executor, in the background when configured."""
-        key = (job.id, attempt.number)
-        with self._flight_lock:
-            if key in self._in_flight:
-                return
-            self._in_flight.add(key)
-        if self._pool is None:
-            self._launch(job, attempt)
-        else:
-            self._pool.submit(self._launch, job, attempt)
-
-    def _launch(self, job: JobRecord, attempt: AttemptRecord) -> None:
-        """Launch (or re-launch: idempotent by key) one recorded attempt, record the result."""
-        try:
-            spec = self._spec(job)
-            request = self._request(job, spec, attempt.number, attempt.attempt_key)
-            self.store.issue_job_token(job.id, request.env["TYARD_JOB_TOKEN"])
-            Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:
-                handle = self.executor.launch(request)
-            except (ExecutorError, OSError) as exc:
-                self._launch_failed(
-                    job, attempt, f"launch of attempt {attempt.number} failed: {exc}"
-                )
-                return
-            crashpoint("launch.after_start")
-            self.store.mark_launched(job.id, attempt.number, handle)
-        except Exception as exc:  # never lose a launch thread silently
-            log.exception("job %s: launch of attempt %s failed", job.id, attempt.number)
-            with contextlib.suppress(TensoryardError):
-                self.store.add_event(
-                    job.id, "error", f"launch error: {exc}", attempt=attempt.number
-                )
-        finally:
-            with self._flight_lock:
-                self._in_flight.discard((job.id, attempt.number))
-            self.kick()
-
-    def _launch_failed(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
-        fresh = self.store.get_job(job.id)
-        to, why = self._retry_or_fail(fresh, reason)
-        with contextlib.suppress(Conflict):
-            self.store.finish_attempt(
-                job.id,
-                attempt.number,
-                state=AttemptPhase.FAILED.value,
-                reason=reason,
-                job_to=to,
-                job_reason=why,
-                expected=[JobState.STARTING],
-            )
-
-    # 4 ------------------------------------------------------------------------------------
     def _reconcile(self, now: float) -> None:
         live = self._in(JobState.STARTING, JobState.RUNNING)
         if not live:
@@ -731,6 +514,224 @@ class Controller:
             JobState.FAILED,
             f"{reason}; no restarts left (max_restarts={spec.restart.max_restarts})",
         )
+
+    # 3 ------------------------------------------------------------------------------------
+    def _schedule(self, now: float) -> None:
+        self._dirty = False
+        self._last_schedule = now
+        pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
+        pending = [j for j in pending if self._spec_or_quarantine(j) is not None]
+        if not pending:
+            return
+        pending.sort(key=lambda j: (-j.priority, j.created_at, j.id))
+        running = tuple(
+            j
+            for j in sorted(self._jobs.values(), key=lambda j: (j.created_at, j.id))
+            if j.state not in (JobState.PENDING,) and self._spec_or_quarantine(j) is not None
+        )
+        attempts = self.store.current_attempts()
+        view = ClusterView(
+            nodes=self.capacity(),
+            teams=tuple(self.store.list_teams()),
+            pending=tuple(pending),
+            running=running,
+            now=now,
+            last_checkpoint=self._checkpoint_times(running),
+            attained_s={j.id: j.run_time_s for j in (*pending, *running) if j.run_time_s},
+            terminating=frozenset(
+                j.id for j in running if self._terminating(j, attempts.get(j.id))
+            ),
+            attempt_started={
+                j.id: (a.running_at or a.started_at).timestamp()
+                for j in running
+                if (a := attempts.get(j.id)) is not None and a.finished_at is None
+            },
+            specs=self._specs,
+        )
+        decisions = self.policy.decide(view)
+        by_id = {j.id: j for j in pending}
+        for admission in decisions.admissions:
+            job = by_id[admission.job_id]
+            nodes = ", ".join(admission.placement) or "-"
+            self._try_transition(
+                job,
+                JobState.ADMITTED,
+                f"admitted on {nodes}",
+                placement=admission.placement,
+                pending_reason="",
+                pending_eta=None,
+            )
+            crashpoint("schedule.after_admit")
+        running_by_id = {j.id: j for j in running}
+        for preemption in decisions.preemptions:
+            victim = running_by_id.get(preemption.job_id)
+            if victim is not None:
+                self._guarded(victim.id, self._preempt, victim, preemption)
+        changes = []
+        for job_id, info in decisions.pending.items():
+            job = by_id[job_id]
+            eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
+            if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
+                changes.append((job_id, info.reason, eta))
+        for record in self.store.set_pending_info(changes):
+            self._put(record)
+
+    def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
+        times = {}
+        for job in running:
+            latest = self.store.latest_checkpoint(job.id)
+            if latest is not None:
+                times[job.id] = latest.ts
+        return times
+
+    def _terminating(self, job: JobRecord, attempt: AttemptRecord | None) -> bool:
+        """Cancelled or being stopped: still holds its resources during the grace period."""
+        if job.cancel_requested:
+            return True
+        return attempt is not None and attempt.finished_at is None and bool(attempt.reason)
+
+    def _preempt(self, job: JobRecord, preemption: Preemption) -> None:
+        """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""
+        if job.cancel_requested or job.state not in (JobState.STARTING, JobState.RUNNING):
+            return
+        attempt = self._current_attempt(job)
+        if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
+            return
+        key = (job.id, attempt.number)
+        if key in self._mem.cancel_sent:
+            return
+        reason = f"{PREEMPTED} for job {preemption.for_job_id}: {preemption.message}"
+        self._stop_attempt(
+            job,
+            attempt,
+            reason,
+            f"{reason}; {preemption.grace_s:g}s to checkpoint before SIGKILL",
+            grace_s=preemption.grace_s,
+            kind="preempt",
+        )
+        crashpoint("preempt.after_signal")
+
+    # 4 ------------------------------------------------------------------------------------
+    def _launch_ready(self, now: float) -> None:
+        attempts: dict[int, AttemptRecord] | None = None
+        for job in self._in(JobState.ADMITTED, JobState.RESTARTING, JobState.STARTING):
+            if job.state is JobState.STARTING:
+                # A launch recorded but not confirmed (a crash, or a launch still in flight).
+                attempts = attempts if attempts is not None else self.store.current_attempts()
+                attempt = attempts.get(job.id)
+                if attempt is not None and attempt.state == "launching":
+                    self._guarded(job.id, self._dispatch, job, attempt)
+                continue
+            self._guarded(job.id, self._begin_launch, job, now)
+
+    def _begin_launch(self, job: JobRecord, now: float) -> None:
+        spec = self._spec(job)
+        if job.cancel_requested:
+            where = "restarting" if job.state is JobState.RESTARTING else "admitted"
+            self._try_transition(job, JobState.CANCELLED, f"cancelled while {where}")
+            return
+        if job.state is JobState.RESTARTING and now < job.updated_at.timestamp() + (
+            spec.restart.backoff
+        ):
+            return
+        number = job.attempts + 1
+        key = f"j{job.id}-a{number}-{uuid.uuid4().hex[:12]}"
+        request = self._request(job, spec, number, key)
+        latest = self.store.latest_checkpoint(job.id)
+        resume = f", resuming from checkpoint step {latest.step}" if latest else ""
+        try:
+            record, attempt = self.store.begin_attempt(
+                job.id,
+                expected=job.state,
+                number=number,
+                attempt_key=key,
+                handle=self.executor.prepare(request),
+                reason=f"attempt {number} launching{resume}",
+                resumed_from_step=latest.step if latest else None,
+            )
+        except Conflict as exc:
+            log.info("job %s: launch skipped (%s)", job.id, exc)
+            self._dirty = True
+            return
+        self._put(record)
+        crashpoint("launch.after_intent")
+        self._dispatch(record, attempt)
+
+    def _request(self, job: JobRecord, spec: JobSpec, number: int, key: str) -> LaunchRequest:
+        run_dir = Path(job.run_dir)
+        ckpt_dir = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
+        env = {
+            "TYARD_JOB_ID": str(job.id),
+            "TYARD_ATTEMPT": str(number),
+            "TYARD_RUN_DIR": str(run_dir),
+            "TYARD_CHECKPOINT_DIR": str(ckpt_dir),
+            "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
+            "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+            "TYARD_SERVER_URL": self.config.report_url,
+            "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
+        }
+        return LaunchRequest(
+            job_id=str(job.id),
+            attempt=number,
+            spec=spec,
+            run_dir=run_dir,
+            env=env,
+            placement=dict(job.placement),
+            attempt_key=key,
+        )
+
+    def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Hand a recorded attempt to the executor, in the background when configured."""
+        key = (job.id, attempt.number)
+        with self._flight_lock:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
+        if self._pool is None:
+            self._launch(job, attempt)
+        else:
+            self._pool.submit(self._launch, job, attempt)
+
+    def _launch(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Launch (or re-launch: idempotent by key) one recorded attempt, record the result."""
+        try:
+            spec = self._spec(job)
+            request = self._request(job, spec, attempt.number, attempt.attempt_key)
+            self.store.issue_job_token(job.id, request.env["TYARD_JOB_TOKEN"])
+            Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                handle = self.executor.launch(request)
+            except (ExecutorError, OSError) as exc:
+                self._launch_failed(
+                    job, attempt, f"launch of attempt {attempt.number} failed: {exc}"
+                )
+                return
+            crashpoint("launch.after_start")
+            self.store.mark_launched(job.id, attempt.number, handle)
+        except Exception as exc:  # never lose a launch thread silently
+            log.exception("job %s: launch of attempt %s failed", job.id, attempt.number)
+            with contextlib.suppress(TensoryardError):
+                self.store.add_event(
+                    job.id, "error", f"launch error: {exc}", attempt=attempt.number
+                )
+        finally:
+            with self._flight_lock:
+                self._in_flight.discard((job.id, attempt.number))
+            self.kick()
+
+    def _launch_failed(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
+        fresh = self.store.get_job(job.id)
+        to, why = self._retry_or_fail(fresh, reason)
+        with contextlib.suppress(Conflict):
+            self.store.finish_attempt(
+                job.id,
+                attempt.number,
+                state=AttemptPhase.FAILED.value,
+                reason=reason,
+                job_to=to,
+                job_reason=why,
+                expected=[JobState.STARTING],
+            )
 
     # ---- per-job isolation -----------------------------------------------------------------
 

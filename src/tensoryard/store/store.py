@@ -615,18 +615,30 @@ class Store:
         with self._tx("find stray attempts", write=False) as s:
             return [(_rows.job_record(j), _rows.attempt_record(a)) for j, a in s.execute(query)]
 
-    def jobs_changed_since(self, since: datetime | None) -> tuple[list[JobRecord], datetime]:
+    def jobs_changed_since(
+        self, since: datetime | None, *, known: Mapping[int, datetime | None] | None = None
+    ) -> tuple[list[JobRecord], datetime]:
         """Jobs written at or after ``since`` (every unfinished job when None), and the time
         to pass next (the store's now at the start of the read; overlap it by a few seconds
-        because a transaction may commit a little after it stamped ``changed_at``)."""
+        because a transaction may commit a little after it stamped ``changed_at``).
+
+        ``known`` (job id -> the ``changed_at`` the caller holds) skips rows the caller has
+        already seen: only their ids and stamps are read, not their specs."""
         with self._tx("read changed jobs", write=False) as s:
             now = self._now()
-            query = select(Job)
             if since is None:
-                query = query.where(Job.state.not_in([x.value for x in TERMINAL_STATES]))
-            else:
-                query = query.where(Job.changed_at >= _in.as_utc(since))
-            return [_rows.job_record(j) for j in s.scalars(query.order_by(Job.id))], now
+                query = select(Job).where(Job.state.not_in([x.value for x in TERMINAL_STATES]))
+                return [_rows.job_record(j) for j in s.scalars(query.order_by(Job.id))], now
+            stamps = s.execute(
+                select(Job.id, Job.changed_at).where(Job.changed_at >= _in.as_utc(since))
+            ).all()
+            seen = known or {}
+            ids = [i for i, stamp in stamps if i not in seen or seen[i] != stamp]
+            jobs: list[JobRecord] = []
+            for start in range(0, len(ids), 500):
+                query = select(Job).where(Job.id.in_(ids[start : start + 500])).order_by(Job.id)
+                jobs += [_rows.job_record(j) for j in s.scalars(query)]
+            return jobs, now
 
     def set_pending_info(
         self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 500

@@ -153,7 +153,7 @@ def world(migrated_sqlite_url: str, tmp_path: Path) -> World:
 
 def test_an_attempt_is_on_record_before_the_executor_launches_it(world: World) -> None:
     job_id = world.submit()
-    world.cycle()
+    world.cycle(2)
     assert world.executor.seen_intent == ["launching"]
     attempt = world.store.get_attempt(job_id, 1)
     assert attempt.handle == {"key": attempt.attempt_key}
@@ -329,6 +329,7 @@ def test_a_preempted_job_is_requeued_and_its_next_attempt_starts_its_own_clock(
     low = world.submit("low", resources={"cpu": 4})
     world.cycle(2)
     world.clock.t += 600
+    world.store.heartbeat(low, 1, world.clock.dt())
     high = world.submit("high", priority=10, resources={"cpu": 4})
     world.cycle()
     assert world.executor.cancels, "the low-priority job is signalled"

@@ -1,0 +1,22 @@
+"""The one writer of benchmarks/RESULTS.md rows: each benchmark owns the row named after it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def write_results_line(name: str, command: str, result: str, goal: str, met: str) -> None:
+    """Replace (or append) the table row of benchmark `name` in RESULTS.md."""
+    line = f"| {name} | {dt.date.today().isoformat()} | `{command}` | {result} | {goal} | {met} |"
+    lines = RESULTS.read_text(encoding="utf-8").splitlines() if RESULTS.exists() else []
+    for i, existing in enumerate(lines):
+        if existing.startswith(f"| {name} |"):
+            lines[i] = line
+            break
+    else:
+        table_end = max((i for i, x in enumerate(lines) if x.startswith("| ")), default=len(lines))
+        lines.insert(table_end + 1, line)
+    RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
