@@ -141,8 +141,11 @@ def create_app(
     @app.post(f"{API}/jobs", status_code=201, tags=["jobs"], dependencies=[Admin])
     def submit(body: SubmitIn) -> JobOut:
         spec = parse_job_spec(body.spec, source="request")
-        _check_submittable(store, spec)
-        job = store.create_job(spec, run_dir_root=runs_dir)
+        try:
+            job = store.create_job(spec, run_dir_root=runs_dir)
+        except NotFound:  # the team: said in the spec's terms
+            _check_submittable(store, spec)
+            raise
         kick()
         return JobOut.model_validate(job)
 
@@ -162,9 +165,12 @@ def create_app(
                 ]
         if issues:
             raise SpecError(issues, source="request")
-        for spec in {s.team: s for s in specs}.values():
-            _check_submittable(store, spec)
-        jobs = store.create_jobs(specs, run_dir_root=runs_dir)
+        try:
+            jobs = store.create_jobs(specs, run_dir_root=runs_dir)
+        except NotFound:
+            for spec in {s.team: s for s in specs}.values():
+                _check_submittable(store, spec)
+            raise
         kick()
         return BatchSubmitOut(ids=[j.id for j in jobs])
 
