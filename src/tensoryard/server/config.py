@@ -62,6 +62,10 @@ class ServerConfig:
     lease_ttl_s: float = 10.0
     """Leader lease: a replica that stops renewing loses the lead after this long."""
 
+    run_jobs_as_submitter: bool = True
+    """A control plane running as root runs each local job as the Unix account named like
+    the job's user, where one exists (else as itself; never as root for another account)."""
+
     job_env_allow: tuple[str, ...] | None = None
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""

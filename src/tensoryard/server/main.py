@@ -71,6 +71,7 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
 def build_control_plane(config: ServerConfig) -> ControlPlane:
     """Open the store (migrating it), make the admin token, build executor and controller."""
     from tensoryard.executors.local import LocalExecutor
+    from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
 
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -78,10 +79,9 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     store.ensure_team("default", description="created on first start")
     token = ensure_admin_token(config.token_path)
     job_key = ensure_secret(config.job_key_path)
-    executor = (
-        LocalExecutor()
-        if config.job_env_allow is None
-        else LocalExecutor(env_allow=config.job_env_allow)
+    executor = LocalExecutor(
+        env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
+        run_as_submitter=config.run_jobs_as_submitter,
     )
     nodes = _local_capacity(config)
     controller = Controller(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import textwrap
 from collections.abc import Iterator
@@ -147,3 +148,41 @@ def test_attempt_files_are_private_and_jobs_get_no_control_plane_secrets(
     assert "PATH" in names and "TYARD_JOB_ID" in names
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root control plane chooses the job's user")
+def test_a_root_control_plane_runs_the_job_as_the_submitters_unix_account() -> None:
+    import pwd
+    import tempfile
+
+    try:
+        account = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no 'nobody' account to run as")
+    work = Path(tempfile.mkdtemp(prefix="tyard-runas-"))
+    os.chmod(work, 0o755)  # the account must reach its workdir
+    (work / "who.py").write_text("import os; print(os.getuid(), os.getgid(), os.environ['USER'])\n")
+    os.chmod(work / "who.py", 0o644)
+    spec = parse_job_spec(
+        {
+            "name": "whoami",
+            "user": "nobody",
+            "launcher": "python",
+            "command": ["who.py"],
+            "workdir": str(work),
+        }
+    )
+    system_python = "/usr/bin/python3"  # the venv's interpreter lies under /root (0700)
+    if not os.access(system_python, os.X_OK):
+        pytest.skip("no system python3 that another account may run")
+    executor = LocalExecutor(python=system_python)
+    req = LaunchRequest(job_id="3", attempt=1, spec=spec, run_dir=work / "run")
+    try:
+        handle = executor.launch(req)
+        assert executor.wait(handle, timeout_s=60).phase is AttemptPhase.SUCCEEDED
+        log = executor.log_paths(handle)[0]
+        assert log.read_text().split() == [str(account.pw_uid), str(account.pw_gid), "nobody"]
+        assert log.stat().st_uid == account.pw_uid
+        assert (work / "run").stat().st_uid == account.pw_uid
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

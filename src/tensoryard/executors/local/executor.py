@@ -35,6 +35,7 @@ from tensoryard.executors.local.plan import (
     allowed_env,
     build_plan,
     python_path_with,
+    run_as_for,
 )
 from tensoryard.executors.local.procs import (
     create_time,
@@ -95,12 +96,15 @@ class LocalExecutor:
     Args:
         root: when given, run directories must lie under it (relative ones are taken
             relative to it); default: any directory, relative to the current one.
-        python: the interpreter for the shim and the workload (torchrun runs under it).
+        python: the interpreter of the workload (torchrun runs under it); the shim always
+            runs under this process's own interpreter.
         base_env: the environment jobs inherit before spec.env and the TYARD_* variables;
             default: the variables of this process's environment named by `env_allow`
             (never the control plane's secrets).
         env_allow: names (shell-style patterns allowed) passed on from this process's
             environment to jobs and to the shim; default `DEFAULT_ENV_ALLOW`.
+        run_as_submitter: when this process runs as root, run each job as the Unix account
+            named like the job's user, where one exists (see `plan.run_as_for`).
         confirm_start_s: how long `launch` waits for the shim to report in, so a shim that
             cannot start is an ExecutorError at launch rather than a LOST attempt later;
             0 returns at once.
@@ -116,12 +120,14 @@ class LocalExecutor:
         base_env: Mapping[str, str] | None = None,
         confirm_start_s: float = 15.0,
         env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+        run_as_submitter: bool = True,
     ) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.python = python
         self.base_env = None if base_env is None else dict(base_env)
         self.confirm_start_s = confirm_start_s
         self.env_allow = tuple(env_allow)
+        self.run_as_submitter = run_as_submitter
         # Shims we started, kept only to reap them (a shim outlives us when we die).
         self._shims: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -152,13 +158,18 @@ class LocalExecutor:
             )
         if previous is None:
             _make_attempt_dir(layout)
+            run_as = run_as_for(request.spec.user, enabled=self.run_as_submitter)
             plan = build_plan(
                 request,
                 layout,
                 python=self.python,
                 attempt_key=key,
                 base_env=self._base_env(),
+                run_as=run_as,
             )
+            if run_as is not None:  # the job writes its logs, checkpoints and run files
+                for path in (layout.dir.parent, layout.dir):
+                    os.chown(path, run_as.uid, run_as.gid)
             # 0600: the environment carries the job's report token.
             write_json_atomic(layout.launch, plan.to_dict(), mode=0o600)
         elif self._started_before(layout, key):
@@ -226,7 +237,7 @@ class LocalExecutor:
 
     def _start_shim(self, layout: AttemptLayout) -> subprocess.Popen[bytes]:
         env = {**allowed_env(os.environ, self.env_allow), "PYTHONPATH": python_path_with(_SRC_ROOT)}
-        argv = [self.python, "-m", _SHIM_MODULE, str(layout.dir)]
+        argv = [sys.executable, "-m", _SHIM_MODULE, str(layout.dir)]  # ours: it needs psutil
         try:
             with layout.launcher_log.open("ab") as log:
                 shim = subprocess.Popen(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,11 @@ __all__ = [
     "DEFAULT_ENV_ALLOW",
     "RANK_WRAPPER",
     "LaunchPlan",
+    "RunAs",
     "allowed_env",
     "build_plan",
     "python_path_with",
+    "run_as_for",
 ]
 
 # What a job inherits from the control plane's environment: locale, paths, and the knobs of
@@ -56,6 +59,61 @@ DEFAULT_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """A Unix account to run a workload as (when the control plane runs as root)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs | None:
+        """The account called `name`, or None when this machine has none."""
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return None
+        groups = tuple(os.getgrouplist(name, entry.pw_gid))
+        return cls(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "home": self.home,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunAs:
+        return cls(
+            str(data["name"]),
+            int(data["uid"]),
+            int(data["gid"]),
+            tuple(int(g) for g in data.get("groups", ())),
+            str(data.get("home", "/")),
+        )
+
+
+def run_as_for(user: str, *, enabled: bool) -> RunAs | None:
+    """Whom a job of platform user `user` runs as on this machine.
+
+    Only a control plane running as root can choose: then a job runs as the Unix account of the
+    same name when one exists (never as root for somebody else's account); without such an
+    account it runs as the control plane's own user, and the executor says so. A control
+    plane running as an ordinary user runs every job as itself."""
+    if not enabled or os.geteuid() != 0:
+        return None
+    account = RunAs.lookup(user)
+    if account is None or account.uid == 0:
+        return None
+    return account
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """The workload of one attempt, as the shim starts it."""
 
@@ -66,6 +124,7 @@ class LaunchPlan:
     world_size: int
     attempt_key: str
     default_grace_s: float = DEFAULT_GRACE_S  # when the shim is SIGTERMed without a request
+    run_as: RunAs | None = None  # the Unix account the workload runs as (None: the shim's)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +135,7 @@ class LaunchPlan:
             "world_size": self.world_size,
             "attempt_key": self.attempt_key,
             "default_grace_s": self.default_grace_s,
+            "run_as": None if self.run_as is None else self.run_as.to_dict(),
         }
 
     @classmethod
@@ -89,6 +149,7 @@ class LaunchPlan:
                 world_size=int(data["world_size"]),
                 attempt_key=str(data["attempt_key"]),
                 default_grace_s=float(data.get("default_grace_s", DEFAULT_GRACE_S)),
+                run_as=RunAs.from_dict(data["run_as"]) if data.get("run_as") else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ExecutorError(f"launch.json is incomplete or malformed: {exc!r}") from exc
@@ -101,6 +162,7 @@ def build_plan(
     python: str,
     attempt_key: str,
     base_env: Mapping[str, str],
+    run_as: RunAs | None = None,
 ) -> LaunchPlan:
     """Turn a launch request into the exact command line and environment to run."""
     spec = request.spec
@@ -130,7 +192,11 @@ def build_plan(
     else:
         argv = [python, *spec.command]
     env = _job_env(request, base_env, attempt_key)
-    return LaunchPlan(spec.launcher, argv, env, str(cwd.resolve()), world, attempt_key)
+    if run_as is not None:
+        env.update(USER=run_as.name, LOGNAME=run_as.name, HOME=run_as.home)
+    return LaunchPlan(
+        spec.launcher, argv, env, str(cwd.resolve()), world, attempt_key, run_as=run_as
+    )
 
 
 def _job_env(request: LaunchRequest, base: Mapping[str, str], attempt_key: str) -> dict[str, str]:

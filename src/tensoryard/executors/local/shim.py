@@ -88,6 +88,9 @@ class Shim:
         if self.plan.launcher == "python":
             # A plain python job is rank 0; torchrun jobs get per-rank files from rank.py.
             out = os.open(self.layout.rank_log(0), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        who = self.plan.run_as
+        if who is not None and out is not None:
+            os.fchown(out, who.uid, who.gid)  # the job's own log
         try:
             self.workload = subprocess.Popen(
                 self.plan.argv,
@@ -97,9 +100,19 @@ class Shim:
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
+                user=who.uid if who is not None else None,
+                group=who.gid if who is not None else None,
+                extra_groups=list(who.groups) if who is not None else None,
             )
         except OSError as exc:
-            return f"cannot start {self.plan.argv[0]!r} in {self.plan.cwd}: {exc.strerror or exc}"
+            hint = (
+                f" (the job runs as Unix user {who.name!r}: it needs access to the interpreter, "
+                "the workdir and the script)"
+                if who is not None
+                else ""
+            )
+            why = exc.strerror or exc
+            return f"cannot start {self.plan.argv[0]!r} in {self.plan.cwd}: {why}{hint}"
         finally:
             if out is not None:
                 os.close(out)
