@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Engine, func, select
+from sqlalchemy import ColumnElement, CursorResult, Engine, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -164,7 +164,8 @@ class Store(IdentityMixin):
                 cpu_quota=cpu_quota,
                 description=description,
             )
-            created = s.execute(stmt.on_conflict_do_nothing(index_elements=["name"])).rowcount
+            result = s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            created = cast(CursorResult[Any], result).rowcount
             detail = f"gpu_quota={gpu_quota} cpu_quota={cpu_quota}" if created else "existed"
             self._audit(s, audit, "team.create", f"team/{name}", detail=detail)
             return _rows.team_record(_get(s, Team, name, f"team {name!r}"))
