@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
 from tensoryard.server.app import create_app
-from tensoryard.server.auth import ensure_admin_token
+from tensoryard.server.auth import bootstrap_admin
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
@@ -41,9 +41,11 @@ class ControlPlane:
         return create_app(
             store=self.store,
             executor=self.executor,
-            admin_token=self.admin_token,
             runs_dir=self.config.runs_dir,
             kick=self.controller.kick,
+            max_body_bytes=self.config.max_body_bytes,
+            rate_limit_per_s=self.config.rate_limit_per_s,
+            rate_limit_burst=self.config.rate_limit_burst,
         )
 
 
@@ -65,14 +67,15 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
 
 
 def build_control_plane(config: ServerConfig) -> ControlPlane:
-    """Open the store (migrating it), make the admin token, build executor and controller."""
+    """Open the store (migrating it), make the platform admin and its token file (first start
+    only), build executor and controller."""
     from tensoryard.executors.local import LocalExecutor
 
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(config.database_url)
     store.ensure_team("default", description="created on first start")
-    token = ensure_admin_token(config.token_path)
+    token = bootstrap_admin(store, config.token_path, user=config.admin_user)
     executor = LocalExecutor()
     nodes = _local_capacity(config)
     controller = Controller(
