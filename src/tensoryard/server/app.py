@@ -214,7 +214,7 @@ def create_app(
     @app.get(
         f"{API}/jobs/{{job_id}}/logs",
         tags=["jobs"],
-        response_class=PlainTextResponse,
+        response_model=None,
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
     def logs(

@@ -202,7 +202,7 @@ def add_access_routes(app: FastAPI, *, store: Store, guard: Guard, prefix: str) 
     @app.get(
         f"{prefix}/audit/export",
         tags=["access"],
-        response_class=StreamingResponse,
+        response_model=None,
         responses={200: {"content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
     )
     def audit_export(
