@@ -25,10 +25,6 @@ Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """Answer 413 to requests with a body over ``max_bytes`` (declared or streamed)."""
 
@@ -44,28 +40,24 @@ class BodyLimit:
         if declared is not None and declared > self.max_bytes:
             await self._reject(send, declared)
             return
-        seen = 0
-        started = False
-
-        async def counting_receive() -> Message:
-            nonlocal seen
+        if declared is not None:
+            await self.app(scope, receive, send)  # the server stops reading at the length
+            return
+        # No declared length (chunked): read up to the limit here, then replay what was read.
+        body = bytearray()
+        while True:
             message: Message = await receive()
-            if message.get("type") == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message.get("type") == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send, seen)
+            if message.get("type") != "http.request":
+                await self.app(scope, _replay([message], receive), send)
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._reject(send, len(body))
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = {"type": "http.request", "body": bytes(body), "more_body": False}
+        await self.app(scope, _replay([replayed], receive), send)
 
     async def _reject(self, send: Send, size: int) -> None:
         body = json.dumps(
@@ -87,6 +79,18 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replaying_receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        message: Message = await receive()
+        return message
+
+    return replaying_receive
 
 
 def _content_length(scope: Scope) -> int | None:

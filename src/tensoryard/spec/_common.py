@@ -79,8 +79,10 @@ def parse_duration_s(value: Any) -> float:
     return float(sum(float(n) * _DUR_UNITS[u] for n, u in parts))
 
 
-MAX_SPEC_BYTES = 1024 * 1024
+MAX_SPEC_BYTES = 256 * 1024
 """A spec file or YAML text larger than this is refused (a spec is a few hundred bytes)."""
+MAX_FLOW_DEPTH = 64
+"""Deepest nesting of [ ] and { } a spec may use."""
 MAX_YAML_NODES = 100_000
 """Most values a YAML document may expand to, aliases counted each time they are used."""
 
@@ -130,6 +132,17 @@ def load_yaml_text(text: str, *, source: str = "") -> Any:
             ],
             source=source,
         )
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise SpecError(
+            [
+                FieldIssue(
+                    "",
+                    f"the YAML nests [ or {{ more than {MAX_FLOW_DEPTH} levels deep",
+                    "flatten the document",
+                )
+            ],
+            source=source,
+        )
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -152,6 +165,23 @@ def load_yaml_text(text: str, *, source: str = "") -> Any:
         ) from exc
     finally:
         loader.dispose()
+
+
+_FLOW_RE = re.compile(r"[\[\]{}]")
+_QUOTED_RE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|#[^\n]*")
+
+
+def _flow_depth(text: str) -> int:
+    """How deep [ ] and { } nest outside quotes and comments (PyYAML's scanner is slow on
+    deep flow nesting, so it is refused before parsing)."""
+    depth = deepest = 0
+    for match in _FLOW_RE.finditer(_QUOTED_RE.sub("", text)):
+        if match.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def _check_expansion(root: yaml.Node, source: str) -> None:
