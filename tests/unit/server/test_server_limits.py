@@ -117,3 +117,24 @@ def test_the_limiter_forgets_idle_buckets_instead_of_growing(
     clock.now += 5
     limiter.check("address:new")
     assert len(limiter._buckets) == 1
+
+
+def test_no_module_starts_a_command_through_a_shell() -> None:
+    import ast
+
+    import tensoryard
+
+    root = Path(tensoryard.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            shell = any(
+                k.arg == "shell" and not (isinstance(k.value, ast.Constant) and not k.value.value)
+                for k in node.keywords
+            )
+            func = ast.unparse(node.func)
+            if shell or func in ("os.system", "os.popen", "subprocess.getoutput"):
+                offenders.append(f"{path.relative_to(root)}:{node.lineno} {func}")
+    assert offenders == []
