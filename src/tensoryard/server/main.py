@@ -23,6 +23,7 @@ from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.store import Store
+from tensoryard.store._db import safe_url
 
 __all__ = ["ControlPlane", "build_control_plane", "run_server"]
 
@@ -130,7 +131,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     _check_port_free(config.host, config.port)
     plane = build_control_plane(config)
     _setup_logging(config.home, log_level)
-    log.info("database %s; state in %s", plane.store.url, config.home)
+    log.info("database %s; state in %s", safe_url(plane.store.url), config.home)
     plane.controller.recover()
     plane.controller.start()
     server = uvicorn.Server(
