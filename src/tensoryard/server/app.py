@@ -384,8 +384,8 @@ def _log_path(executor: Executor, job: JobRecord, attempt: Any, rank: int) -> Pa
     if not attempt.handle:
         why = f": {attempt.reason}" if attempt.reason else ""
         raise Conflict(
-            f"attempt {number} of job {job.id} has no logs: it was never launched{why} "
-            "(fix: `tyard describe` shows why; pass --attempt for another attempt)"
+            f"attempt {number} of job {job.id} has no logs, it was never launched{why}; "
+            f"`tyard describe {job.id}` shows every attempt, `--attempt N` picks another one"
         )
     try:
         paths = executor.log_paths(attempt.handle)

@@ -340,7 +340,7 @@ def test_logs_of_an_attempt_that_never_launched_answer_409_not_500(world: World)
     )
     answer = world.as_("viewer").get(f"/api/v1/jobs/{job}/logs")
     assert answer.status_code == 409
-    assert "never launched: launch failed: no such file" in answer.json()["message"]
+    assert "it was never launched: launch failed: no such file" in answer.json()["message"]
     assert world.as_("viewer").get(f"/api/v1/jobs/{job}/logs?attempt=7").status_code == 404
     assert world.as_("viewer").get(f"/api/v1/jobs/{job}/logs?attempt=0").status_code == 422
 
