@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 
 from tensoryard.errors import Conflict, NotFound, SpecError, StoreError, Unauthenticated
 from tensoryard.spec.job import JobSpec
-from tensoryard.store import AuditContext, Store
+from tensoryard.store import AuditContext, Store, _inputs
+from tensoryard.store._db import alembic_config
 
 ALICE = AuditContext(actor="alice", source_ip="10.0.0.7")
 
@@ -223,3 +225,26 @@ def test_job_listing_can_be_limited_to_the_teams_a_caller_may_see(
 def test_store_errors_stay_in_the_tree(store: Store) -> None:
     with pytest.raises(StoreError):
         store.get_token("0123456789ab")
+
+
+def test_upgrading_from_0001_keeps_jobs_and_their_tokens_working(
+    store: Store, tmp_path: Path
+) -> None:
+    store.ensure_team("nlp")
+    job = store.create_job(spec(), run_dir_root=tmp_path)
+    with store.engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0001")
+    token = "a-token-of-version-0.1"
+    with store.engine.begin() as conn:  # as 0.1 stored it: no attempt column
+        conn.exec_driver_sql(
+            "INSERT INTO job_tokens (job_id, token_hash, created_at) VALUES "
+            f"({job.id}, '{_inputs.token_hash(token)}', CURRENT_TIMESTAMP)"
+        )
+    reopened = Store.open(store.url)
+    try:
+        grant = reopened.job_token_grant(job.id, token)
+        assert grant is not None and grant.attempt is None  # any attempt, as before
+        assert reopened.get_job(job.id).name == "j"
+        reopened.create_user("bob")  # the new tables exist
+    finally:
+        reopened.close()
