@@ -4,6 +4,9 @@ documented schema. Bounded (a fixed number of examples per operation) to run in 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,18 +25,24 @@ from tensoryard.server.main import build_control_plane  # noqa: E402
 MAX_EXAMPLES = 25
 
 
-def _app() -> tuple[object, str]:
-    import tempfile
+# Built at import, not in a fixture: schemathesis needs the schema when it parametrizes, and its
+# lazy fixture loader does not work with pytest 9. The directory is removed after the module.
+HOME = Path(tempfile.mkdtemp(prefix="tyard-fuzz-"))
+# Generous limits: the fuzzer's request rate must not turn into 429s.
+PLANE = build_control_plane(
+    ServerConfig(home=HOME, cpu_slots=2, rate_limit_per_s=1e6, rate_limit_burst=10**6)
+)
+PLANE.store.ensure_team("nlp")
+APP, ADMIN_TOKEN = PLANE.app(), PLANE.admin_token
 
-    home = Path(tempfile.mkdtemp(prefix="tyard-fuzz-"))
-    # Generous limits: the fuzzer's request rate must not turn into 429s.
-    config = ServerConfig(home=home, cpu_slots=2, rate_limit_per_s=1e6, rate_limit_burst=10**6)
-    plane = build_control_plane(config)
-    plane.store.ensure_team("nlp")
-    return plane.app(), plane.admin_token
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup() -> Iterator[None]:
+    yield
+    PLANE.store.close()
+    shutil.rmtree(HOME, ignore_errors=True)
 
 
-APP, ADMIN_TOKEN = _app()
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
 
