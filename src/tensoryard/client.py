@@ -191,6 +191,72 @@ class Client:
         body = {"name": name, "gpu_quota": gpu_quota, "description": description}
         return dict(self._json("POST", f"{API}/teams", json=body))
 
+    def update_team(self, name: str, **changes: Any) -> dict[str, Any]:
+        """Change `gpu_quota`, `cpu_quota` or `description` (None clears a quota)."""
+        return dict(self._json("PATCH", f"{API}/teams/{name}", json=changes))
+
+    # ---- identity and access ------------------------------------------------------------------
+
+    def me(self) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/users/me"))
+
+    def users(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/users"))
+
+    def create_user(
+        self, name: str, *, platform_admin: bool = False, description: str = ""
+    ) -> dict[str, Any]:
+        body = {"name": name, "platform_admin": platform_admin, "description": description}
+        return dict(self._json("POST", f"{API}/users", json=body))
+
+    def members(self, team: str) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/teams/{team}/members"))
+
+    def set_member(self, team: str, user: str, role: str = "member") -> dict[str, Any]:
+        return dict(self._json("PUT", f"{API}/teams/{team}/members/{user}", json={"role": role}))
+
+    def remove_member(self, team: str, user: str) -> None:
+        self._request("DELETE", f"{API}/teams/{team}/members/{user}")
+
+    def tokens(self, *, user: str | None = None, all_users: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"all": all_users} if all_users else {}
+        if user:
+            params["user"] = user
+        return list(self._json("GET", f"{API}/tokens", params=params))
+
+    def create_token(
+        self,
+        *,
+        name: str = "",
+        scopes: list[str] | None = None,
+        expires_days: int | None = 90,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"name": name, "scopes": scopes, "expires_days": expires_days, "user": user}
+        return dict(self._json("POST", f"{API}/tokens", json=body))
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return dict(self._json("DELETE", f"{API}/tokens/{token_id}"))
+
+    def audit(
+        self, *, after_id: int = 0, limit: int = 1000, **filters: Any
+    ) -> list[dict[str, Any]]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        params.update(after_id=after_id, limit=limit)
+        return list(self._json("GET", f"{API}/audit", params=params))
+
+    def audit_export(self, **filters: Any) -> Iterator[str]:
+        """The audit log as JSON lines, streamed."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        try:
+            with self._http.stream("GET", f"{API}/audit/export", params=params) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error_of(response)
+                yield from response.iter_lines()
+        except httpx.TransportError as exc:
+            raise ClientError(0, f"audit export from {self.url} broke: {exc}") from exc
+
 
 def _error_of(response: httpx.Response) -> ClientError:
     try:

@@ -9,6 +9,10 @@
     ├── ExecutorError        launching, watching or stopping a workload failed
     ├── RuntimeSetupError    the in-job runtime cannot initialise (missing env, bad checkpoint)
     ├── DataError            a dataset, shard, manifest, tokenizer or resume state is wrong
+    ├── AccessError          the caller may not do this (message: what is missing, who grants it)
+    │   ├── Unauthenticated  no valid token: missing, unknown, expired or revoked (HTTP 401)
+    │   ├── Forbidden        a valid token whose roles or scopes do not allow it (HTTP 403)
+    │   └── RateLimited      too many requests for one token (HTTP 429, ``retry_after_s``)
     └── ClientError          the control plane answered with an error (status + detail)
 
 Third-party exceptions are translated where the library is called
@@ -21,17 +25,21 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AccessError",
     "ClientError",
     "ConfigError",
     "Conflict",
     "DataError",
     "ExecutorError",
     "FieldIssue",
+    "Forbidden",
     "NotFound",
+    "RateLimited",
     "RuntimeSetupError",
     "SpecError",
     "StoreError",
     "TensoryardError",
+    "Unauthenticated",
 ]
 
 
@@ -91,6 +99,26 @@ class RuntimeSetupError(TensoryardError):
 
 class DataError(TensoryardError):
     """A dataset, shard, manifest, tokenizer or resume state is wrong."""
+
+
+class AccessError(TensoryardError):
+    """The caller may not do this."""
+
+
+class Unauthenticated(AccessError):
+    """No valid token: missing, malformed, unknown, expired or revoked."""
+
+
+class Forbidden(AccessError):
+    """The token is valid, but its user's roles or the token's scopes do not allow this."""
+
+
+class RateLimited(AccessError):
+    """Too many requests for one token; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
 
 
 class ClientError(TensoryardError):

@@ -3,31 +3,40 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from tensoryard import __version__
 from tensoryard.errors import (
     Conflict,
+    ExecutorError,
     FieldIssue,
+    Forbidden,
     NotFound,
+    RateLimited,
     SpecError,
     StoreError,
-    TensoryardError,
+    Unauthenticated,
 )
 from tensoryard.executors.base import Executor
-from tensoryard.server.auth import tokens_equal
+from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
+from tensoryard.server.guard import INT32, Guard, JobId, Reporter
+from tensoryard.server.limits import BodyLimit, RateLimiter
+from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.schemas import (
     AttemptOut,
     BatchSubmitIn,
     BatchSubmitOut,
     CheckpointOut,
+    ErrorOut,
     EventOut,
     JobListOut,
     JobOut,
@@ -38,98 +47,64 @@ from tensoryard.server.schemas import (
     SummaryOut,
     TeamIn,
     TeamOut,
+    TeamPatch,
 )
 from tensoryard.server.summary import summarize
 from tensoryard.spec.job import JobSpec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
-from tensoryard.store import Store
+from tensoryard.store import JobRecord, Store
 
-__all__ = ["create_app"]
+__all__ = ["PUBLIC_PATHS", "create_app"]
 
 API = "/api/v1"
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""The only routes that answer without a token."""
 
-
-class _Unauthorized(TensoryardError):
-    pass
-
-
-def _bearer(authorization: str | None) -> str:
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise _Unauthorized("missing bearer token (set TYARD_TOKEN or pass --token)")
-    return authorization[7:].strip()
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in (
+        (401, "No valid token: missing, unknown, expired or revoked."),
+        (403, "The token's user or scopes do not allow this; the message says who can grant it."),
+        (404, "No such object."),
+        (409, "The object's state does not allow this now."),
+        (413, "The request body is over the server's limit."),
+        (422, "Invalid input; `detail` lists each field with a fix."),
+        (429, "Too many requests for this token; see Retry-After."),
+    )
+}
 
 
 def create_app(
     *,
     store: Store,
     executor: Executor,
-    admin_token: str,
     runs_dir: Path,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
+    max_body_bytes: int = 2 * 1024 * 1024,
+    rate_limit_per_s: float = 50.0,
+    rate_limit_burst: int = 200,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
-    tells /healthz whether this replica leads the loop."""
+    tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
+    limit."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
         description="Submit, watch and control training jobs on a shared GPU cluster.",
+        responses=_ERRORS,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    guard = Guard(
+        store, RateLimiter(rate_per_s=rate_limit_per_s, burst=rate_limit_burst, clock=clock)
+    )
+    _add_error_handlers(app)
 
-    # ---- errors -------------------------------------------------------------------------------
-
-    @app.exception_handler(SpecError)
-    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return JSONResponse(
-            status_code=422,
-            content={"message": str(exc), "detail": [i.as_dict() for i in exc.issues]},
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        issues = [
-            FieldIssue(".".join(str(p) for p in e.get("loc", ())[1:]), str(e.get("msg", "")))
-            for e in exc.errors()
-        ]
-        err = SpecError(issues, source="request")
-        return JSONResponse(
-            status_code=422,
-            content={"message": str(err), "detail": [i.as_dict() for i in issues]},
-        )
-
-    @app.exception_handler(_Unauthorized)
-    async def _unauthorized(_: Request, exc: _Unauthorized) -> JSONResponse:
-        return JSONResponse(
-            status_code=401,
-            content={"message": str(exc)},
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-    @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"message": str(exc)})
-
-    @app.exception_handler(Conflict)
-    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"message": str(exc)})
-
-    @app.exception_handler(StoreError)
-    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
-        return JSONResponse(status_code=503, content={"message": f"database error: {exc}"})
-
-    # ---- auth ---------------------------------------------------------------------------------
-
-    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        if not tokens_equal(_bearer(authorization), admin_token):
-            raise _Unauthorized("invalid token")
-
-    def job_or_admin(job_id: int, authorization: Annotated[str | None, Header()] = None) -> None:
-        token = _bearer(authorization)
-        if tokens_equal(token, admin_token) or store.check_job_token(job_id, token):
-            return
-        raise _Unauthorized("invalid token for this job")
-
-    Admin = Depends(admin)
+    def visible_job(request: Request, who: Principal, job_id: int) -> JobRecord:
+        job = store.get_job(job_id)
+        guard.check(request, who, Action.JOB_READ, team=job.team, obj=f"job/{job_id}")
+        return job
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -138,26 +113,27 @@ def create_app(
         store.ping()  # touches the database
         return {"ok": True, "version": __version__, **loop_status()}
 
-    @app.post(f"{API}/jobs", status_code=201, tags=["jobs"], dependencies=[Admin])
-    def submit(body: SubmitIn) -> JobOut:
-        spec = parse_job_spec(body.spec, source="request")
-        try:
-            job = store.create_job(spec, run_dir_root=runs_dir)
-        except NotFound:  # the team: said in the spec's terms
-            _check_submittable(store, spec)
-            raise
+    @app.post(f"{API}/jobs", status_code=201, tags=["jobs"])
+    def submit(body: SubmitIn, request: Request, who: Principal = Depends(guard.user)) -> JobOut:
+        """Submit a job to a team you are a member of; `spec.user` is set to you."""
+        spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
+        _check_submittable(store, spec)
+        guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
+        job = store.create_job(spec, run_dir_root=runs_dir, audit=guard.context(request, who))
         kick()
         return JobOut.model_validate(job)
 
-    @app.post(f"{API}/jobs/batch", status_code=201, tags=["jobs"], dependencies=[Admin])
-    def submit_batch(body: BatchSubmitIn) -> BatchSubmitOut:
+    @app.post(f"{API}/jobs/batch", status_code=201, tags=["jobs"])
+    def submit_batch(
+        body: BatchSubmitIn, request: Request, who: Principal = Depends(guard.user)
+    ) -> BatchSubmitOut:
         """Submit up to 1,000 jobs in one transaction (for scripts): all are stored, or none
         (a bad spec is named by its index, like `specs.3.resources.cpu`)."""
         specs: list[JobSpec] = []
         issues: list[FieldIssue] = []
         for i, raw in enumerate(body.specs):
             try:
-                specs.append(parse_job_spec(raw, source="request"))
+                specs.append(parse_job_spec({**raw, "user": who.name}, source="request"))
             except SpecError as exc:
                 issues += [
                     FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
@@ -165,17 +141,17 @@ def create_app(
                 ]
         if issues:
             raise SpecError(issues, source="request")
-        try:
-            jobs = store.create_jobs(specs, run_dir_root=runs_dir)
-        except NotFound:
-            for spec in {s.team: s for s in specs}.values():
-                _check_submittable(store, spec)
-            raise
+        for spec in {s.team: s for s in specs}.values():
+            _check_submittable(store, spec)
+            guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
+        jobs = store.create_jobs(specs, run_dir_root=runs_dir, audit=guard.context(request, who))
         kick()
         return BatchSubmitOut(ids=[j.id for j in jobs])
 
-    @app.get(f"{API}/jobs", tags=["jobs"], dependencies=[Admin])
+    @app.get(f"{API}/jobs", tags=["jobs"])
     def list_jobs(
+        request: Request,
+        who: Principal = Depends(guard.user),
         state: Annotated[list[str] | None, Query()] = None,
         team: str | None = None,
         user: str | None = None,
@@ -183,9 +159,18 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         cursor: str | None = None,
     ) -> JobListOut:
+        """Jobs of the teams you may see (every team for platform admins), newest first."""
         states = _parse_states(state)
+        if team is not None:
+            guard.check(request, who, Action.JOB_READ, team=team, obj=f"team/{team}")
         page = store.list_jobs(
-            states=states, team=team, user=user, name=name, limit=limit, cursor=cursor
+            states=states,
+            team=team,
+            user=user,
+            name=name,
+            limit=limit,
+            cursor=cursor,
+            teams=who.visible_teams(),
         )
         return JobListOut(
             items=[JobOut.model_validate(j) for j in page.items],
@@ -193,76 +178,89 @@ def create_app(
             total=page.total,
         )
 
-    @app.get(f"{API}/jobs/{{job_id}}", tags=["jobs"], dependencies=[Admin])
-    def get_job(job_id: int) -> JobOut:
-        return JobOut.model_validate(store.get_job(job_id))
+    @app.get(f"{API}/jobs/{{job_id}}", tags=["jobs"])
+    def get_job(job_id: JobId, request: Request, who: Principal = Depends(guard.user)) -> JobOut:
+        return JobOut.model_validate(visible_job(request, who, job_id))
 
-    @app.post(f"{API}/jobs/{{job_id}}/cancel", tags=["jobs"], dependencies=[Admin])
-    def cancel(job_id: int) -> JobOut:
+    @app.post(f"{API}/jobs/{{job_id}}/cancel", tags=["jobs"])
+    def cancel(job_id: JobId, request: Request, who: Principal = Depends(guard.user)) -> JobOut:
+        """Cancel a job of a team where you are a member (or team-admin)."""
         job = store.get_job(job_id)
+        guard.check(request, who, Action.JOB_CANCEL, team=job.team, obj=f"job/{job_id}")
         if job.state in TERMINAL_STATES:
             raise Conflict(f"job {job_id} already ended ({job.state.value}); nothing to cancel")
-        job = store.request_cancel(job_id)
+        job = store.request_cancel(job_id, audit=guard.context(request, who))
         kick()
         return JobOut.model_validate(job)
 
-    @app.get(f"{API}/jobs/{{job_id}}/attempts", tags=["jobs"], dependencies=[Admin])
-    def attempts(job_id: int) -> list[AttemptOut]:
-        store.get_job(job_id)
+    @app.get(f"{API}/jobs/{{job_id}}/attempts", tags=["jobs"])
+    def attempts(
+        job_id: JobId, request: Request, who: Principal = Depends(guard.user)
+    ) -> list[AttemptOut]:
+        visible_job(request, who, job_id)
         return [AttemptOut.model_validate(a) for a in store.list_attempts(job_id)]
 
-    @app.get(f"{API}/jobs/{{job_id}}/events", tags=["jobs"], dependencies=[Admin])
+    @app.get(f"{API}/jobs/{{job_id}}/events", tags=["jobs"])
     def events(
-        job_id: int, after: Annotated[int, Query(ge=0)] = 0, limit: int = 1000
+        job_id: JobId,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[EventOut]:
-        store.get_job(job_id)
+        visible_job(request, who, job_id)
         return [
             EventOut.model_validate(e)
             for e in store.list_events(job_id, after_id=after, limit=limit)
         ]
 
-    @app.get(f"{API}/jobs/{{job_id}}/metrics", tags=["jobs"], dependencies=[Admin])
+    @app.get(f"{API}/jobs/{{job_id}}/metrics", tags=["jobs"])
     def metrics(
-        job_id: int, attempt: int | None = None, after_step: int | None = None
+        job_id: JobId,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        attempt: Annotated[int | None, Query(ge=1, le=INT32)] = None,
+        after_step: Annotated[int | None, Query(ge=-1, le=INT32)] = None,
     ) -> list[MetricOut]:
-        store.get_job(job_id)
+        visible_job(request, who, job_id)
         rows = store.list_metrics(job_id, attempt=attempt, after_step=after_step)
         return [MetricOut.model_validate(m) for m in rows]
 
-    @app.get(f"{API}/jobs/{{job_id}}/checkpoints", tags=["jobs"], dependencies=[Admin])
-    def checkpoints(job_id: int) -> list[CheckpointOut]:
-        store.get_job(job_id)
+    @app.get(f"{API}/jobs/{{job_id}}/checkpoints", tags=["jobs"])
+    def checkpoints(
+        job_id: JobId, request: Request, who: Principal = Depends(guard.user)
+    ) -> list[CheckpointOut]:
+        visible_job(request, who, job_id)
         return [CheckpointOut.model_validate(c) for c in store.list_checkpoints(job_id)]
 
-    @app.get(f"{API}/jobs/{{job_id}}/summary", tags=["jobs"], dependencies=[Admin])
-    def summary(job_id: int) -> SummaryOut:
+    @app.get(f"{API}/jobs/{{job_id}}/summary", tags=["jobs"])
+    def summary(
+        job_id: JobId, request: Request, who: Principal = Depends(guard.user)
+    ) -> SummaryOut:
+        visible_job(request, who, job_id)
         return summarize(store, job_id, now=datetime.now(UTC))
 
     @app.get(
         f"{API}/jobs/{{job_id}}/logs",
         tags=["jobs"],
-        dependencies=[Admin],
-        response_class=PlainTextResponse,
+        response_model=None,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
     def logs(
-        job_id: int,
-        rank: Annotated[int, Query(ge=0)] = 0,
-        attempt: int | None = None,
+        job_id: JobId,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+        attempt: Annotated[int | None, Query(ge=1, le=INT32)] = None,
         follow: bool = False,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
     ) -> Any:
-        job = store.get_job(job_id)
+        """One rank's log of an attempt (default: the latest); 409 if it never started."""
+        job = visible_job(request, who, job_id)
         number = attempt or job.attempts
         if number < 1:
             return PlainTextResponse("", headers={"X-Next-Offset": "0"})
-        record = store.get_attempt(job_id, number)
-        paths = executor.log_paths(record.handle)
-        if rank not in paths:
-            raise NotFound(
-                f"job {job_id} attempt {number} has no rank {rank}; ranks: "
-                + ", ".join(str(r) for r in sorted(paths))
-            )
-        path = paths[rank]
+        path = _log_path(executor, job, store.get_attempt(job_id, number), rank)
         if not follow:
             data = _read_from(path, offset)
             return PlainTextResponse(
@@ -273,7 +271,11 @@ def create_app(
         )
 
     @app.post(f"{API}/jobs/{{job_id}}/report", tags=["runtime"])
-    def report(job_id: int, body: ReportIn, _: None = Depends(job_or_admin)) -> ReportOut:
+    def report(
+        job_id: JobId, body: ReportIn, caller: Reporter = Depends(guard.reporter)
+    ) -> ReportOut:
+        """The in-job runtime's report (docs/contracts.md section 2), with the job's token."""
+        _check_report(caller, body)
         job = store.get_job(job_id)
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
@@ -299,21 +301,137 @@ def create_app(
             store.heartbeat(job_id, body.attempt, datetime.fromtimestamp(body.heartbeat_at, UTC))
         return ReportOut(cancel=job.cancel_requested)
 
-    @app.get(f"{API}/teams", tags=["teams"], dependencies=[Admin])
-    def teams() -> list[TeamOut]:
+    @app.get(f"{API}/teams", tags=["teams"])
+    def teams(request: Request, who: Principal = Depends(guard.user)) -> list[TeamOut]:
+        guard.check(request, who, Action.TEAM_READ)
         return [TeamOut.model_validate(t) for t in store.list_teams()]
 
-    @app.post(f"{API}/teams", status_code=201, tags=["teams"], dependencies=[Admin])
-    def create_team(body: TeamIn) -> TeamOut:
+    @app.post(f"{API}/teams", status_code=201, tags=["teams"])
+    def create_team(
+        body: TeamIn, request: Request, who: Principal = Depends(guard.user)
+    ) -> TeamOut:
+        """Create a team (idempotent); platform admins only."""
+        guard.check(request, who, Action.TEAM_CREATE, obj=f"team/{body.name}")
         team = store.ensure_team(
             body.name,
             gpu_quota=body.gpu_quota,
             cpu_quota=body.cpu_quota,
             description=body.description,
+            audit=guard.context(request, who),
         )
         return TeamOut.model_validate(team)
 
+    @app.patch(f"{API}/teams/{{name}}", tags=["teams"])
+    def update_team(
+        name: str, body: TeamPatch, request: Request, who: Principal = Depends(guard.user)
+    ) -> TeamOut:
+        """Change a team's quotas or description; platform admins only."""
+        guard.check(request, who, Action.TEAM_UPDATE, obj=f"team/{name}")
+        changes = {k: getattr(body, k) for k in body.model_fields_set}
+        if changes.get("description", "") is None:
+            del changes["description"]
+        team = store.update_team(name, **changes, audit=guard.context(request, who))
+        return TeamOut.model_validate(team)
+
+    add_access_routes(app, store=store, guard=guard, prefix=API)
     return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SpecError)
+    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
+        return JSONResponse(
+            status_code=422,
+            content={"message": str(exc), "detail": [i.as_dict() for i in exc.issues]},
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        issues = [
+            FieldIssue(".".join(str(p) for p in e.get("loc", ())[1:]), str(e.get("msg", "")))
+            for e in exc.errors()
+        ]
+        err = SpecError(issues, source="request")
+        return JSONResponse(
+            status_code=422,
+            content={"message": str(err), "detail": [i.as_dict() for i in issues]},
+        )
+
+    @app.exception_handler(Unauthenticated)
+    async def _unauthenticated(_: Request, exc: Unauthenticated) -> JSONResponse:
+        return JSONResponse(
+            status_code=401,
+            content={"message": str(exc)},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+        return JSONResponse(status_code=403, content={"message": str(exc)})
+
+    @app.exception_handler(RateLimited)
+    async def _rate_limited(_: Request, exc: RateLimited) -> JSONResponse:
+        return JSONResponse(
+            status_code=429,
+            content={"message": str(exc)},
+            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))},
+        )
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"message": str(exc)})
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"message": str(exc)})
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"message": f"database error: {exc}"})
+
+
+def _check_report(caller: Reporter, body: ReportIn) -> None:
+    """A job token reports for its own attempt, and only runtime event kinds."""
+    if caller.attempt is not None and body.attempt != caller.attempt:
+        raise Forbidden(
+            f"this job token was issued for attempt {caller.attempt} of job {caller.job_id}; "
+            f"it cannot report for attempt {body.attempt}"
+        )
+    if caller.principal is not None:
+        return
+    bad = sorted({e.kind for e in body.events} - JOB_EVENT_KINDS)
+    if bad:
+        raise Forbidden(
+            f"a job may not post events of kind {', '.join(bad)}; allowed: "
+            f"{', '.join(sorted(JOB_EVENT_KINDS))} (the control plane writes the others)"
+        )
+
+
+def _log_path(executor: Executor, job: JobRecord, attempt: Any, rank: int) -> Path:
+    """The rank's log file of an attempt; Conflict when the attempt never launched."""
+    number = attempt.number
+    if not attempt.handle:
+        why = f": {attempt.reason}" if attempt.reason else ""
+        raise Conflict(
+            f"attempt {number} of job {job.id} has no logs, it was never launched{why}; "
+            f"`tyard describe {job.id}` shows every attempt, `--attempt N` picks another one"
+        )
+    try:
+        paths = executor.log_paths(attempt.handle)
+    except (ExecutorError, KeyError, TypeError, ValueError) as exc:
+        raise Conflict(
+            f"attempt {number} of job {job.id} has no readable log location ({exc})"
+        ) from exc
+    if rank not in paths:
+        raise NotFound(
+            f"job {job.id} attempt {number} has no rank {rank}; ranks: "
+            + ", ".join(str(r) for r in sorted(paths))
+        )
+    path = Path(paths[rank])
+    # Defence in depth: never serve a file outside the job's own run directory.
+    if job.run_dir and not path.resolve().is_relative_to(Path(job.run_dir).resolve()):
+        raise NotFound(f"job {job.id} attempt {number} rank {rank} has no log in its run dir")
+    return path
 
 
 def _check_submittable(store: Store, spec: JobSpec) -> None:

@@ -1,5 +1,9 @@
-"""Bearer-token auth: one local admin token (created on first start, mode 0600) and per-job
-tokens that only allow a job to report about itself."""
+"""Bearer tokens on this machine: the local platform admin's token file (mode 0600), made on
+first start so that the CLI works with no configuration.
+
+Tokens themselves (users, API tokens, job tokens) live in the store, hashed; who may do what
+is in ``access.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +14,55 @@ import os
 import secrets
 from pathlib import Path
 
+from tensoryard.errors import Unauthenticated
+from tensoryard.store import Store
+
 __all__ = [
+    "bootstrap_admin",
     "derive_job_token",
-    "ensure_admin_token",
     "ensure_secret",
     "read_admin_token",
     "tokens_equal",
+    "write_token_file",
 ]
 
 
-def ensure_admin_token(path: Path) -> str:
-    """Return the admin token stored at `path`, creating it (0600) on first start."""
-    return ensure_secret(path, prefix="tyd_")
-
-
-def ensure_secret(path: Path, *, prefix: str = "") -> str:
-    """Return the secret stored at `path`, creating a random one (0600) on first start."""
+def ensure_secret(path: Path) -> str:
+    """The secret stored at `path`, created at random (0600) on first start."""
     existing = read_admin_token(path)
     if existing:
         return existing
+    secret = secrets.token_urlsafe(32)
+    write_token_file(path, secret)
+    return secret
+
+
+def bootstrap_admin(store: Store, path: Path, *, user: str = "admin") -> str:
+    """The local platform admin's token: the one in `path` if the store still accepts it for a
+    platform admin, else a new one for `user` (created if absent) written to `path` (0600)."""
+    existing = read_admin_token(path)
+    if existing:
+        try:
+            holder, _ = store.authenticate(existing)
+            if holder.platform_admin:
+                return existing
+        except Unauthenticated:
+            pass  # a token of an older version, or of another database: replace it
+    store.ensure_user(user, platform_admin=True)
+    issued = store.create_token(user, name=f"admin token in {path}")
+    write_token_file(path, issued.token)
+    return issued.token
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write `token` to `path` atomically, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    token = prefix + secrets.token_urlsafe(32)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     os.replace(tmp, path)
     os.chmod(path, 0o600)
-    return token
 
 
 def read_admin_token(path: Path) -> str | None:

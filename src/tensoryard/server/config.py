@@ -70,6 +70,18 @@ class ServerConfig:
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""
 
+    admin_user: str = "admin"
+    """The platform admin made on first start; its token is written to `home/admin.token`."""
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    """Largest request body the API accepts (413 above it). A full report batch is ~100 KB."""
+
+    rate_limit_per_s: float = 50.0
+    """Requests per second one token (or one job, or one address without a token) may make."""
+
+    rate_limit_burst: int = 200
+    """Requests one token may make at once before the per-second rate applies (429 beyond)."""
+
     @property
     def token_path(self) -> Path:
         return self.home / "admin.token"

@@ -697,7 +697,9 @@ class Controller:
         try:
             spec = self._spec(job)
             request = self._request(job, spec, attempt.number, attempt.attempt_key)
-            self.store.issue_job_token(job.id, request.env["TYARD_JOB_TOKEN"])
+            self.store.issue_job_token(
+                job.id, request.env["TYARD_JOB_TOKEN"], attempt=attempt.number
+            )
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
                 handle = self.executor.launch(request)

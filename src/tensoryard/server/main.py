@@ -18,11 +18,12 @@ from fastapi import FastAPI
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
 from tensoryard.server.app import create_app
-from tensoryard.server.auth import ensure_admin_token, ensure_secret
+from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.store import Store
+from tensoryard.store._db import safe_url
 
 __all__ = ["ControlPlane", "build_control_plane", "run_server"]
 
@@ -41,13 +42,15 @@ class ControlPlane:
         return create_app(
             store=self.store,
             executor=self.executor,
-            admin_token=self.admin_token,
             runs_dir=self.config.runs_dir,
             kick=self.controller.kick,
             loop_status=lambda: {
                 "leader": self.controller.is_leader,
                 "holder": self.controller.holder,
             },
+            max_body_bytes=self.config.max_body_bytes,
+            rate_limit_per_s=self.config.rate_limit_per_s,
+            rate_limit_burst=self.config.rate_limit_burst,
         )
 
 
@@ -69,7 +72,8 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
 
 
 def build_control_plane(config: ServerConfig) -> ControlPlane:
-    """Open the store (migrating it), make the admin token, build executor and controller."""
+    """Open the store (migrating it), make the platform admin and its token file (first start
+    only), build executor and controller."""
     from tensoryard.executors.local import LocalExecutor
     from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
 
@@ -77,7 +81,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(config.database_url)
     store.ensure_team("default", description="created on first start")
-    token = ensure_admin_token(config.token_path)
+    token = bootstrap_admin(store, config.token_path, user=config.admin_user)
     job_key = ensure_secret(config.job_key_path)
     executor = LocalExecutor(
         env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
@@ -138,7 +142,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     _check_port_free(config.host, config.port)
     plane = build_control_plane(config)
     _setup_logging(config.home, log_level)
-    log.info("database %s; state in %s", plane.store.url, config.home)
+    log.info("database %s; state in %s", safe_url(plane.store.url), config.home)
     plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
     server = uvicorn.Server(
         uvicorn.Config(

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tensoryard.spec.job import NAME_PATTERN
+from tensoryard.store._identity import USER_PATTERN
 
 __all__ = [
+    "REDACTED",
     "AttemptOut",
+    "AuditOut",
     "BatchSubmitIn",
     "BatchSubmitOut",
     "CheckpointOut",
+    "ErrorOut",
     "EventOut",
     "JobListOut",
     "JobOut",
+    "MemberIn",
+    "MemberOut",
     "MetricOut",
     "ReportIn",
     "ReportOut",
@@ -24,7 +30,39 @@ __all__ = [
     "SummaryOut",
     "TeamIn",
     "TeamOut",
+    "TeamPatch",
+    "TokenCreatedOut",
+    "TokenIn",
+    "TokenOut",
+    "UserCreatedOut",
+    "UserIn",
+    "UserOut",
+    "redact_spec",
 ]
+
+REDACTED = "***"
+INT32 = 2**31 - 1  # the database's INTEGER
+INT64 = 2**63 - 1
+# Unix seconds between 1970 and 5138: anything else is a bug, and would overflow datetimes.
+UnixTime = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=INT32)]
+Role = Literal["viewer", "member", "team-admin"]
+Scope = Literal["read", "write", "admin"]
+
+
+def redact_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with every ``env`` value replaced by ``***`` (keys stay visible)."""
+    env = spec.get("env")
+    if not isinstance(env, dict) or not env:
+        return spec
+    return {**spec, "env": dict.fromkeys(env, REDACTED)}
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: a sentence that names the problem and the fix; field issues on 422."""
+
+    message: str
+    detail: list[dict[str, str]] | None = None
 
 
 class SubmitIn(BaseModel):
@@ -77,7 +115,14 @@ class JobOut(_FromRecord):
     placement: dict[str, list[int]]
     run_dir: str
     last_heartbeat: datetime | None
-    spec: dict[str, Any]
+    spec: dict[str, Any] = Field(
+        ..., description="The JobSpec as stored; env values are always shown as ***."
+    )
+
+    @field_validator("spec", mode="after")
+    @classmethod
+    def _redact(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        return redact_spec(spec)
 
 
 class JobListOut(BaseModel):
@@ -123,9 +168,17 @@ class CheckpointOut(_FromRecord):
 
 class TeamIn(BaseModel):
     name: str = Field(..., pattern=NAME_PATTERN)
-    gpu_quota: int | None = Field(None, ge=0)
-    cpu_quota: float | None = Field(None, ge=0)
-    description: str = ""
+    gpu_quota: int | None = Field(None, ge=0, le=INT32)
+    cpu_quota: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)
+    description: str = Field("", max_length=10_000)
+
+
+class TeamPatch(BaseModel):
+    """Fields to change; a field left out stays, null clears a quota."""
+
+    gpu_quota: int | None = Field(None, ge=0, le=INT32)
+    cpu_quota: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)
+    description: str | None = Field(None, max_length=10_000)
 
 
 class TeamOut(_FromRecord):
@@ -137,30 +190,34 @@ class TeamOut(_FromRecord):
 
 
 class MetricIn(BaseModel):
-    step: int = Field(..., ge=0)
-    ts: float
-    step_time_s: float | None = None
-    values: dict[str, float] = Field(default_factory=dict)
+    step: Count
+    ts: UnixTime
+    step_time_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)
+    values: dict[str, Annotated[float, Field(allow_inf_nan=True)]] = Field(default_factory=dict)
 
 
 class CheckpointIn(BaseModel):
-    step: int = Field(..., ge=0)
-    path: str
-    ts: float
-    size_bytes: int | None = None
+    step: Count
+    path: str = Field(..., min_length=1, max_length=4096)
+    ts: UnixTime
+    size_bytes: int | None = Field(None, ge=0, le=INT64)
 
 
 class EventIn(BaseModel):
-    kind: str = "runtime"
-    message: str
+    kind: str = Field(
+        "runtime",
+        max_length=32,
+        description="One of runtime, log, progress, warning, error, checkpoint.",
+    )
+    message: str = Field(..., max_length=10_000)
 
 
 class ReportIn(BaseModel):
     """What the in-job runtime sends (docs/contracts.md section 2)."""
 
-    attempt: int = Field(..., ge=1)
-    heartbeat_at: float | None = None
-    resumed_from_step: int | None = None
+    attempt: int = Field(..., ge=1, le=INT32)
+    heartbeat_at: UnixTime | None = None
+    resumed_from_step: Count | None = None
     metrics: list[MetricIn] = Field(default_factory=list)
     checkpoints: list[CheckpointIn] = Field(default_factory=list)
     events: list[EventIn] = Field(default_factory=list)
@@ -186,3 +243,73 @@ class SummaryOut(BaseModel):
     goodput: float | None
     steps_lost: int
     last_checkpoint_step: int | None
+
+
+class UserIn(BaseModel):
+    name: str = Field(..., pattern=USER_PATTERN)
+    platform_admin: bool = False
+    description: str = Field("", max_length=10_000)
+
+
+class UserOut(_FromRecord):
+    name: str
+    created_at: datetime
+    platform_admin: bool
+    description: str
+    teams: dict[str, str] = Field(..., description="team -> role")
+
+
+class UserCreatedOut(BaseModel):
+    user: UserOut
+    token: str = Field(..., description="The user's first API token; shown this once.")
+    token_id: str
+
+
+class MemberIn(BaseModel):
+    role: Role = "member"
+
+
+class MemberOut(_FromRecord):
+    team: str
+    user: str
+    role: str
+    created_at: datetime
+
+
+class TokenIn(BaseModel):
+    name: str = Field("", max_length=126, description="A label, like 'laptop' or 'ci'.")
+    scopes: list[Scope] | None = Field(
+        None, min_length=1, description="Default: every scope of the token making the call."
+    )
+    expires_days: int | None = Field(
+        90, ge=1, le=3650, description="Days until it expires; null: never."
+    )
+    user: str | None = Field(
+        None, pattern=USER_PATTERN, description="For another user (platform admins only)."
+    )
+
+
+class TokenOut(_FromRecord):
+    id: str
+    user: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(..., description="The secret; shown this once, only its hash is kept.")
+
+
+class AuditOut(_FromRecord):
+    id: int
+    ts: datetime
+    actor: str
+    action: str
+    object: str
+    outcome: str
+    source_ip: str
+    detail: str

@@ -79,11 +79,36 @@ def parse_duration_s(value: Any) -> float:
     return float(sum(float(n) * _DUR_UNITS[u] for n, u in parts))
 
 
+MAX_SPEC_BYTES = 256 * 1024
+"""A spec file or YAML text larger than this is refused (a spec is a few hundred bytes)."""
+MAX_FLOW_DEPTH = 64
+"""Deepest nesting of [ ] and { } a spec may use."""
+MAX_YAML_NODES = 100_000
+"""Most values a YAML document may expand to, aliases counted each time they are used."""
+
+
 def read_spec_file(path: Path) -> str:
     """The text of a spec file, or a SpecError naming the file (never an OSError)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "",
+                        f"{path} is {size} bytes; a spec may be at most {MAX_SPEC_BYTES}",
+                        "give the spec file, not a data file",
+                    )
+                ],
+                source=str(path),
+            )
         return path.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            raise SpecError(
+                [FieldIssue("", f"{path} is not UTF-8 text", "save the spec as UTF-8 YAML")],
+                source=str(path),
+            ) from exc
         raise SpecError(
             [FieldIssue("", f"cannot read {path}: {exc.strerror}", "check the path")],
             source=str(path),
@@ -91,9 +116,45 @@ def read_spec_file(path: Path) -> str:
 
 
 def load_yaml_text(text: str, *, source: str = "") -> Any:
-    """Parse YAML, turning syntax errors into a SpecError that points at the line."""
+    """Parse YAML (safe types only), turning syntax errors into a SpecError that points at
+    the line. Refused as a SpecError: text over MAX_SPEC_BYTES, documents that expand to more
+    than MAX_YAML_NODES values through aliases ("billion laughs"), recursive aliases, and
+    nesting too deep to parse."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(
+            [
+                FieldIssue(
+                    "",
+                    f"the YAML text is {len(text)} characters; a spec may be at most "
+                    f"{MAX_SPEC_BYTES}",
+                    "give the spec, not a data file",
+                )
+            ],
+            source=source,
+        )
+    if _flow_depth(text) > MAX_FLOW_DEPTH:
+        raise SpecError(
+            [
+                FieldIssue(
+                    "",
+                    f"the YAML nests [ or {{ more than {MAX_FLOW_DEPTH} levels deep",
+                    "flatten the document",
+                )
+            ],
+            source=source,
+        )
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise SpecError(
+            [FieldIssue("", "the YAML is nested too deeply", "flatten the document")],
+            source=source,
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -102,6 +163,65 @@ def load_yaml_text(text: str, *, source: str = "") -> Any:
             [FieldIssue("", f"malformed YAML at {where}: {problem}", "fix the YAML syntax")],
             source=source,
         ) from exc
+    finally:
+        loader.dispose()
+
+
+_FLOW_RE = re.compile(r"[\[\]{}]")
+_QUOTED_RE = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|#[^\n]*")
+
+
+def _flow_depth(text: str) -> int:
+    """How deep [ ] and { } nest outside quotes and comments (PyYAML's scanner is slow on
+    deep flow nesting, so it is refused before parsing)."""
+    depth = deepest = 0
+    for match in _FLOW_RE.finditer(_QUOTED_RE.sub("", text)):
+        if match.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Count the values the document expands to (an alias counts its whole target each time
+    it is used) without expanding it; refuse bombs and recursive aliases."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in visiting:
+            raise SpecError(
+                [FieldIssue("", "the YAML has a recursive alias", "write the values out")],
+                source=source,
+            )
+        visiting.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        visiting.discard(key)
+        if total > MAX_YAML_NODES:
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "",
+                        f"the YAML expands to more than {MAX_YAML_NODES} values "
+                        "(aliases counted each time they are used)",
+                        "write a smaller spec; do not nest aliases of aliases",
+                    )
+                ],
+                source=source,
+            )
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 _FIX_BY_TYPE = {

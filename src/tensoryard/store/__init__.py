@@ -6,28 +6,46 @@ default; any ``postgresql+psycopg://`` URL works in production.
 """
 
 from tensoryard.store.records import (
+    TEAM_ROLES,
+    TOKEN_SCOPES,
     AttemptRecord,
+    AuditContext,
+    AuditRecord,
     CheckpointRecord,
     EventRecord,
+    IssuedToken,
     JobPage,
     JobRecord,
+    JobTokenGrant,
+    MemberRecord,
     MetricRecord,
     StepProgress,
     TeamRecord,
+    TokenRecord,
+    UserRecord,
 )
 from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
 
 __all__ = [
     "JOB_FIELDS",
+    "TEAM_ROLES",
+    "TOKEN_SCOPES",
     "AttemptRecord",
+    "AuditContext",
+    "AuditRecord",
     "CheckpointRecord",
     "EventRecord",
+    "IssuedToken",
     "JobPage",
     "JobRecord",
+    "JobTokenGrant",
+    "MemberRecord",
     "MetricRecord",
     "StepProgress",
     "Store",
     "TeamRecord",
+    "TokenRecord",
+    "UserRecord",
     "default_sqlite_url",
     "utcnow",
 ]

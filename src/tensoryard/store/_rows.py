@@ -3,23 +3,42 @@
 from __future__ import annotations
 
 from tensoryard.spec.states import JobState
-from tensoryard.store.models import Attempt, Checkpoint, Event, Job, Metric, Team
+from tensoryard.store.models import (
+    ApiToken,
+    Attempt,
+    AuditEntry,
+    Checkpoint,
+    Event,
+    Job,
+    Membership,
+    Metric,
+    Team,
+    User,
+)
 from tensoryard.store.records import (
     AttemptRecord,
+    AuditRecord,
     CheckpointRecord,
     EventRecord,
     JobRecord,
+    MemberRecord,
     MetricRecord,
     TeamRecord,
+    TokenRecord,
+    UserRecord,
 )
 
 __all__ = [
     "attempt_record",
+    "audit_record",
     "checkpoint_record",
     "event_record",
     "job_record",
+    "member_record",
     "metric_record",
     "team_record",
+    "token_record",
+    "user_record",
 ]
 
 
@@ -103,4 +122,44 @@ def checkpoint_record(c: Checkpoint) -> CheckpointRecord:
         path=c.path,
         ts=c.ts,
         size_bytes=c.size_bytes,
+    )
+
+
+def user_record(u: User, teams: dict[str, str]) -> UserRecord:
+    return UserRecord(
+        name=u.name,
+        created_at=u.created_at,
+        platform_admin=u.platform_admin,
+        description=u.description,
+        teams=dict(teams),
+    )
+
+
+def member_record(m: Membership) -> MemberRecord:
+    return MemberRecord(team=m.team, user=m.user_name, role=m.role, created_at=m.created_at)
+
+
+def token_record(t: ApiToken) -> TokenRecord:
+    return TokenRecord(
+        id=t.id,
+        user=t.user_name,
+        name=t.name,
+        scopes=tuple(t.scopes),
+        created_at=t.created_at,
+        expires_at=t.expires_at,
+        revoked_at=t.revoked_at,
+        last_used_at=t.last_used_at,
+    )
+
+
+def audit_record(a: AuditEntry) -> AuditRecord:
+    return AuditRecord(
+        id=a.id,
+        ts=a.ts,
+        actor=a.actor,
+        action=a.action,
+        object=a.object,
+        outcome=a.outcome,
+        source_ip=a.source_ip,
+        detail=a.detail,
     )

@@ -29,17 +29,22 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from tensoryard.spec.states import JobState
+from tensoryard.store.records import TEAM_ROLES
 
 __all__ = [
+    "ApiToken",
     "Attempt",
+    "AuditEntry",
     "Base",
     "Checkpoint",
     "Event",
     "Job",
     "JobToken",
+    "Membership",
     "Metric",
     "Team",
     "UTCDateTime",
+    "User",
 ]
 
 # Explicit constraint names, so migrations and autogenerate agree on every backend.
@@ -54,6 +59,8 @@ NAMING_CONVENTION = {
 NAME_LEN = 63
 STATE_LEN = 16
 STATE_VALUES = ", ".join(f"'{s.value}'" for s in JobState)
+USER_LEN = 128  # as jobs.user_name
+ROLE_VALUES = ", ".join(f"'{r}'" for r in TEAM_ROLES)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -221,6 +228,79 @@ class JobToken(Base):
     )
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    """The attempt the token was issued for; it may report for no other (NULL: before 0002)."""
+
+
+class User(Base):
+    """A person (or robot) that holds API tokens; platform admins may do everything."""
+
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(USER_LEN), primary_key=True)
+    created_at: Mapped[datetime]
+    platform_admin: Mapped[bool] = mapped_column(Boolean)
+    description: Mapped[str] = mapped_column(Text)
+
+
+class Membership(Base):
+    """A user's role in one team: viewer < member < team-admin."""
+
+    __tablename__ = "team_members"
+    __table_args__ = (
+        CheckConstraint(f"role IN ({ROLE_VALUES})", name="role"),
+        Index(None, "user_name"),
+    )
+
+    team: Mapped[str] = mapped_column(
+        String(NAME_LEN), ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True
+    )
+    user_name: Mapped[str] = mapped_column(
+        String(USER_LEN), ForeignKey("users.name", ondelete="CASCADE"), primary_key=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+
+
+class ApiToken(Base):
+    """A user's API token: ``tyd_<id>_<secret>``; only the sha256 of the whole token is kept."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (Index(None, "user_name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_name: Mapped[str] = mapped_column(
+        String(USER_LEN), ForeignKey("users.name", ondelete="CASCADE")
+    )
+    token_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(NAME_LEN * 2))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    """Who did what, when, from where, and how it ended. Append-only (triggers refuse
+    UPDATE and DELETE on both backends)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (
+        Index(None, "actor"),
+        Index(None, "action"),
+        Index(None, "ts"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(USER_LEN + 64))
+    action: Mapped[str] = mapped_column(String(64))
+    object: Mapped[str] = mapped_column(String(256))
+    outcome: Mapped[str] = mapped_column(String(16))
+    source_ip: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[str] = mapped_column(Text)
 
 
 class Lease(Base):

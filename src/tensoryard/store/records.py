@@ -9,15 +9,31 @@ from typing import Any
 from tensoryard.spec.states import JobState
 
 __all__ = [
+    "TEAM_ROLES",
+    "TOKEN_SCOPES",
     "AttemptRecord",
+    "AuditContext",
+    "AuditRecord",
     "CheckpointRecord",
     "EventRecord",
+    "IssuedToken",
     "JobPage",
     "JobRecord",
+    "JobTokenGrant",
+    "MemberRecord",
     "MetricRecord",
     "StepProgress",
     "TeamRecord",
+    "TokenRecord",
+    "UserRecord",
 ]
+
+TEAM_ROLES = ("viewer", "member", "team-admin")
+"""Roles within a team, weakest first; each includes the rights of those before it."""
+
+TOKEN_SCOPES = ("read", "write", "admin")
+"""What a token may be used for: read (GET), write (submit, cancel, own tokens), admin
+(users, teams, quotas, members, audit). A token never grants more than its user's roles."""
 
 
 @dataclass(frozen=True)
@@ -131,3 +147,78 @@ class StepProgress:
     last_step: int | None
     last_ts: float | None  # unix seconds of the newest step row
     median_step_s: float | None  # median time between consecutive steps among them
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """A user, whether a platform admin, and their role in each team (team -> role)."""
+
+    name: str
+    created_at: datetime
+    platform_admin: bool
+    description: str
+    teams: dict[str, str]
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """A user's role in a team."""
+
+    team: str
+    user: str
+    role: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """An API token without its secret: who holds it, what it may do, and until when."""
+
+    id: str
+    user: str
+    name: str
+    scopes: tuple[str, ...]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A new token: the record and the secret, which is shown this once and never stored."""
+
+    record: TokenRecord
+    token: str
+
+
+@dataclass(frozen=True)
+class JobTokenGrant:
+    """What a valid job token allows: reporting for this job and attempt (None: any, from a
+    token issued before attempts were recorded)."""
+
+    job_id: int
+    attempt: int | None
+
+
+@dataclass(frozen=True)
+class AuditContext:
+    """Who asks for a change and from where; the store writes the audit row in the change's
+    own transaction."""
+
+    actor: str
+    source_ip: str = ""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One line of the audit log."""
+
+    id: int
+    ts: datetime
+    actor: str
+    action: str
+    object: str
+    outcome: str  # ok | denied | error
+    source_ip: str
+    detail: str

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Engine, func, select
+from sqlalchemy import ColumnElement, CursorResult, Engine, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -27,6 +27,7 @@ from tensoryard.spec.job import NAME_PATTERN, JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
+from tensoryard.store._identity import IdentityMixin
 from tensoryard.store._inputs import JOB_FIELDS
 from tensoryard.store.models import (
     Attempt,
@@ -41,10 +42,12 @@ from tensoryard.store.models import (
 )
 from tensoryard.store.records import (
     AttemptRecord,
+    AuditContext,
     CheckpointRecord,
     EventRecord,
     JobPage,
     JobRecord,
+    JobTokenGrant,
     MetricRecord,
     StepProgress,
     TeamRecord,
@@ -67,8 +70,12 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store:
-    """Repository over the tensoryard database (SQLite file or PostgreSQL)."""
+class Store(IdentityMixin):
+    """Repository over the tensoryard database (SQLite file or PostgreSQL).
+
+    Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then
+    append the audit row in the same transaction as the change.
+    """
 
     def __init__(self, engine: Engine, url: str, *, clock: Clock = utcnow) -> None:
         """Wrap an engine; use :meth:`open` unless you built the engine yourself."""
@@ -157,6 +164,7 @@ class Store:
         gpu_quota: int | None = None,
         cpu_quota: float | None = None,
         description: str = "",
+        audit: AuditContext | None = None,
     ) -> TeamRecord:
         """Create the team if absent (idempotent; an existing team is returned unchanged)."""
         _check_team(name, gpu_quota, cpu_quota)
@@ -168,7 +176,10 @@ class Store:
                 cpu_quota=cpu_quota,
                 description=description,
             )
-            s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            result = s.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
+            created = cast(CursorResult[Any], result).rowcount
+            detail = f"gpu_quota={gpu_quota} cpu_quota={cpu_quota}" if created else "existed"
+            self._audit(s, audit, "team.create", f"team/{name}", detail=detail)
             return _rows.team_record(_get(s, Team, name, f"team {name!r}"))
 
     def update_team(
@@ -178,6 +189,7 @@ class Store:
         gpu_quota: int | None = _UNSET,
         cpu_quota: float | None = _UNSET,
         description: str = _UNSET,
+        audit: AuditContext | None = None,
     ) -> TeamRecord:
         """Change the given fields of a team (None clears a quota); NotFound if absent."""
         _check_team(
@@ -193,6 +205,8 @@ class Store:
                 team.cpu_quota = cpu_quota
             if description is not _UNSET:
                 team.description = description
+            detail = f"gpu_quota={team.gpu_quota} cpu_quota={team.cpu_quota}"
+            self._audit(s, audit, "team.update", f"team/{name}", detail=detail)
             return _rows.team_record(team)
 
     def get_team(self, name: str) -> TeamRecord:
@@ -207,11 +221,19 @@ class Store:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def create_job(self, spec: JobSpec, *, run_dir_root: Path) -> JobRecord:
+    def create_job(
+        self, spec: JobSpec, *, run_dir_root: Path, audit: AuditContext | None = None
+    ) -> JobRecord:
         """Store a new PENDING job with a ``submitted`` event; nothing is stored on error."""
-        return self.create_jobs([spec], run_dir_root=run_dir_root)[0]
+        return self.create_jobs([spec], run_dir_root=run_dir_root, audit=audit)[0]
 
-    def create_jobs(self, specs: Sequence[JobSpec], *, run_dir_root: Path) -> list[JobRecord]:
+    def create_jobs(
+        self,
+        specs: Sequence[JobSpec],
+        *,
+        run_dir_root: Path,
+        audit: AuditContext | None = None,
+    ) -> list[JobRecord]:
         """Store several PENDING jobs in one transaction: all of them, or none on error."""
         with self._tx(f"submit {len(specs)} job(s)", write=True) as s:
             known = set(s.scalars(select(Team.name)))
@@ -229,6 +251,7 @@ class Store:
             for job, spec in zip(jobs, specs, strict=True):
                 job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
                 self._event(s, job.id, "submitted", f"submitted by {spec.user} to team {spec.team}")
+                self._audit(s, audit, "job.submit", f"job/{job.id}", detail=f"team {spec.team}")
             return [_rows.job_record(j) for j in jobs]
 
     @staticmethod
@@ -268,8 +291,12 @@ class Store:
         limit: int = 50,
         cursor: str | None = None,
         newest_first: bool = True,
+        teams: Iterable[str] | None = None,
     ) -> JobPage:
-        """A page of jobs matching every given filter, ordered by id; ``total`` ignores paging."""
+        """A page of jobs matching every given filter, ordered by id; ``total`` ignores paging.
+
+        ``teams`` (when given) limits the listing to those teams: what a caller may see.
+        """
         if not 1 <= limit <= MAX_PAGE:
             raise SpecError(
                 [FieldIssue("limit", f"{limit} is out of range", f"use 1 to {MAX_PAGE}")]
@@ -280,6 +307,8 @@ class Store:
             where.append(Job.state.in_([JobState(x).value for x in states]))
         if team is not None:
             where.append(Job.team == team)
+        if teams is not None:
+            where.append(Job.team.in_(sorted(set(teams))))
         if user is not None:
             where.append(Job.user == user)
         if name is not None:
@@ -343,7 +372,7 @@ class Store:
             job.changed_at = self._now()
             return _rows.job_record(job)
 
-    def request_cancel(self, job_id: int) -> JobRecord:
+    def request_cancel(self, job_id: int, *, audit: AuditContext | None = None) -> JobRecord:
         """Mark a job for cancellation (the reconciler acts on it); Conflict if it has ended."""
         with self._tx(f"cancel job {job_id}", write=True) as s:
             job = _get(s, Job, job_id, f"job {job_id}", lock=True)
@@ -354,6 +383,7 @@ class Store:
                 job.cancel_requested = True
                 job.updated_at = job.changed_at = self._now()
                 self._event(s, job_id, "cancel", f"cancellation requested while {state}")
+            self._audit(s, audit, "job.cancel", f"job/{job_id}", detail=f"while {state}")
             return _rows.job_record(job)
 
     def active_jobs(self) -> list[JobRecord]:
@@ -905,30 +935,41 @@ class Store:
 
     # -- job tokens ------------------------------------------------------------------------
 
-    def issue_job_token(self, job_id: int, token: str | None = None) -> str:
+    def issue_job_token(
+        self, job_id: int, token: str | None = None, *, attempt: int | None = None
+    ) -> str:
         """A bearer token for the job's runtime (``token``, or a new random one); replaces the
-        old one. Only its hash is kept."""
+        old one. Only its hash is kept.
+
+        The token may report for ``attempt`` only (default: the next one, ``attempts + 1``).
+        """
         token = token or secrets.token_urlsafe(32)
         with self._tx(f"issue a token for job {job_id}", write=True) as s:
-            _get(s, Job, job_id, f"job {job_id}", lock=True)
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            number = job.attempts + 1 if attempt is None else attempt
             row = s.get(JobToken, job_id)
             if row is None:
-                s.add(
-                    JobToken(
-                        job_id=job_id, token_hash=_in.token_hash(token), created_at=self._now()
-                    )
-                )
-            else:
-                row.token_hash = _in.token_hash(token)
-                row.created_at = self._now()
+                row = JobToken(job_id=job_id, token_hash="", created_at=self._now())
+                s.add(row)
+            row.token_hash = _in.token_hash(token)
+            row.created_at = self._now()
+            row.attempt = number
         return token
+
+    def job_token_grant(self, job_id: int, token: str) -> JobTokenGrant | None:
+        """What ``token`` allows for this job (its attempt), or None if it is not the job's
+        current token (constant-time compare)."""
+        with self._tx(f"check the token of job {job_id}", write=False) as s:
+            row = s.get(JobToken, job_id)
+            stored, attempt = (row.token_hash, row.attempt) if row is not None else (None, None)
+        # Compare even when absent, so timing does not reveal which job ids have tokens.
+        if hmac.compare_digest(stored or "0" * 64, _in.token_hash(token)) and stored is not None:
+            return JobTokenGrant(job_id=job_id, attempt=attempt)
+        return None
 
     def check_job_token(self, job_id: int, token: str) -> bool:
         """Whether ``token`` is the job's current token (constant-time compare)."""
-        with self._tx(f"check the token of job {job_id}", write=False) as s:
-            stored = s.scalar(select(JobToken.token_hash).where(JobToken.job_id == job_id))
-        # Compare even when absent, so timing does not reveal which job ids have tokens.
-        return hmac.compare_digest(stored or "0" * 64, _in.token_hash(token)) and stored is not None
+        return self.job_token_grant(job_id, token) is not None
 
     def revoke_job_token(self, job_id: int) -> None:
         """Forget the job's token (e.g. when the job ends); later checks fail."""

@@ -1,4 +1,5 @@
-"""The admin token is made once, kept private, and compared in constant time."""
+"""The local admin token is made once (a platform admin's API token), kept private, and
+replaced when the store no longer accepts it; tokens compare in constant time."""
 
 from __future__ import annotations
 
@@ -8,16 +9,34 @@ from pathlib import Path
 import pytest
 
 from tensoryard.client import resolve_connection
-from tensoryard.server.auth import ensure_admin_token, read_admin_token, tokens_equal
+from tensoryard.server.auth import bootstrap_admin, read_admin_token, tokens_equal
+from tensoryard.store import Store
 
 
-def test_the_admin_token_is_created_once_with_owner_only_permissions(tmp_path: Path) -> None:
+def test_the_admin_token_is_created_once_with_owner_only_permissions(
+    tmp_path: Path, sqlite_store: Store
+) -> None:
     path = tmp_path / "home" / "admin.token"
-    first = ensure_admin_token(path)
+    first = bootstrap_admin(sqlite_store, path)
     assert first.startswith("tyd_") and len(first) > 40
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert ensure_admin_token(path) == first
+    assert bootstrap_admin(sqlite_store, path) == first
     assert read_admin_token(path) == first
+    user, token = sqlite_store.authenticate(first)
+    assert user.name == "admin" and user.platform_admin
+    assert token.expires_at is None and set(token.scopes) == {"read", "write", "admin"}
+
+
+def test_a_token_file_the_store_does_not_accept_is_replaced(
+    tmp_path: Path, sqlite_store: Store
+) -> None:
+    path = tmp_path / "admin.token"
+    path.write_text("tyd_an-old-style-token-of-version-0.1\n")
+    fresh = bootstrap_admin(sqlite_store, path)
+    assert read_admin_token(path) == fresh != "tyd_an-old-style-token-of-version-0.1"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    sqlite_store.revoke_token(sqlite_store.authenticate(fresh)[1].id)
+    assert bootstrap_admin(sqlite_store, path) not in (fresh, None)
 
 
 def test_a_missing_token_file_reads_as_none(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Crash safety, time accounting, change tracking, leader lease, persisted scheduler state.
 
 Revision ID: 0003_reliability
-Revises: 0001
+Revises: 0002_identity
 Create Date: 2026-12-02
 
 - attempts.attempt_key: recorded with the intent, before the executor launches anything, so a
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003_reliability"
-down_revision: str | Sequence[str] | None = "0001"
+down_revision: str | Sequence[str] | None = "0002_identity"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

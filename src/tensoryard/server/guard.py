@@ -1,0 +1,123 @@
+"""The API's door: bearer token -> rate limit -> principal, and checks that audit refusals.
+
+Every route except the public ones (``/healthz``, the OpenAPI document and its pages) depends
+on :meth:`Guard.user` or, for the report endpoint, :meth:`Guard.reporter`. Both declare the
+``HTTPBearer`` security scheme, so the OpenAPI document shows which routes need a token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from tensoryard.errors import Forbidden, Unauthenticated
+from tensoryard.server.access import Action, Principal, authorize, principal_of
+from tensoryard.server.limits import RateLimiter
+from tensoryard.store import AuditContext, Store
+from tensoryard.store._identity import parse_api_token
+
+__all__ = ["INT32", "Guard", "JobId", "Reporter"]
+
+INT32 = 2**31 - 1
+JobId = Annotated[int, Path(ge=1, le=INT32, description="Job id.")]
+
+_bearer_scheme = HTTPBearer(auto_error=False, description="An API token, or a job's token.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_scheme)]
+
+MISSING = "missing bearer token (fix: run `tyard login`, set TYARD_TOKEN or pass --token)"
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """Who may post a report for a job: its job token (for one attempt), or a platform admin."""
+
+    job_id: int
+    attempt: int | None  # None: any attempt (a platform admin, or a token from before 0002)
+    principal: Principal | None  # set for a platform admin's user token
+
+
+class Guard:
+    """Resolves tokens to principals (with a per-token rate limit) and checks actions."""
+
+    def __init__(self, store: Store, limiter: RateLimiter) -> None:
+        self.store = store
+        self.limiter = limiter
+
+    # -- dependencies ----------------------------------------------------------------------
+
+    def user(self, request: Request, credentials: Credentials) -> Principal:
+        """The user behind an API token; 401 for none, a bad, expired or revoked one."""
+        token = _token_of(credentials)
+        token_id = parse_api_token(token)
+        if token_id is None:
+            self.limiter.check(f"address:{_ip(request)}")
+            raise Unauthenticated(
+                "invalid token (fix: use a token from `tyard tokens create` or "
+                "$TYARD_HOME/admin.token; job tokens only work for their job's report)"
+            )
+        self.limiter.check(f"token:{token_id}")
+        try:
+            user, record = self.store.authenticate(token)
+        except Unauthenticated:
+            self.limiter.check(f"address:{_ip(request)}")  # guessing costs the guesser
+            raise
+        who = principal_of(user, record)
+        request.state.principal = who
+        return who
+
+    def reporter(self, job_id: JobId, request: Request, credentials: Credentials) -> Reporter:
+        """A job's own token (bound to one attempt), or a platform admin's user token."""
+        token = _token_of(credentials)
+        if parse_api_token(token) is not None:
+            who = self.user(request, credentials)
+            self.check(request, who, Action.JOB_REPORT, obj=f"job/{job_id}")
+            return Reporter(job_id=job_id, attempt=None, principal=who)
+        self.limiter.check(f"job:{job_id}")
+        grant = self.store.job_token_grant(job_id, token)
+        if grant is None:
+            raise Unauthenticated(
+                f"invalid token for job {job_id} (a job token works only "
+                "for its own job's current attempt)"
+            )
+        return Reporter(job_id=job_id, attempt=grant.attempt, principal=None)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def check(
+        self,
+        request: Request,
+        who: Principal,
+        action: Action,
+        *,
+        team: str | None = None,
+        obj: str = "",
+    ) -> None:
+        """authorize(), writing a `denied` audit line before a 403."""
+        try:
+            authorize(who, action, team)
+        except Forbidden as exc:
+            self.store.record_audit(
+                self.context(request, who),
+                str(action),
+                obj or f"team/{team or '-'}",
+                outcome="denied",
+                detail=str(exc),
+            )
+            raise
+
+    @staticmethod
+    def context(request: Request, who: Principal) -> AuditContext:
+        return AuditContext(actor=who.name, source_ip=_ip(request))
+
+
+def _token_of(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None or not credentials.credentials.strip():
+        raise Unauthenticated(MISSING)
+    return credentials.credentials.strip()
+
+
+def _ip(request: Request) -> str:
+    return request.client.host if request.client else ""
