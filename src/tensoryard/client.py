@@ -215,6 +215,15 @@ class Client:
     def set_member(self, team: str, user: str, role: str = "member") -> dict[str, Any]:
         return dict(self._json("PUT", f"{API}/teams/{team}/members/{user}", json={"role": role}))
 
+    def secrets(self, team: str) -> list[str]:
+        return [str(n) for n in self._json("GET", f"{API}/teams/{team}/secrets")]
+
+    def set_secret(self, team: str, name: str, value: str) -> None:
+        self._request("PUT", f"{API}/teams/{team}/secrets/{name}", json={"value": value})
+
+    def delete_secret(self, team: str, name: str) -> None:
+        self._request("DELETE", f"{API}/teams/{team}/secrets/{name}")
+
     def remove_member(self, team: str, user: str) -> None:
         self._request("DELETE", f"{API}/teams/{team}/members/{user}")
 

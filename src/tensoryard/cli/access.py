@@ -1,4 +1,4 @@
-"""`tyard login|whoami|tokens|users|audit` and `tyard teams members|update`."""
+"""`tyard login|whoami|tokens|users|secrets|audit` and `tyard teams members|update`."""
 
 from __future__ import annotations
 
@@ -379,6 +379,66 @@ def audit(
     console.print(table)
 
 
+secrets_app = typer.Typer(
+    help="Team secrets that job specs reference by name (`secrets: {ENV: name}`).",
+    no_args_is_help=True,
+)
+SecretArg = Annotated[str, typer.Argument(help="Secret name.", show_default=False)]
+
+
+@secrets_app.command("set")
+def secrets_set(
+    team: TeamArg,
+    name: SecretArg,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from-file", help="Read the value from this file.", show_default=False),
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create or replace a secret (asked for, hidden, unless --from-file or piped in)."""
+    if from_file is not None:
+        try:
+            value = from_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            die(f"cannot read {from_file}: {exc.strerror} (fix: give a readable file)")
+    elif not os.isatty(0):
+        value = typer.get_text_stream("stdin").read()
+    else:
+        value = typer.prompt("value", hide_input=True)
+    value = value.rstrip("\n")
+    if not value:
+        die("the secret is empty (fix: give a value, --from-file, or pipe it in)")
+    with user_errors(), client_for(server, token) as client:
+        client.set_secret(team, name, value)
+    console.print(f"secret {name} of team {team} stored")
+
+
+@secrets_app.command("list")
+def secrets_list(
+    team: TeamArg, server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False
+) -> None:
+    """The names of a team's secrets (values are never shown)."""
+    with user_errors(), client_for(server, token) as client:
+        names = client.secrets(team)
+    if json_out:
+        print_json(names)
+        return
+    for name in names:
+        console.print(name)
+
+
+@secrets_app.command("delete")
+def secrets_delete(
+    team: TeamArg, name: SecretArg, server: ServerOpt = None, token: TokenOpt = None
+) -> None:
+    """Delete a secret; jobs that reference it fail to launch until it is set again."""
+    with user_errors(), client_for(server, token) as client:
+        client.delete_secret(team, name)
+    console.print(f"secret {name} of team {team} deleted")
+
+
 def register(app: typer.Typer) -> None:
     from tensoryard.cli.jobs import teams_app
 
@@ -386,6 +446,7 @@ def register(app: typer.Typer) -> None:
     app.command()(whoami)
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(users_app, name="users")
+    app.add_typer(secrets_app, name="secrets")
     app.command()(audit)
     teams_app.command("update")(teams_update)
     teams_app.add_typer(members_app, name="members")

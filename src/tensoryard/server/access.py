@@ -50,6 +50,8 @@ class Action(StrEnum):
     TOKEN_MANAGE_OWN = "token.manage"
     TOKEN_MANAGE_ANY = "token.manage-any"
     AUDIT_READ = "audit.read"
+    SECRET_READ = "secret.read"
+    SECRET_MANAGE = "secret.set"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ RULES: dict[Action, Rule] = {
     Action.TOKEN_READ_OWN: Rule("read", "list your tokens", anyone=True),
     Action.TOKEN_MANAGE_OWN: Rule("write", "create or revoke your tokens", anyone=True),
     Action.TOKEN_MANAGE_ANY: Rule("admin", "manage other users' tokens"),
+    Action.SECRET_READ: Rule("read", "list this team's secret names", role="member"),
+    Action.SECRET_MANAGE: Rule("write", "set or delete this team's secrets", role="team-admin"),
     Action.AUDIT_READ: Rule("admin", "read the audit log"),
 }
 

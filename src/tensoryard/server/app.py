@@ -31,6 +31,7 @@ from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
+from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
     AttemptOut,
     BatchSubmitIn,
@@ -49,6 +50,7 @@ from tensoryard.server.schemas import (
     TeamOut,
     TeamPatch,
 )
+from tensoryard.server.secrets import SecretStore
 from tensoryard.server.summary import summarize
 from tensoryard.spec.job import JobSpec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
@@ -79,6 +81,7 @@ def create_app(
     store: Store,
     executor: Executor,
     runs_dir: Path,
+    secrets: SecretStore | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
     max_body_bytes: int = 2 * 1024 * 1024,
@@ -334,6 +337,13 @@ def create_app(
         return TeamOut.model_validate(team)
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
+    add_secret_routes(
+        app,
+        store=store,
+        guard=guard,
+        secrets=secrets or SecretStore(runs_dir / "secrets"),
+        prefix=API,
+    )
     return app
 
 

@@ -87,6 +87,11 @@ class ServerConfig:
         return self.home / "admin.token"
 
     @property
+    def secrets_dir(self) -> Path:
+        """Team secrets (directories 0700, files 0600); replicas share them through `home`."""
+        return self.home / "secrets"
+
+    @property
     def job_key_path(self) -> Path:
         """The secret job tokens are derived from (0600); replicas share it through `home`."""
         return self.home / "job-token.key"

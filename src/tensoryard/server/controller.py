@@ -31,12 +31,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tensoryard.errors import Conflict, ExecutorError, StoreError, TensoryardError
+from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
+from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import AttemptRecord, JobRecord, Store
@@ -102,6 +103,7 @@ class Controller:
         job_key: str = "",
         clock: Callable[[], float] = time.time,
         holder: str | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -110,6 +112,7 @@ class Controller:
         self.config = config
         self.clock = clock
         self.job_key = job_key or uuid.uuid4().hex
+        self.secrets = secrets or SecretStore(config.secrets_dir)
         self.holder = holder or f"{uuid.uuid4().hex[:8]}"
         self.is_leader = False
         self.epoch: int | None = None
@@ -697,6 +700,11 @@ class Controller:
         try:
             spec = self._spec(job)
             request = self._request(job, spec, attempt.number, attempt.attempt_key)
+            try:  # values are read at launch, never stored with the job
+                request.env.update(self.secrets.resolve(spec.team, spec.secrets))
+            except NotFound as exc:
+                self._launch_failed(job, attempt, f"launch of attempt {attempt.number}: {exc}")
+                return
             self.store.issue_job_token(
                 job.id, request.env["TYARD_JOB_TOKEN"], attempt=attempt.number
             )

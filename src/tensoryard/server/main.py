@@ -43,6 +43,7 @@ class ControlPlane:
             store=self.store,
             executor=self.executor,
             runs_dir=self.config.runs_dir,
+            secrets=self.controller.secrets,
             kick=self.controller.kick,
             loop_status=lambda: {
                 "leader": self.controller.is_leader,

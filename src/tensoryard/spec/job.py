@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 # Sanity ceilings: beyond these a value is a typo, not a request.
 MAX_NODES = 4096
@@ -152,6 +154,11 @@ class JobSpec(StrictModel):
     launcher: Literal["torchrun", "python"] = Field("torchrun")
     command: list[str] = Field(..., min_length=1, description="Script and arguments.")
     env: dict[str, str] = Field(default_factory=dict)
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variable -> name of a secret of the job's team, injected at "
+        "launch (`tyard secrets set TEAM NAME`); the value never appears in the spec.",
+    )
     workdir: str | None = Field(None, description="Working directory; defaults to the spec's.")
     image: str | None = Field(None, description="Container image (cluster executors only).")
     checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec())
@@ -161,6 +168,24 @@ class JobSpec(StrictModel):
     )
     health: HealthSpec = Field(default_factory=lambda: HealthSpec())
     scheduling: SchedulingSpec = Field(default_factory=lambda: SchedulingSpec())
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
+        for env, name in value.items():
+            if env.upper().startswith("TYARD_"):
+                raise ValueError(
+                    f"{env!r}: TYARD_* variables are the control plane's (fix: another name)"
+                )
+            if not re.match(ENV_NAME_PATTERN, env):
+                raise ValueError(
+                    f"{env!r} is not an environment variable name (fix: use A-Z, 0-9 and '_')"
+                )
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(
+                    f"{name!r} is not a secret name (fix: lowercase letters, digits and '-')"
+                )
+        return value
 
     @field_validator("command", mode="before")
     @classmethod
@@ -190,6 +215,11 @@ class JobSpec(StrictModel):
                 "launcher 'python' runs a single process but resources ask for "
                 f"{self.resources.world_size} (fix: use launcher: torchrun, or one node and "
                 "processes_per_node: 1)"
+            )
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} is set in both env and secrets (fix: keep it in one of them)"
             )
         return self
 

@@ -213,3 +213,28 @@ def test_a_batch_over_the_limit_is_refused_naming_the_field(api: TestClient) -> 
     response = api.post("/api/v1/jobs/batch", json={"specs": [GOOD] * 1001})
     assert response.status_code == 422
     assert "specs" in response.text
+
+
+def test_a_secret_is_written_and_listed_by_name_but_never_read_back(api: TestClient) -> None:
+    assert (
+        api.put("/api/v1/teams/default/secrets/hf-token", json={"value": "s3"}).status_code == 204
+    )
+    assert api.get("/api/v1/teams/default/secrets").json() == ["hf-token"]
+    assert api.get("/api/v1/teams/default/secrets/hf-token").status_code in (404, 405)
+    job = submit(api, secrets={"HF_TOKEN": "hf-token"})
+    assert job["spec"]["secrets"] == {"HF_TOKEN": "hf-token"}
+    assert "s3" not in str(api.get(f"/api/v1/jobs/{job['id']}").json())
+    bad = api.put("/api/v1/teams/default/secrets/..%2Fescape", json={"value": "x"})
+    assert bad.status_code in (404, 422)
+    assert api.delete("/api/v1/teams/default/secrets/hf-token").status_code == 204
+    assert api.get("/api/v1/teams/default/secrets").json() == []
+
+
+def test_secret_references_are_checked_in_the_spec(api: TestClient) -> None:
+    for refs, fragment in (
+        ({"TYARD_JOB_TOKEN": "x"}, "control plane"),
+        ({"bad name": "x"}, "not an environment variable name"),
+        ({"KEY": "Not_A_Name"}, "not a secret name"),
+    ):
+        answer = api.post("/api/v1/jobs", json={"spec": {**GOOD, "secrets": refs}})
+        assert answer.status_code == 422 and fragment in answer.text, answer.text

@@ -120,8 +120,14 @@ class World:
         return self.controller
 
 
+def store_home(store: Store) -> Path:
+    """The test's own directory (next to its SQLite file): secrets go there, not to ~/.tyard."""
+    return Path(store.url.removeprefix("sqlite:///")).parent / "home"
+
+
 def make_controller(store: Store, executor: ScriptedExecutor, clock: Clock) -> Controller:
     config = ServerConfig(
+        home=store_home(store),
         launch_workers=0,
         cancel_grace_s=5,
         starting_timeout_s=60,
@@ -348,3 +354,27 @@ def test_two_controllers_never_lead_at_once(world: World) -> None:
     world.clock.t += 11  # the leader stopped renewing: its lease expired
     assert other.lead()
     assert not world.controller.lead()
+
+
+def test_a_secret_reference_is_resolved_at_launch_and_a_missing_one_fails_with_the_fix(
+    world: World,
+) -> None:
+    seen: list[dict[str, str]] = []
+    launch = world.executor.launch
+
+    def record(request: LaunchRequest) -> dict[str, Any]:
+        seen.append(dict(request.env))
+        return launch(request)
+
+    world.executor.launch = record  # type: ignore[method-assign]
+    world.controller.secrets.put("default", "hf-token", "s3cret")
+    ok = world.submit("ok", secrets={"HF_TOKEN": "hf-token"})
+    world.cycle(2)
+    assert world.state(ok) is JobState.RUNNING
+    assert seen[-1]["HF_TOKEN"] == "s3cret"
+    assert "s3cret" not in str(world.store.get_job(ok).spec)
+    missing = world.submit("missing", secrets={"KEY": "nope"}, restart={"max_restarts": 0})
+    world.cycle(2)
+    job = world.store.get_job(missing)
+    assert job.state is JobState.FAILED
+    assert "no secret 'nope'" in job.reason and "tyard secrets set default nope" in job.reason
