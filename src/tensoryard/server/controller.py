@@ -718,12 +718,10 @@ class Controller:
                 return
             crashpoint("launch.after_start")
             self.store.mark_launched(job.id, attempt.number, handle)
-        except Exception as exc:  # never lose a launch thread silently
+        except Exception as exc:  # never lose a launch thread silently, never retry it blindly
             log.exception("job %s: launch of attempt %s failed", job.id, attempt.number)
-            with contextlib.suppress(TensoryardError):
-                self.store.add_event(
-                    job.id, "error", f"launch error: {exc}", attempt=attempt.number
-                )
+            with contextlib.suppress(Exception):
+                self._launch_failed(job, attempt, f"launch of attempt {attempt.number}: {exc}")
         finally:
             with self._flight_lock:
                 self._in_flight.discard((job.id, attempt.number))
