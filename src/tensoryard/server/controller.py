@@ -39,7 +39,7 @@ from tensoryard.server.faults import crashpoint
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
-from tensoryard.spec.states import TERMINAL_STATES, JobState
+from tensoryard.spec.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from tensoryard.store import AttemptRecord, JobRecord, Store
 
 __all__ = ["Controller"]
@@ -122,6 +122,8 @@ class Controller:
         self._specs: dict[int, JobSpec] = {}
         self._since: datetime | None = None
         self._dirty = True
+        self._urgent = False
+        self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
         self._last_state_save = 0.0
         self._stop = threading.Event()
@@ -257,7 +259,7 @@ class Controller:
             # 2. Reconcile running attempts with what the executor sees (frees ended slots).
             self._reconcile(now)
             # 3. Schedule: snapshot -> policy -> admissions and pending reasons.
-            if self._dirty or now - self._last_schedule >= self.config.reschedule_interval_s:
+            if self._schedule_due(now):
                 self._schedule(now)
             # 4. Launch admitted jobs and restarts whose backoff has passed (in the background).
             self._launch_ready(now)
@@ -288,6 +290,8 @@ class Controller:
             and job.changed_at < old.changed_at
         ):
             return  # an older read than what we hold
+        if old is not None and old.state in ACTIVE_STATES and job.state not in ACTIVE_STATES:
+            self._urgent = True  # capacity came free: refill it now
         if job.state in TERMINAL_STATES:
             if self._jobs.pop(job.id, None) is not None:
                 self._dirty = True
@@ -519,8 +523,26 @@ class Controller:
         )
 
     # 3 ------------------------------------------------------------------------------------
+    def _schedule_due(self, now: float) -> bool:
+        """At once when capacity came free; after other changes (new submissions) at most
+        every few times the last pass's duration, so a stream of submissions to a deep
+        backlog cannot keep the scheduler (and the GIL) busy; and every
+        `reschedule_interval_s` regardless (ETAs, aging)."""
+        since = now - self._last_schedule
+        if self._urgent or since >= self.config.reschedule_interval_s:
+            return True
+        gap = min(max(4 * self._schedule_cost_s, 0.25), 5.0)
+        return self._dirty and since >= gap
+
     def _schedule(self, now: float) -> None:
-        self._dirty = False
+        started = time.perf_counter()
+        try:
+            self._schedule_pass(now)
+        finally:
+            self._schedule_cost_s = time.perf_counter() - started
+
+    def _schedule_pass(self, now: float) -> None:
+        self._dirty = self._urgent = False
         self._last_schedule = now
         pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
         pending = [j for j in pending if self._spec_or_quarantine(j) is not None]

@@ -374,7 +374,24 @@ def test_a_secret_reference_is_resolved_at_launch_and_a_missing_one_fails_with_t
     assert seen[-1]["HF_TOKEN"] == "s3cret"
     assert "s3cret" not in str(world.store.get_job(ok).spec)
     missing = world.submit("missing", secrets={"KEY": "nope"}, restart={"max_restarts": 0})
-    world.cycle(2)
+    world.cycle(2, advance=1)
     job = world.store.get_job(missing)
     assert job.state is JobState.FAILED
     assert "no secret 'nope'" in job.reason and "tyard secrets set default nope" in job.reason
+
+
+def test_new_submissions_reschedule_at_a_bounded_rate_but_a_freed_slot_at_once(
+    world: World,
+) -> None:
+    running = world.submit("running", resources={"cpu": 4})
+    world.cycle(2)
+    assert world.state(running) is JobState.RUNNING
+    world.controller._schedule_cost_s = 0.5  # as if a pass over a deep backlog took 0.5 s
+    waiting = world.submit("waiting", resources={"cpu": 4})
+    world.cycle(advance=0.5)
+    assert world.store.get_job(waiting).pending_reason == ""  # not yet: at most every 2 s
+    world.cycle(advance=1.6)
+    assert world.store.get_job(waiting).pending_reason != ""
+    world.executor.finish(world.key(running), AttemptPhase.SUCCEEDED)
+    world.cycle(advance=0.01)  # the slot came free: scheduled in the same cycle
+    assert world.state(waiting) is JobState.STARTING
