@@ -60,6 +60,7 @@ _FAILURES_BEFORE_QUARANTINE = 3
 _HEALTH_CHECK_EVERY_S = 5.0
 _STATE_SAVE_EVERY_S = 30.0
 _ETA_SLACK_S = 60.0
+_FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a change was missed
 
 
 def _utc(ts: float) -> datetime:
@@ -125,6 +126,7 @@ class Controller:
         self._urgent = False
         self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
+        self._last_full_check = 0.0
         self._last_state_save = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -269,7 +271,10 @@ class Controller:
     def _refresh(self) -> None:
         since = None if self._since is None else self._since - _CHANGE_OVERLAP
         known = {i: j.changed_at for i, j in self._jobs.items()}
-        changed, now = self.store.jobs_changed_since(since, known=known)
+        full = since is not None and self.clock() - self._last_full_check >= _FULL_CHECK_EVERY_S
+        if full:
+            self._last_full_check = self.clock()
+        changed, now = self.store.jobs_changed_since(since, known=known, unfinished=full)
         for job in changed:
             old = self._jobs.get(job.id)
             if (
@@ -423,8 +428,8 @@ class Controller:
         health = spec.health
         why = ""
         beat_limit = health.heartbeat_timeout or self.config.heartbeat_timeout_s
-        fresh = self.store.get_attempt(job.id, attempt.number)
-        beat = fresh.last_heartbeat or fresh.running_at
+        # Only jobs that use the runtime send heartbeats: silence counts once one arrived.
+        beat = self.store.get_attempt(job.id, attempt.number).last_heartbeat
         if beat is not None and now - beat.timestamp() > beat_limit:
             why = f"{HUNG}: no heartbeat for {now - beat.timestamp():.0f}s (limit {beat_limit:g}s)"
         else:

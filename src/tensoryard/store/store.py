@@ -57,6 +57,7 @@ __all__ = ["JOB_FIELDS", "Store", "default_sqlite_url", "utcnow"]
 
 Clock = Callable[[], datetime]
 MAX_PAGE = 10_000
+_RESTAMP_AFTER_S = 1.0
 _UNSET: Any = object()  # "not given", where None is a meaningful value
 
 
@@ -143,7 +144,23 @@ class Store(IdentityMixin):
                 conn.execution_options(**{_db.BEGIN_OPTION: "IMMEDIATE"})
             session = Session(bind=conn, expire_on_commit=False, autoflush=False)
             with session, session.begin():
+                started = self._now()
                 yield session
+                if write:
+                    self._restamp(session, started)
+
+    def _restamp(self, session: Session, started: datetime) -> None:
+        """Move the `changed_at` of every job this transaction changed to its commit time.
+
+        Readers of `jobs_changed_since` look back a few seconds for commits that landed after
+        their stamp; a long transaction (a batch of a thousand jobs) must not fall out of that
+        window, so the stamp is taken just before the commit, not when the change was made."""
+        now = self._now()
+        if (now - started).total_seconds() < _RESTAMP_AFTER_S:
+            return  # short: well inside the readers' look-back (and records stay exact)
+        for obj in list(session.identity_map.values()):
+            if isinstance(obj, Job) and obj.changed_at is not None and obj.changed_at >= started:
+                obj.changed_at = now
 
     def _insert(self, table: Any) -> Any:
         """A dialect INSERT that supports ON CONFLICT DO NOTHING."""
@@ -646,22 +663,29 @@ class Store(IdentityMixin):
             return [(_rows.job_record(j), _rows.attempt_record(a)) for j, a in s.execute(query)]
 
     def jobs_changed_since(
-        self, since: datetime | None, *, known: Mapping[int, datetime | None] | None = None
+        self,
+        since: datetime | None,
+        *,
+        known: Mapping[int, datetime | None] | None = None,
+        unfinished: bool = False,
     ) -> tuple[list[JobRecord], datetime]:
         """Jobs written at or after ``since`` (every unfinished job when None), and the time
-        to pass next (the store's now at the start of the read; overlap it by a few seconds
-        because a transaction may commit a little after it stamped ``changed_at``).
+        to pass next (the store's now at the start of the read; overlap it by a few seconds:
+        a transaction commits a little after it stamps ``changed_at``).
 
         ``known`` (job id -> the ``changed_at`` the caller holds) skips rows the caller has
-        already seen: only their ids and stamps are read, not their specs."""
+        already seen: only their ids and stamps are read, not their specs. ``unfinished``
+        looks at the stamps of every unfinished job instead of the recent ones (a cheap full
+        check that nothing was missed)."""
         with self._tx("read changed jobs", write=False) as s:
             now = self._now()
-            if since is None:
-                query = select(Job).where(Job.state.not_in([x.value for x in TERMINAL_STATES]))
-                return [_rows.job_record(j) for j in s.scalars(query.order_by(Job.id))], now
-            stamps = s.execute(
-                select(Job.id, Job.changed_at).where(Job.changed_at >= _in.as_utc(since))
-            ).all()
+            open_states = Job.state.not_in([x.value for x in TERMINAL_STATES])
+            if since is None and not unfinished:
+                query = select(Job).where(open_states).order_by(Job.id)
+                return [_rows.job_record(j) for j in s.scalars(query)], now
+            recent = Job.changed_at >= _in.as_utc(since) if since is not None else open_states
+            where = (open_states | recent) if unfinished else recent
+            stamps = s.execute(select(Job.id, Job.changed_at).where(where)).all()
             seen = known or {}
             ids = [i for i, stamp in stamps if i not in seen or seen[i] != stamp]
             jobs: list[JobRecord] = []

@@ -272,6 +272,9 @@ def test_a_job_that_stops_stepping_is_stopped_and_restarted_as_hung(world: World
 def test_a_silent_job_is_hung_after_its_heartbeat_timeout(world: World) -> None:
     job_id = world.submit(health={"heartbeat_timeout": "50s"})
     world.cycle(2)
+    world.cycle(advance=120)  # no heartbeat yet: a job without the runtime sends none
+    assert world.store.get_attempt(job_id, 1).reason == ""
+    world.store.heartbeat(job_id, 1, world.clock.dt())
     world.cycle(advance=51)
     assert world.store.get_attempt(job_id, 1).reason.startswith("hung: no heartbeat for")
 

@@ -429,3 +429,29 @@ def test_a_cursor_from_one_ordering_is_refused_by_the_other(db: Store) -> None:
     cursor = db.list_jobs(limit=1, newest_first=True).next_cursor
     with pytest.raises(SpecError, match="same ordering"):
         db.list_jobs(limit=1, cursor=cursor, newest_first=False)
+
+
+def test_a_long_transaction_stamps_its_jobs_at_commit_so_readers_looking_back_see_them(
+    migrated_sqlite_url: str, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tensoryard.spec.job import JobSpec
+
+    t = [datetime(2026, 1, 1, tzinfo=UTC)]
+
+    def clock() -> datetime:
+        t[0] += timedelta(seconds=0.01)
+        return t[0]
+
+    store = Store.open(migrated_sqlite_url, clock=clock)
+    store.ensure_team("default")
+    specs = [JobSpec(name=f"j{i}", launcher="python", command=["x.py"]) for i in range(300)]
+    # Each insert advances the clock: the batch "takes" several seconds.
+    created = store.create_jobs(specs, run_dir_root=tmp_path)
+    stamps = {j.changed_at for j in store.jobs_changed_since(None)[0]}
+    assert len(stamps) == 1
+    assert min(stamps) > created[0].changed_at  # stamped at commit, after the inserts
+    seen, _ = store.jobs_changed_since(t[0] - timedelta(seconds=1))
+    assert len(seen) == 300
+    store.close()
