@@ -77,7 +77,9 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
         yield K8sEnv(kubeconfig=Path(reused), dir=None)
         return
     bin_dir = Path(
-        subprocess.run([SCRIPT, "bin-dir"], check=True, capture_output=True, text=True).stdout.strip()
+        subprocess.run(
+            [SCRIPT, "bin-dir"], check=True, capture_output=True, text=True
+        ).stdout.strip()
     )
     missing = [name for name in REQUIRED_BINARIES if not (bin_dir / name).is_file()]
     if missing:
@@ -98,7 +100,9 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
             )
         yield K8sEnv(kubeconfig=env_dir / "kubeconfig", dir=env_dir)
     finally:
-        subprocess.run([SCRIPT, "down", "--dir", env_dir], env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            [SCRIPT, "down", "--dir", env_dir], env=env, capture_output=True, timeout=120
+        )
 
 
 @pytest.fixture(scope="session")
@@ -122,9 +126,7 @@ def namespace(core: Any) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards."""
     name = f"t-{secrets.token_hex(4)}"
     core.create_namespace({"metadata": {"name": name}})
-    wait_until(
-        lambda: _default_service_account(core, name), timeout=60, what=f"{name}/default SA"
-    )
+    wait_until(lambda: _default_service_account(core, name), timeout=60, what=f"{name}/default SA")
     yield name
     core.delete_namespace(name, propagation_policy="Background")
 

@@ -102,7 +102,9 @@ def test_an_indexed_job_with_a_headless_service_runs_to_completion(
     assert job.status.succeeded == 2
     assert job.status.completed_indexes == "0,1"
     pods = core.list_namespaced_pod(namespace, label_selector="job-name=train").items
-    assert sorted(p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods) == [
+    assert sorted(
+        p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods
+    ) == [
         "0",
         "1",
     ]
