@@ -4,6 +4,7 @@ webhooks and CRD schema) runs a JobSet."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -167,11 +168,12 @@ def test_a_jobset_is_validated_by_its_crd_schema_and_runs_to_completion(
     nodes = gpu_nodes(2)
 
     bad = jobset("bad", namespace, pods=2)
-    bad["spec"]["replicatedJobs"][0]["replicas"] = "one"
+    bad["spec"]["successPolicy"] = {"operator": "Most"}  # the schema's enum is All, Any
     with pytest.raises(ApiException) as rejected:
         custom.create_namespaced_custom_object(group, version, namespace, plural, bad)
     assert rejected.value.status == 422
-    assert "spec.replicatedJobs[0].replicas" in rejected.value.body
+    message = json.loads(rejected.value.body)["message"]
+    assert 'spec.successPolicy.operator: Unsupported value: "Most"' in message
 
     custom.create_namespaced_custom_object(
         group, version, namespace, plural, jobset("train", namespace, pods=2)
