@@ -155,7 +155,7 @@ def jobset(name: str, pool: str, pods: int) -> dict[str, Any]:
     }
 
 
-def test_a_jobset_is_validated_by_its_crd_schema_and_runs_to_completion(
+def test_a_jobset_is_validated_by_its_crd_schema_and_webhook_and_runs_to_completion(
     api_client: Any, core: Any, namespace: str, gpu_nodes: Any
 ) -> None:
     from kubernetes import client
@@ -174,6 +174,13 @@ def test_a_jobset_is_validated_by_its_crd_schema_and_runs_to_completion(
     assert rejected.value.status == 422
     message = json.loads(rejected.value.body)["message"]
     assert 'spec.successPolicy.operator: Unsupported value: "Most"' in message
+    # Valid for the schema, refused by JobSet's validating webhook (called over loopback TLS).
+    bad["spec"]["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["ghost"]}
+    with pytest.raises(ApiException) as rejected:
+        custom.create_namespaced_custom_object(group, version, namespace, plural, bad)
+    message = json.loads(rejected.value.body)["message"]
+    assert 'admission webhook "vjobset.kb.io" denied the request' in message
+    assert "invalid replicatedJob name 'ghost'" in message
 
     custom.create_namespaced_custom_object(
         group, version, namespace, plural, jobset("train", namespace, pods=2)
