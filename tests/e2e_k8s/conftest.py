@@ -85,7 +85,7 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
     if missing:
         _unavailable(
             f"{', '.join(missing)} not built in {bin_dir}: run `scripts/k8s-testenv build` "
-            "(about an hour on a cold Go cache with 2 busy cores, seconds when built)"
+            "(about 35 min on a cold Go cache with 2 busy cores; under a second when built)"
         )
     env_dir = tmp_path_factory.mktemp("k8s-testenv")
     env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_port_base())}
