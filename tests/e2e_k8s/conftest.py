@@ -200,6 +200,22 @@ def _node_ready(core: Any, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
+def jobset_served(api_client: Any) -> bool:
+    """Whether this environment has the JobSet CRD (and so its controller)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+            "jobsets.jobset.x-k8s.io"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:
     """Poll until `probe` returns something truthy; fail the test naming `what` on timeout."""
     deadline = time.monotonic() + timeout

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from .conftest import GPU_PRODUCT, GPU_TOLERATION, POOL_LABEL, wait_until
+from tests.e2e_k8s.conftest import (
+    GPU_PRODUCT,
+    GPU_TOLERATION,
+    POOL_LABEL,
+    jobset_served,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -115,21 +121,6 @@ def test_an_indexed_job_with_a_headless_service_runs_to_completion(
     assert {p.spec.subdomain for p in pods} == {"train"}
 
 
-def _jobset_served(api_client: Any) -> bool:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
-            "jobsets.jobset.x-k8s.io"
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
 def jobset(name: str, pool: str, pods: int) -> dict[str, Any]:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -161,7 +152,7 @@ def test_a_jobset_is_validated_by_its_crd_schema_and_webhook_and_runs_to_complet
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    if not _jobset_served(api_client):
+    if not jobset_served(api_client):
         pytest.skip("the JobSet controller is not installed in this environment")
     custom = client.CustomObjectsApi(api_client)
     group, version, plural = "jobset.x-k8s.io", "v1alpha2", "jobsets"

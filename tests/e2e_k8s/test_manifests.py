@@ -15,9 +15,7 @@ from tensoryard.executors.kubernetes.manifests import (
     render_indexed_job,
     render_jobset,
 )
-
-from .conftest import wait_until
-from .test_control_plane import _jobset_served
+from tests.e2e_k8s.conftest import jobset_served, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +54,7 @@ def test_a_rendered_jobset_runs_one_pod_per_chosen_node_to_completion(
 ) -> None:
     from kubernetes import client
 
-    if not _jobset_served(api_client):
+    if not jobset_served(api_client):
         pytest.skip("the JobSet controller is not installed in this environment")
     nodes = gpu_nodes(3)[1:]  # the third node is a decoy the placement excludes
     w = attempt(namespace, nodes, key="7-1-jobset")
