@@ -191,6 +191,8 @@ def gpu_nodes(core: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]
         return names
 
     yield make
+    # Pods first (at once: nothing runs in them), so none is left behind on a deleted node.
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     for name in created:
         core.delete_node(name)
 
