@@ -1,0 +1,334 @@
+"""The Kubernetes objects of one job attempt, as plain dicts the API server accepts.
+
+Two shapes, one pod per node in both:
+
+- `render_jobset`: a JobSet (jobset.x-k8s.io/v1alpha2) with one replicated job of `nodes` pods;
+  the JobSet controller creates the headless Service that gives each pod a DNS name.
+- `render_indexed_job` + `render_headless_service`: the fallback where JobSet is not installed,
+  an Indexed Job and the headless Service it needs, owned by the Job (pass its uid once created).
+
+Every pod runs `torchrun` with a static rendezvous on the pod of index 0, reached through the
+headless Service's DNS; the node rank is the pod's completion index. Pure functions: no client,
+no clock, no I/O. The job token travels in a Secret (`token_secret`, key `token`) that the caller
+creates; this module only references it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensoryard.errors import ExecutorError
+
+__all__ = [
+    "GPU_RESOURCE",
+    "LABEL_ATTEMPT",
+    "LABEL_ATTEMPT_KEY",
+    "LABEL_JOB_ID",
+    "AttemptWorkload",
+    "owner_reference",
+    "render_headless_service",
+    "render_indexed_job",
+    "render_jobset",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_JOB_ID = "tensoryard.io/job-id"
+LABEL_ATTEMPT = "tensoryard.io/attempt"
+LABEL_ATTEMPT_KEY = "tensoryard.io/attempt-key"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+REPLICATED_JOB = "node"
+CONTAINER = "trainer"
+TOKEN_KEY = "token"
+
+# Set by this module; a user's env may not override them.
+RESERVED_ENV = frozenset(
+    {"TYARD_JOB_ID", "TYARD_ATTEMPT", "TYARD_ATTEMPT_KEY", "TYARD_JOB_TOKEN"}
+    | {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE"}
+)
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The longest pod hostname is "<name>-node-<job index>-<pod index>" (JobSet), at most 63 chars.
+_MAX_NAME = 40
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptWorkload:
+    """What one attempt runs, where, and with what; checked when built (ExecutorError)."""
+
+    job_id: str
+    """tensoryard's job id; labels `tensoryard.io/job-id`."""
+    attempt: int
+    """Attempt number, from 1; labels `tensoryard.io/attempt`."""
+    attempt_key: str
+    """Unique key of this attempt (executor-made); labels `tensoryard.io/attempt-key`."""
+    image: str
+    """Container image of the training process."""
+    command: Sequence[str]
+    """The program each node's torchrun starts per GPU, as argv (e.g. ["python", "train.py"])."""
+    namespace: str = "default"
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment; may not set the names in RESERVED_ENV."""
+    token_secret: str
+    """Name of the Secret whose key `token` is the job's report token (TYARD_JOB_TOKEN)."""
+    nodes: int = 1
+    """Number of nodes, one pod each."""
+    gpus_per_node: int = 8
+    """`nvidia.com/gpu` limit per pod and torchrun's --nproc-per-node (1 process when 0)."""
+    node_names: Sequence[str] = ()
+    """Nodes chosen by tensoryard's scheduler (kubernetes.io/hostname); empty: the cluster's
+    scheduler chooses. Either way no two pods of the attempt share a node."""
+    tolerations: Sequence[Mapping[str, Any]] = (
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+    )
+    priority_class: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    shm_size: str = "64Gi"
+    """Size of the memory-backed /dev/shm (NCCL and data loader workers need more than 64Mi)."""
+    pvc_name: str | None = None
+    """A PersistentVolumeClaim to mount at `pvc_mount_path` (checkpoints, datasets)."""
+    pvc_mount_path: str = "/mnt/shared"
+    rendezvous_port: int = 29500
+    name: str = ""
+    """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", _default_name(self.job_id, self.attempt))
+        _check(
+            _DNS_LABEL.match(self.name) and len(self.name) <= _MAX_NAME,
+            "name",
+            f"{self.name!r} must be a DNS label (a-z, 0-9, '-') of at most {_MAX_NAME} chars",
+        )
+        _check(self.attempt >= 1, "attempt", "must be at least 1")
+        _check(self.nodes >= 1, "nodes", "must be at least 1")
+        _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
+        _check(bool(self.command), "command", "must name a program to run")
+        _check(
+            not self.node_names or len(self.node_names) == self.nodes,
+            "node_names",
+            f"must list one node per pod ({self.nodes}), or none",
+        )
+        _check(
+            len(set(self.node_names)) == len(self.node_names),
+            "node_names",
+            "must not repeat a node (one pod per node)",
+        )
+        reserved = sorted(RESERVED_ENV & set(self.env))
+        _check(not reserved, "env", f"may not set {', '.join(reserved)} (set by tensoryard)")
+        for field_name, value in (("job_id", str(self.job_id)), ("attempt_key", self.attempt_key)):
+            _check(
+                bool(_LABEL_VALUE.match(value)) and len(value) <= 63,
+                field_name,
+                f"{value!r} is not a valid label value (63 chars of [A-Za-z0-9-_.])",
+            )
+
+    def labels(self) -> dict[str, str]:
+        return {
+            LABEL_JOB_ID: str(self.job_id),
+            LABEL_ATTEMPT: str(self.attempt),
+            LABEL_ATTEMPT_KEY: self.attempt_key,
+        }
+
+
+def _check(ok: object, name: str, message: str) -> None:
+    if not ok:
+        raise ExecutorError(f"AttemptWorkload.{name}: {message}")
+
+
+def _default_name(job_id: str, attempt: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", str(job_id).lower()).strip("-")
+    return f"ty-{slug}-{attempt}"[:_MAX_NAME].rstrip("-")
+
+
+# ---- pods -----------------------------------------------------------------------------------
+
+
+def _metadata(w: AttemptWorkload, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": w.namespace,
+        "labels": w.labels(),
+        "annotations": dict(w.labels()),
+    }
+
+
+def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
+    rank_from_index = {
+        "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}
+    }
+    token = {"secretKeyRef": {"name": w.token_secret, "key": TOKEN_KEY}}
+    ours: list[dict[str, Any]] = [
+        {"name": "TYARD_JOB_ID", "value": str(w.job_id)},
+        {"name": "TYARD_ATTEMPT", "value": str(w.attempt)},
+        {"name": "TYARD_ATTEMPT_KEY", "value": w.attempt_key},
+        {"name": "TYARD_JOB_TOKEN", "valueFrom": token},
+        {"name": "NODE_RANK", "valueFrom": rank_from_index},
+        {"name": "NNODES", "value": str(w.nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(max(w.gpus_per_node, 1))},
+        {"name": "MASTER_ADDR", "value": master_addr},
+        {"name": "MASTER_PORT", "value": str(w.rendezvous_port)},
+    ]
+    return [{"name": k, "value": v} for k, v in sorted(w.env.items())] + ours
+
+
+def _torchrun(w: AttemptWorkload) -> list[str]:
+    """Static rendezvous on rank 0; Kubernetes expands $(VAR) from the container's env."""
+    return [
+        "torchrun",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(NODE_RANK)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "--no-python",
+        *w.command,
+    ]
+
+
+def _affinity(w: AttemptWorkload) -> dict[str, Any]:
+    one_per_node = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {LABEL_ATTEMPT_KEY: w.attempt_key}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
+    affinity: dict[str, Any] = {"podAntiAffinity": one_per_node}
+    if w.node_names:
+        term = {"key": "kubernetes.io/hostname", "operator": "In", "values": list(w.node_names)}
+        affinity["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    return affinity
+
+
+def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if w.gpus_per_node:
+        resources = {"limits": {GPU_RESOURCE: str(w.gpus_per_node)}}
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": w.shm_size}}
+    ]
+    if w.pvc_name:
+        mounts.append({"name": "shared", "mountPath": w.pvc_mount_path})
+        volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": w.pvc_name}})
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": w.image,
+                "command": _torchrun(w),
+                "env": _env(w, master_addr),
+                "ports": [{"name": "rendezvous", "containerPort": w.rendezvous_port}],
+                "resources": resources,
+                "volumeMounts": mounts,
+            }
+        ],
+        "volumes": volumes,
+        "affinity": _affinity(w),
+        "tolerations": [dict(t) for t in w.tolerations],
+    }
+    if w.priority_class:
+        spec["priorityClassName"] = w.priority_class
+    if w.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in w.image_pull_secrets]
+    return {"metadata": {"labels": w.labels(), "annotations": dict(w.labels())}, "spec": spec}
+
+
+def _job_spec(w: AttemptWorkload, pod_template: dict[str, Any]) -> dict[str, Any]:
+    """All pods start together and any failure ends the attempt: restarts are new attempts,
+    resumed from the last checkpoint by tensoryard, not retried pods."""
+    return {
+        "completionMode": "Indexed",
+        "completions": w.nodes,
+        "parallelism": w.nodes,
+        "backoffLimit": 0,
+        "template": pod_template,
+    }
+
+
+# ---- JobSet ---------------------------------------------------------------------------------
+
+
+def render_jobset(w: AttemptWorkload) -> dict[str, Any]:
+    """A JobSet with one replicated job of `nodes` pods.
+
+    JobSet names pods `<name>-node-0-<index>` and serves them under the headless Service
+    `<name>`, so rank 0 is `<name>-node-0-0.<name>`.
+    """
+    master = f"{w.name}-{REPLICATED_JOB}-0-0.{w.name}"
+    job_template = {
+        "metadata": {"labels": w.labels(), "annotations": dict(w.labels())},
+        "spec": _job_spec(w, _pod_template(w, master)),
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": _metadata(w, w.name),
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": w.name},
+            "failurePolicy": {"maxRestarts": 0},
+            "successPolicy": {"operator": "All"},
+            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": job_template}],
+        },
+    }
+
+
+# ---- Indexed Job + headless Service ---------------------------------------------------------
+
+
+def render_indexed_job(w: AttemptWorkload) -> dict[str, Any]:
+    """An Indexed Job of `nodes` pods, hostnames `<name>-<index>` under the Service `<name>`."""
+    template = _pod_template(w, master_addr=f"{w.name}-0.{w.name}")
+    template["spec"]["subdomain"] = w.name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(w, w.name),
+        "spec": _job_spec(w, template),
+    }
+
+
+def render_headless_service(w: AttemptWorkload, *, owner_uid: str | None = None) -> dict[str, Any]:
+    """The headless Service that gives the Indexed Job's pods their DNS names.
+
+    With `owner_uid` (the created Job's uid) the Service is owned by the Job and goes with it.
+    Addresses are published before readiness: rank 0 must resolve while the others start.
+    """
+    service: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(w, w.name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_ATTEMPT_KEY: w.attempt_key},
+            "ports": [{"name": "rendezvous", "port": w.rendezvous_port}],
+        },
+    }
+    if owner_uid:
+        service["metadata"]["ownerReferences"] = [
+            owner_reference("batch/v1", "Job", w.name, owner_uid)
+        ]
+    return service
+
+
+def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
+    """An owner reference that makes the garbage collector delete the dependent with its owner
+    (e.g. the job-token Secret with the JobSet)."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

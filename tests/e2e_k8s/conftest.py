@@ -1,0 +1,230 @@
+"""A real Kubernetes control plane for the tests in this folder.
+
+`k8s_env` (session) starts `scripts/k8s-testenv up` in a temporary directory on free loopback
+ports and stops it at the end, or reuses the environment whose kubeconfig is named by
+TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
+`scripts/k8s-testenv build`; with CI set and TYARD_K8S_REQUIRED=1 they fail instead.
+
+Everything is real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet
+controller) except nodes and pod lifecycles, which kwok simulates: `gpu_nodes` creates fake
+GPU nodes that kwok keeps Ready, and kwok moves pods bound to them to Running (and Job pods on to
+Succeeded).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "k8s-testenv"
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+PORTS_PER_ENV = 9  # see the port list at the top of scripts/k8s-testenv
+
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+POOL_LABEL = "tensoryard.io/test-pool"
+
+T = TypeVar("T")
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("CI") and os.environ.get("TYARD_K8S_REQUIRED") == "1":
+        pytest.fail(f"the Kubernetes test environment is required: {message}", pytrace=False)
+    pytest.skip(f"Kubernetes test environment unavailable: {message}")
+
+
+def _free_port_base() -> int:
+    """The first of PORTS_PER_ENV consecutive loopback ports that are all free right now."""
+    for _ in range(50):
+        base = random.randrange(20000, 60000 - PORTS_PER_ENV)
+        try:
+            for port in range(base, base + PORTS_PER_ENV):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free range of loopback ports found")
+
+
+@dataclass(frozen=True)
+class K8sEnv:
+    kubeconfig: Path
+    dir: Path | None  # None when reusing an environment started elsewhere
+
+
+@pytest.fixture(scope="session")
+def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
+    """The kubeconfig of a running control plane (started for this session unless reused)."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        _unavailable("the `kubernetes` client is not installed: pip install -e '.[k8s]'")
+    reused = os.environ.get("TYARD_K8S_KUBECONFIG")
+    if reused:
+        yield K8sEnv(kubeconfig=Path(reused), dir=None)
+        return
+    bin_dir = Path(
+        subprocess.run(
+            [SCRIPT, "bin-dir"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    missing = [name for name in REQUIRED_BINARIES if not (bin_dir / name).is_file()]
+    if missing:
+        _unavailable(
+            f"{', '.join(missing)} not built in {bin_dir}: run `scripts/k8s-testenv build` "
+            "(about 35 min on a cold Go cache with 2 busy cores; under a second when built)"
+        )
+    env_dir = tmp_path_factory.mktemp("k8s-testenv")
+    env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_port_base())}
+    up = subprocess.run(
+        [SCRIPT, "up", "--dir", env_dir], env=env, capture_output=True, text=True, timeout=600
+    )
+    try:
+        if up.returncode != 0:
+            pytest.fail(
+                f"scripts/k8s-testenv up failed (logs in {env_dir}/logs):\n{up.stderr[-4000:]}",
+                pytrace=False,
+            )
+        yield K8sEnv(kubeconfig=env_dir / "kubeconfig", dir=env_dir)
+    finally:
+        subprocess.run(
+            [SCRIPT, "down", "--dir", env_dir], env=env, capture_output=True, timeout=120
+        )
+
+
+@pytest.fixture(scope="session")
+def api_client(k8s_env: K8sEnv) -> Iterator[Any]:
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(k8s_env.kubeconfig))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def core(api_client: Any) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def namespace(core: Any) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards."""
+    name = f"t-{secrets.token_hex(4)}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_until(lambda: _default_service_account(core, name), timeout=60, what=f"{name}/default SA")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+def _default_service_account(core: Any, namespace: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.read_namespaced_service_account("default", namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def fake_gpu_node(name: str, pool: str, gpus: int = 8) -> dict[str, Any]:
+    """A Node that kwok manages (annotation kwok.x-k8s.io/node=fake), shaped like a DGX H100."""
+    resources = {
+        "cpu": "224",
+        "memory": "2000Gi",
+        "pods": "110",
+        "ephemeral-storage": "30Ti",
+        "nvidia.com/gpu": str(gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(gpus),
+                POOL_LABEL: pool,
+            },
+        },
+        "spec": {"taints": [GPU_TAINT]},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+@pytest.fixture
+def gpu_nodes(core: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]:
+    """Create N fake 8-GPU nodes in a pool of their own (label POOL_LABEL=<namespace>).
+
+    Returns the node names once kwok reports them Ready; they are deleted after the test.
+    """
+    created: list[str] = []
+
+    def make(count: int) -> list[str]:
+        names = [f"{namespace}-gpu-{i}" for i in range(count)]
+        for name in names:
+            core.create_node(fake_gpu_node(name, pool=namespace))
+            created.append(name)
+        for name in names:
+            wait_until(lambda n=name: _node_ready(core, n), timeout=60, what=f"node {name} Ready")
+        return names
+
+    yield make
+    # Pods first (at once: nothing runs in them), so none is left behind on a deleted node.
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    for name in created:
+        core.delete_node(name)
+
+
+def _node_ready(core: Any, name: str) -> bool:
+    node = core.read_node(name)
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def jobset_served(api_client: Any) -> bool:
+    """Whether this environment has the JobSet CRD (and so its controller)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+            "jobsets.jobset.x-k8s.io"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:
+    """Poll until `probe` returns something truthy; fail the test naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
+        time.sleep(interval)
