@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= train,postgres,data,plot,gpu,dev
+EXTRAS ?= train,postgres,data,plot,gpu,dev,k8s
 
 .PHONY: install demo test test-unit lint clean
 
