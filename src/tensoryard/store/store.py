@@ -839,6 +839,24 @@ class Store(IdentityMixin):
         with self._tx(f"list metrics of job {job_id}", write=False) as s:
             return [_rows.metric_record(m) for m in s.scalars(query)]
 
+    def latest_metric(self, job_id: int, attempt: int) -> MetricRecord | None:
+        """The step row of an attempt with the highest step, or None."""
+        query = (
+            select(Metric)
+            .where(Metric.job_id == job_id, Metric.attempt == attempt)
+            .order_by(Metric.step.desc())
+            .limit(1)
+        )
+        with self._tx(f"read the last step of job {job_id}", write=False) as s:
+            row = s.scalars(query).first()
+            return None if row is None else _rows.metric_record(row)
+
+    def job_counts(self) -> dict[tuple[str, JobState], int]:
+        """(team, state) -> number of jobs: one GROUP BY."""
+        query = select(Job.team, Job.state, func.count()).group_by(Job.team, Job.state)
+        with self._tx("count jobs", write=False) as s:
+            return {(t, JobState(st)): int(n) for t, st, n in s.execute(query)}
+
     def metric_stats(self, job_id: int) -> dict[int, tuple[int, int, int, float]]:
         """Attempt -> (first step, last step, rows, seconds in steps): one GROUP BY, any size."""
         query = (
