@@ -154,6 +154,17 @@ class StateCollector(Collector):
             queue.add_metric([team], counts.get((team, JobState.PENDING), 0))
         yield jobs
         yield queue
+        overdue = GaugeMetricFamily(
+            "tyard_pending_eta_overdue_seconds",
+            "How long past its estimated start the team's most overdue PENDING job is.",
+            labels=["team"],
+        )
+        late = self.store.oldest_overdue_eta(datetime.fromtimestamp(now, UTC))
+        for team in teams:
+            overdue.add_metric(
+                [team], max(now - late[team].timestamp(), 0.0) if team in late else 0.0
+            )
+        yield overdue
         active = self.store.active_jobs()
         yield from self._gpus(teams, active)
         yield from self._running(active, now)

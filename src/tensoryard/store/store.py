@@ -851,6 +851,16 @@ class Store(IdentityMixin):
             row = s.scalars(query).first()
             return None if row is None else _rows.metric_record(row)
 
+    def oldest_overdue_eta(self, now: datetime) -> dict[str, datetime]:
+        """Team -> the earliest start estimate already in the past among its PENDING jobs."""
+        query = (
+            select(Job.team, func.min(Job.pending_eta))
+            .where(Job.state == JobState.PENDING.value, Job.pending_eta < _in.as_utc(now))
+            .group_by(Job.team)
+        )
+        with self._tx("find overdue start estimates", write=False) as s:
+            return {t: _in.as_utc(eta) for t, eta in s.execute(query) if eta is not None}
+
     def job_counts(self) -> dict[tuple[str, JobState], int]:
         """(team, state) -> number of jobs: one GROUP BY."""
         query = select(Job.team, Job.state, func.count()).group_by(Job.team, Job.state)

@@ -79,6 +79,7 @@ def test_the_scrape_shows_jobs_queues_admissions_and_a_running_jobs_progress(
 
     assert m[("tyard_jobs", (("state", "PENDING"), ("team", "default")))] == 2
     assert m[("tyard_queue_length", (("team", "default"),))] == 2
+    assert m[("tyard_pending_eta_overdue_seconds", (("team", "default"),))] == 0
     assert m[("tyard_admissions_total", (("team", "default"),))] == 1
     assert m[("tyard_pending_seconds_count", (("team", "default"),))] == 1
     assert m[("tyard_scheduler_cycle_seconds_count", ())] >= 1
