@@ -149,7 +149,8 @@ def train(args: argparse.Namespace, config: GPTConfig) -> None:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 optimizer.step()
-                sess.report(step, loss=sess.dist.mean(loss.item()), lr=lr)
+                tokens = args.batch_size * args.seq_len * sess.dist.world_size  # global batch
+                sess.report(step, loss=sess.dist.mean(loss.item()), lr=lr, tokens=tokens)
         finally:
             loader.close()
 

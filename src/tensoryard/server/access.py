@@ -50,6 +50,7 @@ class Action(StrEnum):
     TOKEN_MANAGE_OWN = "token.manage"
     TOKEN_MANAGE_ANY = "token.manage-any"
     AUDIT_READ = "audit.read"
+    METRICS_READ = "metrics.read"
     SECRET_READ = "secret.read"
     SECRET_MANAGE = "secret.set"
 
@@ -80,6 +81,7 @@ RULES: dict[Action, Rule] = {
     Action.TOKEN_READ_OWN: Rule("read", "list your tokens", anyone=True),
     Action.TOKEN_MANAGE_OWN: Rule("write", "create or revoke your tokens", anyone=True),
     Action.TOKEN_MANAGE_ANY: Rule("admin", "manage other users' tokens"),
+    Action.METRICS_READ: Rule("read", "scrape the platform metrics"),
     Action.SECRET_READ: Rule("read", "list this team's secret names", role="member"),
     Action.SECRET_MANAGE: Rule("write", "set or delete this team's secrets", role="team-admin"),
     Action.AUDIT_READ: Rule("admin", "read the audit log"),

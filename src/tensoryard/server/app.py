@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tensoryard import __version__
 from tensoryard.errors import (
@@ -82,6 +83,7 @@ def create_app(
     executor: Executor,
     runs_dir: Path,
     secrets: SecretStore | None = None,
+    registry: CollectorRegistry | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
     max_body_bytes: int = 2 * 1024 * 1024,
@@ -335,6 +337,14 @@ def create_app(
             del changes["description"]
         team = store.update_team(name, **changes, audit=guard.context(request, who))
         return TeamOut.model_validate(team)
+
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    def prometheus_metrics(request: Request, who: Principal = Depends(guard.user)) -> Response:
+        """Prometheus metrics of the platform (platform admins; give Prometheus a read-scoped
+        token of one). docs/metrics.md lists them."""
+        guard.check(request, who, Action.METRICS_READ, obj="metrics")
+        body = generate_latest(registry) if registry is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
     add_secret_routes(

@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
@@ -36,6 +37,7 @@ from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, Lau
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
+from tensoryard.server.metrics import LoopMetrics
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
@@ -105,6 +107,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         holder: str | None = None,
         secrets: SecretStore | None = None,
+        metrics: LoopMetrics | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -114,6 +117,7 @@ class Controller:
         self.clock = clock
         self.job_key = job_key or uuid.uuid4().hex
         self.secrets = secrets or SecretStore(config.secrets_dir)
+        self.metrics = metrics or LoopMetrics(CollectorRegistry())
         self.holder = holder or f"{uuid.uuid4().hex[:8]}"
         self.is_leader = False
         self.epoch: int | None = None
@@ -489,6 +493,8 @@ class Controller:
             return
         crashpoint("finish.after")
         self._put(record)
+        if to in (JobState.RESTARTING, JobState.PENDING):
+            self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))
         if to in TERMINAL_STATES:
             self.store.revoke_job_token(job.id)
@@ -545,6 +551,7 @@ class Controller:
             self._schedule_pass(now)
         finally:
             self._schedule_cost_s = time.perf_counter() - started
+            self.metrics.cycle_seconds.observe(self._schedule_cost_s)
 
     def _schedule_pass(self, now: float) -> None:
         self._dirty = self._urgent = False
@@ -583,14 +590,15 @@ class Controller:
         for admission in decisions.admissions:
             job = by_id[admission.job_id]
             nodes = ", ".join(admission.placement) or "-"
-            self._try_transition(
+            if self._try_transition(
                 job,
                 JobState.ADMITTED,
                 f"admitted on {nodes}",
                 placement=admission.placement,
                 pending_reason="",
                 pending_eta=None,
-            )
+            ):
+                self.metrics.admitted(job, now)
             crashpoint("schedule.after_admit")
         running_by_id = {j.id: j for j in running}
         for preemption in decisions.preemptions:
@@ -631,6 +639,12 @@ class Controller:
         if key in self._mem.cancel_sent:
             return
         reason = f"{PREEMPTED} for job {preemption.for_job_id}: {preemption.message}"
+        latest = self.store.latest_checkpoint(job.id)
+        since = (attempt.running_at or attempt.started_at).timestamp()
+        if latest is not None:
+            since = max(since, latest.ts)
+        gpus = sum(len(g) for g in job.placement.values())
+        self.metrics.preempted(job, gpus, self.clock() - since)
         self._stop_attempt(
             job,
             attempt,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
@@ -21,6 +22,7 @@ from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
+from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.store import Store
 from tensoryard.store._db import safe_url
@@ -37,6 +39,7 @@ class ControlPlane:
     executor: Executor
     controller: Controller
     admin_token: str
+    registry: CollectorRegistry
 
     def app(self) -> FastAPI:
         return create_app(
@@ -44,6 +47,7 @@ class ControlPlane:
             executor=self.executor,
             runs_dir=self.config.runs_dir,
             secrets=self.controller.secrets,
+            registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {
                 "leader": self.controller.is_leader,
@@ -89,6 +93,10 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         run_as_submitter=config.run_jobs_as_submitter,
     )
     nodes = _local_capacity(config)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(
+        StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in nodes))
+    )
     controller = Controller(
         store=store,
         executor=executor,
@@ -97,8 +105,9 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         config=config,
         job_key=job_key,
         holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
+        metrics=LoopMetrics(registry),
     )
-    return ControlPlane(config, store, executor, controller, token)
+    return ControlPlane(config, store, executor, controller, token, registry)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -863,6 +863,34 @@ class Store(IdentityMixin):
         with self._tx(f"list metrics of job {job_id}", write=False) as s:
             return [_rows.metric_record(m) for m in s.scalars(query)]
 
+    def latest_metric(self, job_id: int, attempt: int) -> MetricRecord | None:
+        """The step row of an attempt with the highest step, or None."""
+        query = (
+            select(Metric)
+            .where(Metric.job_id == job_id, Metric.attempt == attempt)
+            .order_by(Metric.step.desc())
+            .limit(1)
+        )
+        with self._tx(f"read the last step of job {job_id}", write=False) as s:
+            row = s.scalars(query).first()
+            return None if row is None else _rows.metric_record(row)
+
+    def oldest_overdue_eta(self, now: datetime) -> dict[str, datetime]:
+        """Team -> the earliest start estimate already in the past among its PENDING jobs."""
+        query = (
+            select(Job.team, func.min(Job.pending_eta))
+            .where(Job.state == JobState.PENDING.value, Job.pending_eta < _in.as_utc(now))
+            .group_by(Job.team)
+        )
+        with self._tx("find overdue start estimates", write=False) as s:
+            return {t: _in.as_utc(eta) for t, eta in s.execute(query) if eta is not None}
+
+    def job_counts(self) -> dict[tuple[str, JobState], int]:
+        """(team, state) -> number of jobs: one GROUP BY."""
+        query = select(Job.team, Job.state, func.count()).group_by(Job.team, Job.state)
+        with self._tx("count jobs", write=False) as s:
+            return {(t, JobState(st)): int(n) for t, st, n in s.execute(query)}
+
     def metric_stats(self, job_id: int) -> dict[int, tuple[int, int, int, float]]:
         """Attempt -> (first step, last step, rows, seconds in steps): one GROUP BY, any size."""
         query = (

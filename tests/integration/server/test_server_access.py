@@ -135,6 +135,7 @@ ACTIONS: dict[str, tuple[Act, str]] = {
     "create a team": (lambda c, w, t: c.post("/api/v1/teams", json={"name": "new"}), "platform"),
     "create a user": (lambda c, w, t: c.post("/api/v1/users", json={"name": "neo"}), "platform"),
     "list users": (lambda c, w, t: c.get("/api/v1/users"), "platform"),
+    "scrape the platform metrics": (lambda c, w, t: c.get("/metrics"), "platform"),
     "list a team's secret names": (lambda c, w, t: c.get(f"/api/v1/teams/{t}/secrets"), "member"),
     "set a team's secret": (
         lambda c, w, t: c.put(f"/api/v1/teams/{t}/secrets/hf-token", json={"value": "s3cret"}),
