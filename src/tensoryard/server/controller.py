@@ -131,6 +131,7 @@ class Controller:
         self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
         self._last_full_check = 0.0
+        self._pending_info: list[tuple[int, str, datetime | None]] = []
         self._last_state_save = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -198,6 +199,7 @@ class Controller:
         kill stray attempts by key, and repair every job whose attempt ended without it."""
         self._mem = _Memory()
         self._jobs.clear()
+        self._pending_info = []
         self._since = None
         self._dirty = True
         self._load_scheduler_state()
@@ -269,6 +271,9 @@ class Controller:
                 self._schedule(now)
             # 4. Launch admitted jobs and restarts whose backoff has passed (in the background).
             self._launch_ready(now)
+            # 5. Write the pending reasons and start estimates (after the launches: a deep
+            #    backlog's reasons must not delay the job that just got a slot).
+            self._write_pending_info()
             self._save_scheduler_state()
 
     # 0 ------------------------------------------------------------------------------------
@@ -605,12 +610,15 @@ class Controller:
             victim = running_by_id.get(preemption.job_id)
             if victim is not None:
                 self._guarded(victim.id, self._preempt, victim, preemption)
-        changes = []
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
             eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
             if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
-                changes.append((job_id, info.reason, eta))
+                self._pending_info.append((job_id, info.reason, eta))
+
+    # 5 ------------------------------------------------------------------------------------
+    def _write_pending_info(self) -> None:
+        changes, self._pending_info = self._pending_info, []
         for record in self.store.set_pending_info(changes):
             self._put(record)
 
