@@ -136,12 +136,17 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
-        for p in psutil.process_iter(["environ"]):
+        left = []
+        for p in psutil.process_iter(["environ", "cmdline"]):
             try:
-                if str(self.home) in (p.info.get("environ") or {}).get("TYARD_RUN_DIR", ""):
+                env = p.info.get("environ") or {}
+                shim = any(str(self.home) in a for a in p.info.get("cmdline") or [])
+                if shim or str(self.home) in env.get("TYARD_RUN_DIR", ""):
                     p.kill()
+                    left.append(p)
             except psutil.Error:
                 continue
+        psutil.wait_procs(left, timeout=10)
 
 
 def spec(work: Path, name: str, seconds: float, stop: str) -> dict[str, Any]:
@@ -194,7 +199,7 @@ def core_cycle_ms(db_url: str) -> float:
 
 
 def measure(backend: str, db_url: str | None, n: int, quick: bool) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="tyard-bench-cp-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tyard-bench-cp-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         (work / "job.py").write_text(JOB)
         home = work / "home"
