@@ -67,6 +67,13 @@ def server(
             min=1.0,
         ),
     ] = 10.0,
+    rate_limit: Annotated[
+        float,
+        typer.Option(
+            help="Requests per second each token may make (bursts of 4x that); 429 beyond.",
+            min=1.0,
+        ),
+    ] = 50.0,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, local executor.
 
@@ -82,6 +89,8 @@ def server(
         port=port,
         cpu_slots=cpu_slots,
         lease_ttl_s=lease_ttl,
+        rate_limit_per_s=rate_limit,
+        rate_limit_burst=int(4 * rate_limit),
     )
     with user_errors():
         console.print(
