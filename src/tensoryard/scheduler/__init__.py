@@ -35,9 +35,10 @@ jobs at no higher priority and no lower level, and only as many as can restart a
 GPUs that stay free.
 """
 
+from tensoryard.scheduler.accounting import decay_usage
 from tensoryard.scheduler.config import SchedulerConfig
 from tensoryard.scheduler.convert import nodes_from_cluster, workload_from_job
-from tensoryard.scheduler.core import Scheduler, decay_usage
+from tensoryard.scheduler.core import Scheduler
 from tensoryard.scheduler.model import (
     Admission,
     DecayedUsage,
