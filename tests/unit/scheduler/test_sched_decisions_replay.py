@@ -5,6 +5,11 @@ core as it was at commit 6402b7f, before the cycle was split by concern. A chang
 alters any admission, placement, preemption, reservation, pending reason or estimated start
 in these replays fails here. If a change of decisions is intended, re-record the baseline
 in its own commit and say why.
+
+Re-recorded once: the Philly windows 50000-50600 and 70000-70300 after the simulator's
+default policy moved to the shared estimator (``scheduler/estimates.py``), whose only change
+of answers is a fallback to the team's history when no job of the same size has finished
+yet (checked: with that fallback removed, both replays match the 6402b7f digests).
 """
 
 from __future__ import annotations

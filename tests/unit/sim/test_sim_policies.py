@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tensoryard.errors import ConfigError
 from tensoryard.scheduler import SchedulerConfig
+from tensoryard.scheduler.estimates import JobFeatures
 from tensoryard.sim.cluster import parse_cluster_shape
-from tensoryard.sim.engine import SimConfig, simulate
+from tensoryard.sim.engine import SimConfig, SimContext, simulate
+from tensoryard.sim.errors import OracleAccessError
+from tensoryard.sim.jobs import SimJob
 from tensoryard.sim.metrics import SimResult
 from tensoryard.sim.policies import (
     POLICY_NAMES,
@@ -20,6 +25,7 @@ from tensoryard.sim.policies import (
 from tensoryard.sim.policies.default import DefaultPolicy
 from tensoryard.sim.quotas import equal_quotas
 from tensoryard.sim.trace import TraceJob
+from tensoryard.sim.view import JobView
 
 
 def _run(jobs: list[TraceJob], cluster: str, policy: object, **config: float) -> SimResult:
@@ -110,19 +116,63 @@ def test_the_default_policy_reclaims_a_lenders_quota_through_the_core() -> None:
     assert m["preemptions"] == 1
 
 
-def test_the_default_policy_never_sees_true_durations_only_history() -> None:
+class _PeekingFifo:
+    """A policy that cheats: it orders by the true duration without being an oracle."""
+
+    name = "peeking"
+
+    def cycle(self, ctx: SimContext) -> float | None:
+        for job in sorted(ctx.pending(), key=lambda j: j.trace.duration_s):
+            placement = ctx.cluster.find(job.nodes, job.gpus_per_node)
+            if placement is not None:
+                ctx.admit(job, placement)
+        return None
+
+
+class _AskingFifo(_PeekingFifo):
+    """Another cheat: it asks the context for true durations without declaring itself."""
+
+    name = "asking"
+
+    def cycle(self, ctx: SimContext) -> float | None:
+        ctx.true_remaining_s(ctx.pending()[0])
+        return None
+
+
+@pytest.mark.parametrize(
+    "policy", [_PeekingFifo(), _AskingFifo()], ids=["reading a view's duration", "asking ctx"]
+)
+def test_a_policy_that_reads_true_durations_fails_the_replay(policy: object) -> None:
+    jobs = [TraceJob(f"j{i}", 10 * i, 50 + i, 1, "x") for i in range(4)]
+    with pytest.raises(OracleAccessError, match="true duration"):
+        _run(jobs, "1x1", policy)
+
+
+def test_a_job_view_hides_the_duration_the_remaining_time_and_the_expected_end() -> None:
+    job = SimJob(TraceJob("a", 0, 500, 2, "x"), 0, 1, 2, 500.0)
+    view = JobView(job)
+    reads: list[Callable[[], object]] = [
+        lambda: view.trace.duration_s,
+        lambda: view.remaining_s,
+        lambda: view.expected_end(),
+    ]
+    for read in reads:
+        with pytest.raises(OracleAccessError):
+            read()
+    assert (view.gpus, view.team, view.trace.job_id, view.submit_time_s) == (2, "x", "a", 0)
+
+
+def test_the_default_policy_learns_run_times_only_from_completed_jobs() -> None:
+    """Completions are observed at the next cycle after they finished (the last one ends
+    the replay, so 3 of 4); the estimate for the team's 1-GPU jobs is the median of the
+    observed run times (50, 51, 52 s), and nothing is known of another team."""
     jobs = [TraceJob(f"j{i}", 10 * i, 50 + i, 1, "x") for i in range(4)]
     policy = DefaultPolicy()
     _run(jobs, "1x1", policy)
-    history = policy._history
-    assert history is not None
-    assert history.estimate(policy_job(jobs[0])) is not None  # learnt from completions
-
-
-def policy_job(trace: TraceJob) -> object:
-    from tensoryard.sim.jobs import SimJob
-
-    return SimJob(trace, 0, 1, trace.num_gpus, trace.duration_s)
+    assert policy.estimator is not None
+    assert policy.accuracy()["observed"] == 3
+    assert policy.estimator.estimate(JobFeatures("x", 1)) == pytest.approx(51.0)
+    assert policy.estimator.estimate(JobFeatures("y", 1)) is None
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES, ids=lambda n: f"policy {n} runs every job")

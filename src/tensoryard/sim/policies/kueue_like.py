@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tensoryard.sim.engine import SimContext
-from tensoryard.sim.jobs import SimJob
+from tensoryard.sim.view import JobView
 
 __all__ = ["KueueLikePolicy"]
 
@@ -43,7 +43,7 @@ class KueueLikePolicy:
 
     def cycle(self, ctx: SimContext) -> float | None:
         queues = self._queues(ctx)
-        by_queue: dict[str, list[SimJob]] = defaultdict(list)
+        by_queue: dict[str, list[JobView]] = defaultdict(list)
         for job in ctx.pending():
             by_queue[job.team].append(job)
         for jobs in by_queue.values():
@@ -80,12 +80,12 @@ class KueueLikePolicy:
         return queues
 
     @staticmethod
-    def _borrows(queues: dict[str, _Queue], job: SimJob) -> bool:
+    def _borrows(queues: dict[str, _Queue], job: JobView) -> bool:
         queue = queues[job.team]
         return queue.usage + job.gpus > queue.nominal
 
     @staticmethod
-    def _quota_fits(queues: dict[str, _Queue], job: SimJob) -> bool:
+    def _quota_fits(queues: dict[str, _Queue], job: JobView) -> bool:
         queue = queues[job.team]
         after = queue.usage + job.gpus
         if after <= queue.nominal:

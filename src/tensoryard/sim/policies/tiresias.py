@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 
 from tensoryard.sim.engine import SimContext
-from tensoryard.sim.jobs import JobState, SimJob
+from tensoryard.sim.jobs import JobState
+from tensoryard.sim.view import JobView
 
 __all__ = ["LasConfig", "TiresiasLasPolicy"]
 
@@ -41,11 +42,11 @@ class TiresiasLasPolicy:
     def __init__(self, config: LasConfig | None = None) -> None:
         self.config = config or LasConfig()
 
-    def _service(self, job: SimJob, now: float) -> float:
+    def _service(self, job: JobView, now: float) -> float:
         """Attained GPU-seconds since the last promotion."""
         return job.attained_gpu_s_at(now) - job.extra.get(_BASE, 0.0)
 
-    def _level(self, job: SimJob, now: float) -> tuple[int, float]:
+    def _level(self, job: JobView, now: float) -> tuple[int, float]:
         """(queue level, time the level next changes); cached until that time."""
         extra = job.extra
         if extra.get(_ATTEMPT) == job.attempt and now < extra[_UNTIL]:
@@ -59,7 +60,7 @@ class TiresiasLasPolicy:
         extra[_LEVEL], extra[_UNTIL], extra[_ATTEMPT] = level, until, job.attempt
         return level, until
 
-    def _promote_starving(self, pending: list[SimJob], now: float) -> None:
+    def _promote_starving(self, pending: list[JobView], now: float) -> None:
         knob = self.config.promote_knob
         if knob <= 0:
             return
