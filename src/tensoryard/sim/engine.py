@@ -216,7 +216,8 @@ class Simulator:
 
     def true_remaining_s(self, job: JobView) -> float:
         self._check_oracle()
-        return self.jobs[job.index].remaining_s
+        sim_job = self.jobs[job.index]
+        return sim_job.remaining_s - sim_job.executed_s(self._now)
 
     def _check_oracle(self) -> None:
         if not self._oracle:

@@ -19,6 +19,7 @@ from tensoryard.sim.policies import (
     FifoPolicy,
     KueueLikePolicy,
     LasConfig,
+    SrtfOraclePolicy,
     TiresiasLasPolicy,
     make_policy,
 )
@@ -56,12 +57,64 @@ def test_kueue_like_best_effort_fifo_starts_the_small_job_behind_a_big_head() ->
     assert starts == {"b1": 0.0, "a-big": 100.0, "a-small": 2.0}
 
 
-def test_kueue_like_borrows_idle_quota_in_the_cohort_but_never_preempts() -> None:
+def test_kueue_like_without_preemption_borrows_idle_quota_and_never_gives_it_back() -> None:
     """x borrows y's idle half; y's job then waits for x to finish (no reclaim)."""
     jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
-    result = _run(jobs, "1x4", KueueLikePolicy())
+    result = _run(jobs, "1x4", KueueLikePolicy(preemption=False))
     assert _starts(result) == {"x1": 0.0, "y1": 100.0}
     assert result.metrics()["preemptions"] == 0
+
+
+def test_kueue_like_reclaims_lent_quota_within_the_cohort() -> None:
+    """reclaimWithinCohort: y's 1-GPU job fits y's nominal quota, which x borrows: x is
+    preempted (30-s grace), y starts at 35 and x restarts when its 4 GPUs are free (45)."""
+    jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
+    result = _run(jobs, "1x4", KueueLikePolicy(), grace_s=30)
+    assert _starts(result) == {"x1": 0.0, "y1": 35.0}
+    x1 = result.jobs[0]
+    assert x1.preemptions == 1 and x1.attempt == 2 and x1.attempt_start == 45.0
+
+
+def test_kueue_like_preempts_lower_priority_work_of_its_own_queue_only() -> None:
+    """withinClusterQueue: LowerPriority: a priority-5 job preempts a priority-0 one of its
+    queue; a job of equal priority would not (it waits)."""
+    jobs = [
+        TraceJob("low", 0, 1000, 4, "x", priority=0),
+        TraceJob("high", 10, 10, 4, "x", priority=5),
+        TraceJob("same", 20, 10, 4, "x", priority=0),
+    ]
+    result = _run(jobs, "1x4", KueueLikePolicy(), grace_s=30)
+    low, high, same = result.jobs
+    assert high.first_start == 40.0 and low.preemptions == 1 and same.preemptions == 0
+    assert same.first_start is not None and same.first_start >= 50.0
+
+
+def test_tiresias_las_preempts_only_for_a_job_the_freed_gpus_can_place() -> None:
+    """2 nodes x 4 GPUs. L (2 GPUs, node 0) passes 1 GPU-hour at 1800 s; X and Y (2 GPUs,
+    from 1500 s) fill node 0 and half of node 1. N (4 GPUs on one node) arrives at 2000 s
+    and goes before L in LAS order, but freeing L leaves 2 + 2 GPUs on two nodes, so L is
+    not preempted (the old baseline preempted it for nothing). From 2500 s the four jobs fit
+    by GPU count, so L keeps running and N starts when Y ends (6501 s)."""
+    jobs = [
+        TraceJob("L", 0, 100_000, 2, "t"),
+        TraceJob("X", 1500, 1000, 2, "t"),
+        TraceJob("Y", 1501, 5000, 2, "t"),
+        TraceJob("N", 2000, 100, 4, "t"),
+    ]
+    result = _run(jobs, "2x4", TiresiasLasPolicy(), grace_s=30, checkpoint_interval_s=600)
+    big_l, _, _, n = result.jobs
+    assert big_l.preemptions == 0
+    assert n.first_start == 6501
+
+
+def test_srtf_oracle_preempts_a_long_runner_for_a_shorter_newcomer() -> None:
+    """1 GPU. A (1000 s) from 0; B (100 s) at 100 has less left: A is preempted (30-s
+    grace), B runs 130-230, A resumes with all 1000 s left (no checkpoint yet)."""
+    jobs = [TraceJob("A", 0, 1000, 1, "x"), TraceJob("B", 100, 100, 1, "x")]
+    result = _run(jobs, "1x1", SrtfOraclePolicy(), grace_s=30, checkpoint_interval_s=600)
+    a, b = result.jobs
+    assert (b.first_start, b.finish_time) == (130, 230)
+    assert a.preemptions == 1 and a.finish_time == 1230
 
 
 def test_tiresias_las_preempts_a_long_runner_for_a_newcomer_with_less_service() -> None:
