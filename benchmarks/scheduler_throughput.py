@@ -6,16 +6,16 @@ cohorts, pending workloads with Philly's job-size mix (GPU counts read from
 same trace's published counts). Gangs above 8 GPUs use whole 8-GPU nodes.
 
 Method: for each pending level P, start from an empty cluster with P pending workloads, run a
-first cycle (the initial fill, reported on its own as ``fill_*``), then `cycles` steady-state
-cycles; before each, 5% of the running workloads finish (seeded choice), the clock advances
-60 s and new submissions keep P constant, so the cluster stays full and admissions balance
-completions (``steady_gpu_utilization`` and ``steady_admitted_per_completed`` show it).
+first cycle (the initial fill, reported on its own as ``fill_*``), then ``WARMUP`` cycles
+that top the cluster up (not measured), then `cycles` steady-state cycles; before each, 5% of
+the running workloads finish (seeded choice), the clock advances 60 s and new submissions
+keep P constant, so the cluster stays full and admissions balance completions
+(``steady_gpu_utilization`` and ``steady_admitted_per_completed`` show it).
 ``admissions_per_s`` = gang admissions / CPU time inside ``Scheduler.schedule`` over the
 steady-state cycles only, at 50k pending; cycle times are CPU time of the scheduling thread
-(one core),
-because these 2-core machines are shared and wall time there measures the neighbours. Wall
-times are reported beside them. Reading every pending reason and estimate (built lazily) is
-measured separately as ``read_all_pending_reasons_ms``.
+(one core), because these 2-core machines are shared and wall time there measures the
+neighbours. Wall times are reported beside them. Reading every pending reason and estimate
+(built lazily) is measured separately as ``read_all_pending_reasons_ms``.
 
 The anchors are published figures of other schedulers (not re-run here: none of them runs on
 this machine without a cluster); we report our ratio to each.
@@ -66,6 +66,7 @@ GOAL_ADMISSIONS_PER_S = 2000.0
 GOAL_P99_MS = 200.0
 
 NODES, GPUS, SWITCHES, QUEUES, COHORTS = 1024, 8, 32, 100, 10
+WARMUP = 3  # cycles after the fill before steady state is measured
 
 
 def size_mix() -> tuple[dict[int, int], str]:
@@ -149,14 +150,16 @@ def run_level(
     admitted = first_admissions = completed = 0
     total_gpus = NODES * GPUS
     utilization: list[float] = []
-    task = progress.add_task(f"{pending_target} pending", total=cycles + 1) if progress else None
-    for cycle in range(cycles + 1):
+    per_cycle: list[tuple[int, int]] = []  # (admitted, completed before it)
+    total = cycles + 1 + WARMUP
+    task = progress.add_task(f"{pending_target} pending", total=total) if progress else None
+    for cycle in range(total):
+        done: list[str] = []
         if cycle > 0:
             now += 60.0
             done = rng.sample(sorted(running), k=len(running) // 20)
             for wid in done:
                 del running[wid]
-            completed += len(done)
             arrivals = pending_target - len(pending)
             for i in range(arrivals):
                 w = gen.make(now - 60 + 60 * i / arrivals)
@@ -181,20 +184,24 @@ def run_level(
             first_admissions = len(decisions.admissions)
         for pre in decisions.preemptions:  # victims stop at once in this benchmark
             running.pop(pre.workload_id, None)
-        if cycle > 0:
+        per_cycle.append((len(decisions.admissions), len(done)))
+        if cycle > WARMUP:
             utilization.append(sum(w.total_gpus for w in running.values()) / total_gpus)
         if progress is not None and task is not None:
             progress.advance(task)
     c0 = time.thread_time()
     reasons = sum(1 for info in decisions.pending.values() if info.reason)
     read_ms = (time.thread_time() - c0) * 1000
-    steady = [t * 1000 for t in (times[1:] or times)]
-    steady_wall = [t * 1000 for t in (walls[1:] or walls)]
-    steady_admitted = admitted - first_admissions
-    steady_s = sum(times[1:]) or sum(times)
+    first = 1 + WARMUP
+    steady = [t * 1000 for t in times[first:]]
+    steady_wall = [t * 1000 for t in walls[first:]]
+    steady_admitted = sum(a for a, _ in per_cycle[first:])
+    completed = sum(c for _, c in per_cycle[first:])
+    steady_s = sum(times[first:])
     return {
         "pending": pending_target,
         "cycles": len(times),
+        "steady_cycles": len(steady),
         "admissions": admitted,
         "schedule_s": sum(times),
         "admissions_per_s": steady_admitted / steady_s,
@@ -211,7 +218,7 @@ def run_level(
         "cycle_ms_p99": _p99(steady),
         "wall_cycle_ms_p50": statistics.median(steady_wall),
         "wall_cycle_ms_p99": _p99(steady_wall),
-        "wall_admissions_per_s": steady_admitted / (sum(walls[1:]) or sum(walls)),
+        "wall_admissions_per_s": steady_admitted / sum(walls[first:]),
         "read_all_pending_reasons_ms": read_ms,
         "pending_reasons_read": reasons,
     }
