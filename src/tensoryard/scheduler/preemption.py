@@ -69,9 +69,7 @@ def try_preempt(st: CycleState, w: Workload, line: QueueLine, fails: list[Fail])
 def _preempt_on(st: CycleState, w: Workload, model: str) -> bool:
     """What-if: remove the cheapest eligible victims until `w` fits, then keep the fewest."""
     within = within_nominal_after(st, w, model or None)
-    candidates: Removed = [
-        (v, "terminating") for v in st.leaving.get(model, []) if v.id not in st.victims
-    ]
+    candidates: Removed = [(v, "terminating") for v in _leaving_for(st, w, model)]
     for v in victim_pool(st, w, model, within):
         reason = victim_reason(st, w, v, within)
         if reason is not None:
@@ -117,8 +115,8 @@ def _victims_by_node(st: CycleState, w: Workload, model: str, within: bool) -> R
     on_node = st.state.running_on
     allowed = set(victim_queues(st, w, model, within))
     leaving: dict[str, list[Workload]] = {}
-    for v in st.leaving.get(model, []):
-        if v.id not in st.victims and v.placement is not None:
+    for v in _leaving_for(st, w, model):
+        if v.placement is not None:
             for name in v.placement.gpus:
                 leaving.setdefault(name, []).append(v)
     options: list[tuple[float, int, int, Removed]] = []
@@ -164,6 +162,16 @@ def _victims_by_node(st: CycleState, w: Workload, model: str, within: bool) -> R
     for v, _ in reversed(removed):
         unvacate(st, v)
     return []
+
+
+def _leaving_for(st: CycleState, w: Workload, model: str) -> list[Workload]:
+    """Terminating workloads on `model` whose resources `w` may count on: not taken by
+    another preemptor this cycle, and not preempted for another pending workload."""
+    return [
+        v
+        for v in st.leaving.get(model, [])
+        if v.id not in st.victims and v.preempted_for in (None, w.id)
+    ]
 
 
 def _fewest(st: CycleState, w: Workload, model: str, removed: Removed) -> Removed:

@@ -122,6 +122,8 @@ class CorePolicy:
         self._estimator_config = estimator_config
         self.estimator = RuntimeEstimator(estimator_config)
         self._history: Mapping[str, DecayedUsage] = {}
+        # victim job id -> the job it was preempted for (while it checkpoints and stops)
+        self._preempted_for: dict[int, int] = {}
 
     # --- memory across cycles and restarts -----------------------------------------------
 
@@ -185,6 +187,13 @@ class CorePolicy:
         )
         core = self.scheduler.schedule(snapshot, view.now)
         self._history = core.usage_history
+        self._preempted_for = {
+            job.id: self._preempted_for[job.id]
+            for job in view.running
+            if job.id in view.terminating and job.id in self._preempted_for
+        }
+        for p in core.preemptions:
+            self._preempted_for[int(p.workload_id)] = int(p.preemptor_id)
         out = Decisions()
         for a in core.admissions:
             placement = {node: list(gpus) for node, gpus in a.placement.gpus.items()}
@@ -231,7 +240,12 @@ class CorePolicy:
             start_time=started,
             last_checkpoint_time=view.last_checkpoint.get(job.id),
             terminating=job.id in view.terminating,
+            preempted_for=_text(self._preempted_for.get(job.id)),
         )
+
+
+def _text(job_id: int | None) -> str | None:
+    return None if job_id is None else str(job_id)
 
 
 def _features(spec: JobSpec) -> JobFeatures:

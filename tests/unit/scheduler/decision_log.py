@@ -218,7 +218,7 @@ def run_synthetic(seed: int, cycles: int = 150) -> DecisionLog:
         pending = [w for w in pending if w.id not in admitted]
         for p in decisions.preemptions:
             w = running[p.workload_id]
-            running[p.workload_id] = replace(w, terminating=True)
+            running[p.workload_id] = replace(w, terminating=True, preempted_for=p.preemptor_id)
             stop_at[p.workload_id] = now + p.grace_s
     return log
 

@@ -78,6 +78,7 @@ class DefaultPolicy:
         self._pending_cache: dict[int, tuple[tuple[int, float | None], Workload]] = {}
         self._running_cache: dict[int, tuple[tuple[int, bool], float, Workload]] = {}
         self._seen_completed = 0
+        self._preempted_for: dict[int, str] = {}  # victim index -> preemptor workload id
         self.estimator = RuntimeEstimator(estimator_config) if use_history else None
         self.last_decisions: Decisions | None = None
 
@@ -142,6 +143,7 @@ class DefaultPolicy:
         )
 
     def _pending_workload(self, job: JobView) -> Workload:
+        self._preempted_for.pop(job.index, None)  # its preemption is over
         estimate = self._estimate(job)  # changes as the team's history grows
         cached = self._pending_cache.get(job.index)
         if cached is not None and cached[0] == (job.attempt, estimate):
@@ -181,6 +183,7 @@ class DefaultPolicy:
             start_time=job.attempt_start,
             last_checkpoint_time=checkpoint,
             terminating=stopping,
+            preempted_for=self._preempted_for.get(job.index) if stopping else None,
         )
         self._running_cache[job.index] = ((job.attempt, stopping), until, workload)
         return workload
@@ -203,6 +206,7 @@ class DefaultPolicy:
         holding: dict[int, JobView],
     ) -> None:
         for preemption in decisions.preemptions:
+            self._preempted_for[self._index(preemption.workload_id)] = preemption.preemptor_id
             victim = holding.get(self._index(preemption.workload_id))
             if victim is None:
                 raise SimulationError(f"the core preempted unknown {preemption.workload_id}")
