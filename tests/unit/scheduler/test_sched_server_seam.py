@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity
@@ -73,3 +74,20 @@ def test_a_pending_jobs_eta_comes_from_history_once_similar_jobs_finished() -> N
     restarted.import_state(json.loads(json.dumps(policy.export_state())))
     assert restarted.decide(_view(now)).pending[2].eta_s == T0.timestamp() + 3600
     assert restarted.export_state()["usage_history"]["nlp"]["gpu_seconds"]["H100"] > 0
+
+
+def test_a_victim_in_its_grace_period_is_tied_to_the_job_it_was_preempted_for() -> None:
+    """Job 2 (priority 5) preempts job 1 (priority 0) on the only node. While job 1 is
+    terminating, the seam tells the core whom it stops for, so that another pending job
+    does not count on its GPUs and preempt again."""
+    now = T0.timestamp() + 60
+    running = replace(_job(1, JobState.RUNNING, placement={"n0": list(range(8))}), priority=0)
+    urgent = _job(2, JobState.PENDING)
+    urgent = replace(urgent, spec={**urgent.spec, "priority": 5})
+    view = replace(_view(now), pending=(urgent,), running=(running,))
+    policy = CorePolicy()
+    decisions = policy.decide(view)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preemptions] == [(1, 2)]
+    stopping = replace(view, terminating=frozenset({1}), now=now + 10)
+    assert policy._running(running, stopping).preempted_for == "2"
+    assert policy.decide(stopping).preemptions == []
