@@ -67,12 +67,13 @@ def within_nominal_after(st: CycleState, w: Workload, model: str | None) -> bool
 
 
 def borrows_running(st: CycleState, queue: str, resource: str, keep: float = 0.0) -> bool:
-    """True when the queue's running work (not this cycle's admissions) exceeds its nominal
-    quota: only then may reclaim take that work back. With `keep` > 0: True when it still
-    uses at least its nominal quota after giving `keep` back."""
+    """True when the queue's running work that stays (not this cycle's admissions, not
+    victims chosen this cycle, not terminating work) exceeds its nominal quota: only then may
+    reclaim take that work back. With `keep` > 0: True when it still uses at least its
+    nominal quota after giving `keep` back."""
     key = (queue, resource)
     used = st.tree.usage(queue, resource) - st.admitted_charge.get(key, 0.0)
-    used -= st.victim_charge.get(key, 0.0)
+    used -= st.victim_charge.get(key, 0.0) + st.leaving_charge.get(key, 0.0)
     nominal = st.tree.nominal(queue, resource)
     if keep > 0:
         return used - keep >= nominal - 1e-9

@@ -102,6 +102,9 @@ class CycleState:
     # Quota of victims already chosen this cycle (still charged until they stop), so that two
     # preemptors do not both count the same borrowed GPUs as reclaimable.
     victim_charge: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Quota of terminating workloads (still charged until they stop), per (queue, resource):
+    # reclaim counts only the borrowing of work that stays.
+    leaving_charge: dict[tuple[str, str], float] = field(default_factory=dict)
     # budgets used and failure caches
     cap_fail: dict[str, list[tuple[int, int, float, int, bool]]] = field(default_factory=dict)
     quota_fail: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -216,6 +219,8 @@ def _charge_running(st: CycleState) -> None:
             totals[key] = total_of(key, 0.0) + w.nodes * w.cpu_per_node
         if w.terminating:
             st.leaving.setdefault(model, []).append(w)
+            key = (queue, resource_of(w, placement.gpu_model))
+            st.leaving_charge[key] = st.leaving_charge.get(key, 0.0) + charge_of(w)
             continue
         key = (model, queue)
         pool = by_queue.get(key)

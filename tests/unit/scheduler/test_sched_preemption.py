@@ -198,3 +198,23 @@ def test_a_preemptor_keeps_the_victims_it_already_waits_for(
     assert [(p.workload_id, p.preemptor_id) for p in decisions.preemptions] == [
         ("v2", preemptor_of_v2)
     ]
+
+
+def test_reclaim_counts_only_the_borrowing_of_work_that_stays() -> None:
+    """Queues a and b own 4 GPUs each of one 8-GPU node. b runs 6 (2 borrowed), but 2 of
+    them are already stopping for another job: once they are gone b is at its nominal quota,
+    so a's new 2-GPU job must not reclaim b's remaining work (it would push b below its
+    quota, b's jobs would come back within nominal and the reclaim would repeat)."""
+    b_jobs = [
+        make_workload(f"b{i}", "b").gpus(1).running_on({"n0": (i,)}, start=0).obj()
+        for i in range(6)
+    ]
+    b_jobs[4:] = [replace(w, terminating=True, preempted_for="elsewhere") for w in b_jobs[4:]]
+    a_jobs = [
+        make_workload(f"a{i}", "a").gpus(1).running_on({"n0": (6 + i,)}, start=0).obj()
+        for i in range(2)
+    ]
+    newcomer = make_workload("a-new", "a").gpus(2).obj()
+    quotas = make_quotas({"a": {"H100": 4}, "b": {"H100": 4}})
+    decisions = schedule(make_nodes(1), quotas, [newcomer], b_jobs + a_jobs)
+    assert decisions.preemptions == ()
