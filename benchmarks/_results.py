@@ -16,7 +16,13 @@ def write_results_line(name: str, command: str, result: str, goal: str, met: str
         if existing.startswith(f"| {name} |"):
             lines[i] = line
             break
-    else:
-        table_end = max((i for i, x in enumerate(lines) if x.startswith("| ")), default=len(lines))
-        lines.insert(table_end + 1, line)
+    else:  # append to the first table (the summary), not to a later section's table
+        start = next((i for i, x in enumerate(lines) if x.startswith("| benchmark |")), None)
+        if start is None:
+            lines.append(line)
+        else:
+            end = start
+            while end + 1 < len(lines) and lines[end + 1].startswith("| "):
+                end += 1
+            lines.insert(end + 1, line)
     RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,14 @@ def sim(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table."),
 ) -> None:
     """Replay a trace under one policy (see the command help)."""
-    from tensoryard.sim import SimConfig, SimRequest, parse_window, plot_result, run_request
+    from tensoryard.sim import (
+        SimConfig,
+        SimRequest,
+        make_policy,
+        parse_window,
+        plot_result,
+        run_request,
+    )
 
     out = Console()
     err = Console(stderr=True)
@@ -78,8 +86,13 @@ def sim(
             window=bounds,
             config=SimConfig(checkpoint_interval_s=checkpoint_min * 60, grace_s=grace_s),
         )
-        result = _run(request, run_request, quiet)
+        chosen = make_policy(policy)
+        result = _run(request, functools.partial(run_request, policy=chosen), quiet)
         metrics = result.metrics()
+        accuracy = getattr(chosen, "accuracy", None)
+        if callable(accuracy):
+            # how well run times were predicted from history (the policy never sees them)
+            metrics["estimator_accuracy"] = accuracy()
         if json_out is not None:
             _write_json(json_out, {"policy": result.policy, "metrics": metrics})
         if plot is not None:
@@ -148,6 +161,12 @@ def _table(policy: str, metrics: dict[str, Any]) -> Table:
     table.add_column("value", justify="right")
     for label, key, fmt in _ROWS:
         table.add_row(label, fmt.format(metrics[key]))
+    accuracy = metrics.get("estimator_accuracy")
+    if accuracy and accuracy.get("observed"):
+        table.add_row(
+            "run-time estimates within 2x",
+            f"{accuracy['within_2x']:.0%} of {accuracy['coverage']:.0%} predicted",
+        )
     return table
 
 

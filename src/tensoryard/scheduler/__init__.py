@@ -23,6 +23,11 @@ One cycle reads as numbered phases (see ``core.Cycle.run``):
 5. return admissions, preemptions (with a grace period to checkpoint), reservations, the
    updated usage history, and for every pending workload a reason and an estimated start.
 
+Phases 1-3 build one ``cycle_state.CycleState``; phase 4 is carried out by modules split by
+concern (``admission``, ``placement``, ``victims``/``preemption``, ``defrag``,
+``reservation``, ``ordering``). Runtime estimates come from ``estimates.RuntimeEstimator``
+(history of finished jobs, bounded by ``max_runtime``), shared with the simulator.
+
 Policies and their knobs live in :class:`SchedulerConfig`; queues and cohorts come from
 ``tensoryard.spec.QuotaConfig``.
 
@@ -35,9 +40,11 @@ jobs at no higher priority and no lower level, and only as many as can restart a
 GPUs that stay free.
 """
 
+from tensoryard.scheduler.accounting import decay_usage
 from tensoryard.scheduler.config import SchedulerConfig
 from tensoryard.scheduler.convert import nodes_from_cluster, workload_from_job
-from tensoryard.scheduler.core import Scheduler, decay_usage
+from tensoryard.scheduler.core import Scheduler
+from tensoryard.scheduler.estimates import EstimatorConfig, JobFeatures, RuntimeEstimator
 from tensoryard.scheduler.model import (
     Admission,
     DecayedUsage,
@@ -57,12 +64,15 @@ __all__ = [
     "CohortSpec",
     "DecayedUsage",
     "Decisions",
+    "EstimatorConfig",
+    "JobFeatures",
     "Node",
     "PendingInfo",
     "Placement",
     "Preemption",
     "QueueSpec",
     "QuotaConfig",
+    "RuntimeEstimator",
     "Scheduler",
     "SchedulerConfig",
     "Snapshot",

@@ -54,6 +54,17 @@ class SchedulerConfig:
         max_preemptors_per_cycle: at most this many pending workloads issue preemptions in one
             cycle (bounds churn and cycle time).
         max_victim_candidates: at most this many cheapest candidates are tried per preemptor.
+        preempt_attempts_per_preemptor: a cycle gives up on preemption after this many
+            searches per allowed preemptor (``max_preemptors_per_cycle``), successful or not.
+        node_aware_tries: per cycle, at most this many node-by-node victim searches (used
+            when the cheapest victims of a multi-GPU workload are scattered over nodes).
+        node_aware_spare_nodes: such a search clears at most the gang's node count plus this
+            many of the nodes cheapest to clear.
+        borrowed_service_tries: per cycle, at most this many preemption searches that look
+            at other queues' long runners on borrowed quota ("borrowed-service").
+        defrag_tries: defragmentation searches per cycle (each looks at every node of a model).
+        placement_failure_cache: per capacity index, remember at most this many request
+            shapes that found no placement this cycle (a larger request then fails at once).
         max_reservations: head-of-line reservations per cycle: the first this-many workloads
             that fit quota but not capacity get nodes held for them; others may use those nodes
             only if their runtime estimate ends before the reserved start (backfill).
@@ -80,6 +91,12 @@ class SchedulerConfig:
     defrag_min_run_s: float = 600.0
     max_preemptors_per_cycle: int = 32
     max_victim_candidates: int = 64
+    preempt_attempts_per_preemptor: int = 4
+    node_aware_tries: int = 1
+    node_aware_spare_nodes: int = 4
+    borrowed_service_tries: int = 8
+    defrag_tries: int = 1
+    placement_failure_cache: int = 32
     max_reservations: int = 1
     backfill_depth: int = 2048
     cpu_on_gpu_nodes: bool = True
@@ -100,11 +117,25 @@ class SchedulerConfig:
             (self.max_preemptors_per_cycle >= 0, "max_preemptors_per_cycle must be >= 0"),
             (self.max_victim_candidates >= 1, "max_victim_candidates must be >= 1"),
             (self.max_reservations >= 0, "max_reservations must be >= 0"),
+            (
+                self.preempt_attempts_per_preemptor >= 1,
+                "preempt_attempts_per_preemptor must be >= 1",
+            ),
+            (self.node_aware_tries >= 0, "node_aware_tries must be >= 0"),
+            (self.node_aware_spare_nodes >= 0, "node_aware_spare_nodes must be >= 0"),
+            (self.borrowed_service_tries >= 0, "borrowed_service_tries must be >= 0"),
+            (self.defrag_tries >= 0, "defrag_tries must be >= 0"),
+            (self.placement_failure_cache >= 0, "placement_failure_cache must be >= 0"),
             (self.backfill_depth >= 0, "backfill_depth must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"scheduler config: {message} (fix: change that setting)")
+
+    @property
+    def max_preempt_attempts(self) -> int:
+        """Preemption searches a cycle may make in all."""
+        return self.preempt_attempts_per_preemptor * max(1, self.max_preemptors_per_cycle)
 
     def service_level(self, gpu_seconds: float) -> int:
         """Level of a workload that attained `gpu_seconds` of service (0 = least)."""

@@ -108,6 +108,10 @@ class Workload:
         start_time: when the current attempt started (running workloads only).
         last_checkpoint_time: when its last checkpoint was written (None: never).
         terminating: a preemption or cancel was already signalled; it still holds resources.
+        preempted_for: for a terminating workload, the id of the pending workload it was
+            preempted for; its resources count only for that one in preemption searches, so
+            another preemptor does not take them and make the first issue new preemptions.
+            None when unknown (any preemptor may count them).
     """
 
     id: str
@@ -127,6 +131,7 @@ class Workload:
     start_time: float | None = None
     last_checkpoint_time: float | None = None
     terminating: bool = False
+    preempted_for: str | None = None
 
     @property
     def total_gpus(self) -> int:

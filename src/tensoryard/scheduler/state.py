@@ -97,9 +97,9 @@ class ClusterState:
             if placement is None:
                 continue
             stays = not w.terminating
-            # w.expected_end(), inlined: this loop runs over every running workload
-            start, estimate = w.start_time, w.runtime_estimate_s
-            end = INF if start is None or estimate is None else start + estimate
+            end = w.expected_end()
+            if end is None:
+                end = INF
             cpu, mem = placement.cpu_per_node, placement.mem_per_node
             for name, gpus in placement.gpus.items():
                 state = by_name.get(name)

@@ -501,6 +501,8 @@ class Controller:
         if to in (JobState.RESTARTING, JobState.PENDING):
             self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))
+        if to is JobState.SUCCEEDED:  # the run-time estimator learns from finished jobs
+            self.policy.observe_finished_job(record, record.run_time_s)
         if to in TERMINAL_STATES:
             self.store.revoke_job_token(job.id)
 

@@ -3,13 +3,24 @@
 `CorePolicy` turns what the control plane knows (nodes, teams, pending and running jobs) into a
 `tensoryard.scheduler.Snapshot`, runs the same `Scheduler` the simulator replays, and hands the
 decisions back in the store's terms (job ids, node -> GPU index lists). No I/O happens here.
+
+It also carries the scheduler's memory between cycles: the decayed usage history (fair share)
+and the run-time estimator (``tensoryard.scheduler.estimates``, the same one the simulator's
+default policy uses). The control loop keeps both across restarts:
+
+- after each finished job (SUCCEEDED), call :meth:`CorePolicy.observe_completion` (or
+  :meth:`CorePolicy.observe_finished_job` with the record) with the seconds it ran;
+- persist :meth:`CorePolicy.export_state` (JSON-able) in the store, e.g. after each cycle
+  that changed it, and on start-up call :meth:`CorePolicy.import_state` with what was stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from tensoryard.errors import ConfigError
 from tensoryard.scheduler import (
     DecayedUsage,
     Node,
@@ -21,6 +32,12 @@ from tensoryard.scheduler import (
     Snapshot,
     Workload,
     workload_from_job,
+)
+from tensoryard.scheduler.estimates import (
+    EstimatorConfig,
+    JobFeatures,
+    RuntimeEstimator,
+    attempt_estimate,
 )
 from tensoryard.spec.job import JobSpec
 from tensoryard.store import JobRecord, TeamRecord
@@ -36,6 +53,7 @@ __all__ = [
 ]
 
 COHORT = "everyone"
+STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -95,22 +113,90 @@ class Decisions:
 
 
 class CorePolicy:
-    """Runs the scheduling core; keeps the decayed usage history between cycles."""
+    """Runs the scheduling core; keeps the decayed usage history and the run-time estimator
+    between cycles (both exported and imported as one JSON-able dict)."""
 
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        estimator_config: EstimatorConfig | None = None,
+    ) -> None:
         self.scheduler = Scheduler(config or SchedulerConfig())
+        self._estimator_config = estimator_config
+        self.estimator = RuntimeEstimator(estimator_config)
         self._history: Mapping[str, DecayedUsage] = {}
+        # victim job id -> the job it was preempted for (while it checkpoints and stops)
+        self._preempted_for: dict[int, int] = {}
+
+    # --- memory across cycles and restarts -----------------------------------------------
+
+    def observe_completion(
+        self,
+        *,
+        team: str,
+        user: str | None,
+        job_name: str | None,
+        gpus: int,
+        run_s: float,
+        max_runtime_s: float | None = None,
+    ) -> None:
+        """Learn from a job that finished successfully after running `run_s` seconds (its
+        service over all attempts: the time it held its GPUs)."""
+        features = JobFeatures(team, gpus, user, job_name, max_runtime_s)
+        self.estimator.observe(features, run_s)
+
+    def observe_finished_job(self, job: JobRecord, run_s: float) -> None:
+        """:meth:`observe_completion` for a store record (its spec gives the features)."""
+        self.estimator.observe(_features(JobSpec.model_validate(job.spec)), run_s)
+
+    def export_state(self) -> dict[str, Any]:
+        """The usage history and the estimator, as JSON-able data for the store."""
+        return {
+            "version": STATE_VERSION,
+            "usage_history": {
+                queue: {"gpu_seconds": dict(u.gpu_seconds), "as_of": u.as_of}
+                for queue, u in self._history.items()
+            },
+            "estimator": self.estimator.to_state(),
+        }
+
+    def import_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`export_state` output (e.g. after a restart)."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"scheduler state version {state.get('version')!r} is not {STATE_VERSION} "
+                "(fix: drop the stored scheduler state; it is rebuilt as jobs run)"
+            )
+        self._history = {
+            str(queue): DecayedUsage(
+                gpu_seconds={str(r): float(v) for r, v in record["gpu_seconds"].items()},
+                as_of=float(record["as_of"]),
+            )
+            for queue, record in state.get("usage_history", {}).items()
+        }
+        self.estimator = RuntimeEstimator.from_state(
+            state.get("estimator", {"version": 1}), self._estimator_config
+        )
+
+    # --- one cycle ----------------------------------------------------------------------------
 
     def decide(self, view: ClusterView) -> Decisions:
         snapshot = Snapshot(
             nodes=tuple(_node(n) for n in view.nodes),
             quotas=_quotas(view.teams, view.nodes),
-            pending=tuple(_pending(j, view) for j in view.pending),
-            running=tuple(_running(j, view) for j in view.running),
+            pending=tuple(self._pending(j, view) for j in view.pending),
+            running=tuple(self._running(j, view) for j in view.running),
             usage_history=self._history,
         )
         core = self.scheduler.schedule(snapshot, view.now)
         self._history = core.usage_history
+        self._preempted_for = {
+            job.id: self._preempted_for[job.id]
+            for job in view.running
+            if job.id in view.terminating and job.id in self._preempted_for
+        }
+        for p in core.preemptions:
+            self._preempted_for[int(p.workload_id)] = int(p.preemptor_id)
         out = Decisions()
         for a in core.admissions:
             placement = {node: list(gpus) for node, gpus in a.placement.gpus.items()}
@@ -124,6 +210,60 @@ class CorePolicy:
                 Preemption(int(p.workload_id), int(p.preemptor_id), p.grace_s, p.message)
             )
         return out
+
+    def _pending(self, job: JobRecord, view: ClusterView) -> Workload:
+        spec = _spec(job, view)
+        return workload_from_job(
+            str(job.id),
+            spec,
+            submit_time=job.created_at.timestamp(),
+            runtime_estimate_s=self.estimator.estimate(_features(spec)),
+            attained_service_s=view.attained_s.get(job.id, 0.0),
+        )
+
+    def _running(self, job: JobRecord, view: ClusterView) -> Workload:
+        spec = _spec(job, view)
+        attained = view.attained_s.get(job.id, 0.0)
+        # The current attempt's start: a job re-admitted after a preemption starts afresh (its
+        # earlier run time is attained service, not time spent in this placement).
+        started = view.attempt_started.get(job.id)
+        if started is None:
+            started = (job.admitted_at or job.updated_at).timestamp()
+        base = workload_from_job(
+            str(job.id), spec, submit_time=job.created_at.timestamp(), attained_service_s=attained
+        )
+        model = next((n.gpu_model for n in view.nodes if n.name in job.placement), None)
+        placement = Placement(
+            gpu_model=model if spec.resources.gpus_per_node else None,
+            gpus={node: tuple(gpus) for node, gpus in job.placement.items()},
+            cpu_per_node=spec.resources.cpu,
+            mem_per_node=spec.resources.memory,
+        )
+        typical = self.estimator.estimate(_features(spec))
+        return replace(
+            base,
+            runtime_estimate_s=attempt_estimate(typical, attained, max(0.0, view.now - started)),
+            placement=placement,
+            start_time=started,
+            last_checkpoint_time=view.last_checkpoint.get(job.id),
+            terminating=job.id in view.terminating,
+            preempted_for=_text(self._preempted_for.get(job.id)),
+        )
+
+
+def _text(job_id: int | None) -> str | None:
+    return None if job_id is None else str(job_id)
+
+
+def _features(spec: JobSpec) -> JobFeatures:
+    res = spec.resources
+    return JobFeatures(
+        team=spec.team,
+        gpus=res.nodes * res.gpus_per_node,
+        user=spec.user,
+        name=spec.name,
+        max_runtime_s=spec.max_runtime,
+    )
 
 
 def _node(n: NodeCapacity) -> Node:
@@ -154,45 +294,6 @@ def _quotas(teams: tuple[TeamRecord, ...], nodes: tuple[NodeCapacity, ...]) -> Q
 
 
 def _spec(job: JobRecord, view: ClusterView) -> JobSpec:
+    """The job's spec: parsed once by the caller (`view.specs`), else here."""
     spec = view.specs.get(job.id)
     return spec if spec is not None else JobSpec.model_validate(job.spec)
-
-
-def _pending(job: JobRecord, view: ClusterView) -> Workload:
-    return workload_from_job(
-        str(job.id),
-        _spec(job, view),
-        submit_time=job.created_at.timestamp(),
-        attained_service_s=view.attained_s.get(job.id, 0.0),
-    )
-
-
-def _running(job: JobRecord, view: ClusterView) -> Workload:
-    spec = _spec(job, view)
-    base = workload_from_job(
-        str(job.id),
-        spec,
-        submit_time=job.created_at.timestamp(),
-        attained_service_s=view.attained_s.get(job.id, 0.0),
-    )
-    model = next((n.gpu_model for n in view.nodes if n.name in job.placement), None)
-    placement = Placement(
-        gpu_model=model if spec.resources.gpus_per_node else None,
-        gpus={node: tuple(gpus) for node, gpus in job.placement.items()},
-        cpu_per_node=spec.resources.cpu,
-        mem_per_node=spec.resources.memory,
-    )
-    # The current attempt's start: a job re-admitted after a preemption starts afresh (its
-    # earlier run time is attained service, not time spent in this placement).
-    started = view.attempt_started.get(job.id)
-    if started is None:
-        started = (job.admitted_at or job.updated_at).timestamp()
-    return Workload(
-        **{
-            **{f: getattr(base, f) for f in Workload.__dataclass_fields__},
-            "placement": placement,
-            "start_time": started,
-            "last_checkpoint_time": view.last_checkpoint.get(job.id),
-            "terminating": job.id in view.terminating,
-        }
-    )

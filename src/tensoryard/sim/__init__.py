@@ -25,12 +25,15 @@ from tensoryard.sim.policies import POLICY_NAMES, make_policy
 from tensoryard.sim.quotas import equal_quotas, load_quotas
 from tensoryard.sim.run import SimRequest, find_shared_dir, resolve_trace, run_request
 from tensoryard.sim.trace import TraceError, TraceJob, load_trace, parse_window, select_window
+from tensoryard.sim.view import JobView, OracleAccessError
 
 __all__ = [
     "POLICY_NAMES",
     "ClusterShape",
     "ClusterState",
     "JobState",
+    "JobView",
+    "OracleAccessError",
     "Policy",
     "SimConfig",
     "SimContext",

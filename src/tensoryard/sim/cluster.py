@@ -109,6 +109,15 @@ class ClusterState:
         self._buckets[shape.gpus_per_node] = set(range(shape.nodes))
         self.free_gpus = shape.total_gpus
 
+    def clone(self) -> ClusterState:
+        """An independent copy (for what-if placement by baselines)."""
+        out = ClusterState.__new__(ClusterState)
+        out.shape = self.shape
+        out._free = [list(f) for f in self._free]
+        out._buckets = [set(b) for b in self._buckets]
+        out.free_gpus = self.free_gpus
+        return out
+
     def free_on(self, node: int) -> int:
         return len(self._free[node])
 

@@ -15,15 +15,19 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
-from tensoryard.errors import ConfigError, TensoryardError
+from tensoryard.errors import ConfigError
 from tensoryard.sim.cluster import ClusterShape, ClusterState, Placement, gang_shape
+from tensoryard.sim.errors import OracleAccessError, SimulationError
 from tensoryard.sim.jobs import JobState, SimJob
 from tensoryard.sim.metrics import MetricsRecorder, SimResult
 from tensoryard.sim.quotas import nominal_gpus
 from tensoryard.sim.trace import TraceJob
+from tensoryard.sim.view import JobView
 from tensoryard.spec.queue import QuotaConfig
 
 __all__ = [
+    "JobView",
+    "OracleAccessError",
     "Policy",
     "SimConfig",
     "SimContext",
@@ -33,10 +37,6 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[int, int], None]
-
-
-class SimulationError(TensoryardError):
-    """The replay cannot go on (a job can never run, or a policy broke an invariant)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,30 +75,43 @@ class SimContext(Protocol):
     @property
     def quotas(self) -> QuotaConfig: ...
 
-    def pending(self) -> list[SimJob]:
+    def pending(self) -> list[JobView]:
         """Pending jobs, in the order they (re)entered the queue."""
         ...
 
-    def running(self) -> list[SimJob]:
+    def running(self) -> list[JobView]:
         """Jobs holding GPUs and not being preempted."""
         ...
 
-    def stopping(self) -> list[SimJob]:
+    def stopping(self) -> list[JobView]:
         """Preempted jobs still in their grace period."""
         ...
 
     @property
-    def completed(self) -> list[SimJob]:
+    def completed(self) -> list[JobView]:
         """Finished jobs in the order they finished (append-only)."""
         ...
 
-    def admit(self, job: SimJob, placement: Placement) -> None: ...
+    def admit(self, job: JobView, placement: Placement) -> None: ...
 
-    def preempt(self, job: SimJob, grace_s: float | None = None) -> None: ...
+    def preempt(self, job: JobView, grace_s: float | None = None) -> None: ...
+
+    def true_duration_s(self, job: JobView) -> float:
+        """The job's true run time; only for policies declared ``oracle = True``."""
+        ...
+
+    def true_remaining_s(self, job: JobView) -> float:
+        """What is left of its run (current attempt included, as if it ran on from its
+        last stop); only for policies declared ``oracle = True``."""
+        ...
 
 
 class Policy(Protocol):
-    """A scheduling policy: one cycle per event batch; may ask to be woken at a later time."""
+    """A scheduling policy: one cycle per event batch; may ask to be woken at a later time.
+
+    A policy sees jobs as :class:`JobView` (no true durations). Oracle baselines set a class
+    attribute ``oracle = True`` to be allowed ``SimContext.true_duration_s``.
+    """
 
     name: str
 
@@ -124,6 +137,8 @@ class Simulator:
         self._quotas = quotas
         self.policy = policy
         self.jobs = [self._make_job(i, t) for i, t in enumerate(jobs)]
+        self._views = [JobView(j) for j in self.jobs]
+        self._oracle = bool(getattr(policy, "oracle", False))
         self.nominal = nominal_gpus(quotas, shape.gpu_model)
         missing = sorted({j.team for j in self.jobs} - set(self.nominal))
         if missing:
@@ -134,7 +149,7 @@ class Simulator:
         self.recorder = MetricsRecorder(shape.total_gpus, self.nominal)
         self._pending: dict[int, SimJob] = {}
         self._holding: dict[int, SimJob] = {}
-        self._completed: list[SimJob] = []
+        self._completed: list[JobView] = []
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._now = 0.0
@@ -179,21 +194,41 @@ class Simulator:
     def quotas(self) -> QuotaConfig:
         return self._quotas
 
-    def pending(self) -> list[SimJob]:
-        return list(self._pending.values())
+    def pending(self) -> list[JobView]:
+        views = self._views
+        return [views[i] for i in self._pending]
 
-    def running(self) -> list[SimJob]:
-        return [j for j in self._holding.values() if j.state is JobState.RUNNING]
+    def running(self) -> list[JobView]:
+        views = self._views
+        return [views[i] for i, j in self._holding.items() if j.state is JobState.RUNNING]
 
-    def stopping(self) -> list[SimJob]:
-        return [j for j in self._holding.values() if j.state is JobState.STOPPING]
+    def stopping(self) -> list[JobView]:
+        views = self._views
+        return [views[i] for i, j in self._holding.items() if j.state is JobState.STOPPING]
 
     @property
-    def completed(self) -> list[SimJob]:
+    def completed(self) -> list[JobView]:
         return self._completed
 
-    def admit(self, job: SimJob, placement: Placement) -> None:
+    def true_duration_s(self, job: JobView) -> float:
+        self._check_oracle()
+        return self.jobs[job.index].trace.duration_s
+
+    def true_remaining_s(self, job: JobView) -> float:
+        self._check_oracle()
+        sim_job = self.jobs[job.index]
+        return sim_job.remaining_s - sim_job.executed_s(self._now)
+
+    def _check_oracle(self) -> None:
+        if not self._oracle:
+            raise OracleAccessError(
+                f"policy {self.policy.name} asked for a true duration but is not an oracle "
+                "(fix: set oracle = True on oracle baselines only)"
+            )
+
+    def admit(self, view: JobView, placement: Placement) -> None:
         """Start ``job`` on ``placement`` now (the placement must be a full, free gang)."""
+        job = self.jobs[view.index]
         if job.state is not JobState.PENDING:
             raise SimulationError(f"{self.policy.name} admitted {job.trace.job_id} twice")
         if len(placement) != job.nodes or any(
@@ -217,9 +252,10 @@ class Simulator:
         self.recorder.gpus_taken(job)
         self._push(self._now + job.remaining_s, _Event.FINISH, job.index, job.attempt)
 
-    def preempt(self, job: SimJob, grace_s: float | None = None) -> None:
+    def preempt(self, view: JobView, grace_s: float | None = None) -> None:
         """Signal ``job``; it keeps its GPUs for the grace period (the configured one unless
         ``grace_s`` is given), then stops and requeues."""
+        job = self.jobs[view.index]
         if job.state is not JobState.RUNNING:
             raise SimulationError(f"{self.policy.name} preempted {job.trace.job_id}, not running")
         job.state = JobState.STOPPING
@@ -267,7 +303,7 @@ class Simulator:
             self._release(job)
             job.state, job.finish_time, job.remaining_s = JobState.DONE, self._now, 0.0
             self._done += 1
-            self._completed.append(job)
+            self._completed.append(self._views[job.index])
             return True
         if kind == _Event.GRACE_END and job.state is JobState.STOPPING:
             self._stop(job)

@@ -76,6 +76,8 @@ def test_the_cli_replays_the_60_job_trace_and_writes_json_and_a_plot(
     assert metrics["avg_jct_s"] >= 170 and 0 < metrics["allocation"] <= 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "avg JCT" in result.output
+    if policy == "default":  # it reports how well it predicted run times from history
+        assert metrics["estimator_accuracy"]["observed"] > 0
 
 
 @pytest.mark.shared

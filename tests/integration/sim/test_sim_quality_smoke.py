@@ -34,17 +34,30 @@ def test_the_quick_quality_benchmark_compares_every_policy(tmp_path: Path) -> No
     )
     assert code == 0
     payload = json.loads(out.read_text())
-    assert set(payload["policies"]) == {
-        "default",
-        "fifo",
-        "sjf-oracle",
-        "tiresias-las",
-        "kueue-like",
+    assert {(tuple(r["window"]), r["config"]) for r in payload["runs"]} == {
+        ((40_000, 40_300), "multi-team"),
+        ((40_000, 40_300), "single-team"),
     }
-    for metrics in payload["policies"].values():
-        assert metrics["avg_jct_s"] > 0 and 0 < metrics["allocation"] <= 1
-    fifo = payload["policies"]["fifo"]["avg_jct_s"]
-    assert payload["ratios"]["default_over_fifo_avg_jct"] == pytest.approx(
-        payload["policies"]["default"]["avg_jct_s"] / fifo
-    )
+    for run in payload["runs"]:
+        assert set(run["policies"]) == {
+            "default",
+            "fifo",
+            "sjf-oracle",
+            "srtf-oracle",
+            "tiresias-las",
+            "kueue-like",
+        }
+        for metrics in run["policies"].values():
+            assert metrics["avg_jct_s"] > 0 and 0 < metrics["allocation"] <= 1
+        srtf = run["policies"]["srtf-oracle"]["avg_jct_s"]
+        assert run["ratios"]["default_over_srtf_oracle_avg_jct"] == pytest.approx(
+            run["policies"]["default"]["avg_jct_s"] / srtf
+        )
+        assert run["goals"]["avg_jct_within_10pct_of_srtf_oracle"] == (
+            run["ratios"]["default_over_srtf_oracle_avg_jct"] <= 1.10
+        )
+        assert ("no_team_below_entitlement_over_10_min" in run["goals"]) == (
+            run["config"] == "multi-team"
+        )
+        assert 0 <= run["policies"]["default"]["estimator_accuracy"]["coverage"] <= 1
     assert not results_md.exists()  # quick runs never touch RESULTS.md

@@ -36,5 +36,11 @@ def test_the_throughput_benchmark_quick_run_writes_its_json(tmp_path: Path) -> N
     assert set(result["ratios"]) == set(result["anchors"])
     for level in result["levels"].values():
         assert level["admissions"] > 0
+        # the rate counts steady-state cycles only; the initial fill is reported apart
+        assert level["admissions_per_s"] == pytest.approx(
+            level["steady_admissions"] / level["steady_schedule_s"]
+        )
+        assert level["admissions"] >= level["fill_admissions"] + level["steady_admissions"]
+        assert 0 < level["steady_gpu_utilization"] <= 1
         assert level["pending_reasons_read"] > 0 or level["pending"] <= level["admissions"]
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8") == before

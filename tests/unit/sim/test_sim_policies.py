@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tensoryard.errors import ConfigError
 from tensoryard.scheduler import SchedulerConfig
+from tensoryard.scheduler.estimates import JobFeatures
 from tensoryard.sim.cluster import parse_cluster_shape
-from tensoryard.sim.engine import SimConfig, simulate
+from tensoryard.sim.engine import SimConfig, SimContext, simulate
+from tensoryard.sim.errors import OracleAccessError
+from tensoryard.sim.jobs import SimJob
 from tensoryard.sim.metrics import SimResult
 from tensoryard.sim.policies import (
     POLICY_NAMES,
     FifoPolicy,
     KueueLikePolicy,
     LasConfig,
+    SrtfOraclePolicy,
     TiresiasLasPolicy,
     make_policy,
 )
 from tensoryard.sim.policies.default import DefaultPolicy
 from tensoryard.sim.quotas import equal_quotas
 from tensoryard.sim.trace import TraceJob
+from tensoryard.sim.view import JobView
 
 
 def _run(jobs: list[TraceJob], cluster: str, policy: object, **config: float) -> SimResult:
@@ -50,12 +57,64 @@ def test_kueue_like_best_effort_fifo_starts_the_small_job_behind_a_big_head() ->
     assert starts == {"b1": 0.0, "a-big": 100.0, "a-small": 2.0}
 
 
-def test_kueue_like_borrows_idle_quota_in_the_cohort_but_never_preempts() -> None:
+def test_kueue_like_without_preemption_borrows_idle_quota_and_never_gives_it_back() -> None:
     """x borrows y's idle half; y's job then waits for x to finish (no reclaim)."""
     jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
-    result = _run(jobs, "1x4", KueueLikePolicy())
+    result = _run(jobs, "1x4", KueueLikePolicy(preemption=False))
     assert _starts(result) == {"x1": 0.0, "y1": 100.0}
     assert result.metrics()["preemptions"] == 0
+
+
+def test_kueue_like_reclaims_lent_quota_within_the_cohort() -> None:
+    """reclaimWithinCohort: y's 1-GPU job fits y's nominal quota, which x borrows: x is
+    preempted (30-s grace), y starts at 35 and x restarts when its 4 GPUs are free (45)."""
+    jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
+    result = _run(jobs, "1x4", KueueLikePolicy(), grace_s=30)
+    assert _starts(result) == {"x1": 0.0, "y1": 35.0}
+    x1 = result.jobs[0]
+    assert x1.preemptions == 1 and x1.attempt == 2 and x1.attempt_start == 45.0
+
+
+def test_kueue_like_preempts_lower_priority_work_of_its_own_queue_only() -> None:
+    """withinClusterQueue: LowerPriority: a priority-5 job preempts a priority-0 one of its
+    queue; a job of equal priority would not (it waits)."""
+    jobs = [
+        TraceJob("low", 0, 1000, 4, "x", priority=0),
+        TraceJob("high", 10, 10, 4, "x", priority=5),
+        TraceJob("same", 20, 10, 4, "x", priority=0),
+    ]
+    result = _run(jobs, "1x4", KueueLikePolicy(), grace_s=30)
+    low, high, same = result.jobs
+    assert high.first_start == 40.0 and low.preemptions == 1 and same.preemptions == 0
+    assert same.first_start is not None and same.first_start >= 50.0
+
+
+def test_tiresias_las_preempts_only_for_a_job_the_freed_gpus_can_place() -> None:
+    """2 nodes x 4 GPUs. L (2 GPUs, node 0) passes 1 GPU-hour at 1800 s; X and Y (2 GPUs,
+    from 1500 s) fill node 0 and half of node 1. N (4 GPUs on one node) arrives at 2000 s
+    and goes before L in LAS order, but freeing L leaves 2 + 2 GPUs on two nodes, so L is
+    not preempted (the old baseline preempted it for nothing). From 2500 s the four jobs fit
+    by GPU count, so L keeps running and N starts when Y ends (6501 s)."""
+    jobs = [
+        TraceJob("L", 0, 100_000, 2, "t"),
+        TraceJob("X", 1500, 1000, 2, "t"),
+        TraceJob("Y", 1501, 5000, 2, "t"),
+        TraceJob("N", 2000, 100, 4, "t"),
+    ]
+    result = _run(jobs, "2x4", TiresiasLasPolicy(), grace_s=30, checkpoint_interval_s=600)
+    big_l, _, _, n = result.jobs
+    assert big_l.preemptions == 0
+    assert n.first_start == 6501
+
+
+def test_srtf_oracle_preempts_a_long_runner_for_a_shorter_newcomer() -> None:
+    """1 GPU. A (1000 s) from 0; B (100 s) at 100 has less left: A is preempted (30-s
+    grace), B runs 130-230, A resumes with all 1000 s left (no checkpoint yet)."""
+    jobs = [TraceJob("A", 0, 1000, 1, "x"), TraceJob("B", 100, 100, 1, "x")]
+    result = _run(jobs, "1x1", SrtfOraclePolicy(), grace_s=30, checkpoint_interval_s=600)
+    a, b = result.jobs
+    assert (b.first_start, b.finish_time) == (130, 230)
+    assert a.preemptions == 1 and a.finish_time == 1230
 
 
 def test_tiresias_las_preempts_a_long_runner_for_a_newcomer_with_less_service() -> None:
@@ -110,19 +169,63 @@ def test_the_default_policy_reclaims_a_lenders_quota_through_the_core() -> None:
     assert m["preemptions"] == 1
 
 
-def test_the_default_policy_never_sees_true_durations_only_history() -> None:
+class _PeekingFifo:
+    """A policy that cheats: it orders by the true duration without being an oracle."""
+
+    name = "peeking"
+
+    def cycle(self, ctx: SimContext) -> float | None:
+        for job in sorted(ctx.pending(), key=lambda j: j.trace.duration_s):
+            placement = ctx.cluster.find(job.nodes, job.gpus_per_node)
+            if placement is not None:
+                ctx.admit(job, placement)
+        return None
+
+
+class _AskingFifo(_PeekingFifo):
+    """Another cheat: it asks the context for true durations without declaring itself."""
+
+    name = "asking"
+
+    def cycle(self, ctx: SimContext) -> float | None:
+        ctx.true_remaining_s(ctx.pending()[0])
+        return None
+
+
+@pytest.mark.parametrize(
+    "policy", [_PeekingFifo(), _AskingFifo()], ids=["reading a view's duration", "asking ctx"]
+)
+def test_a_policy_that_reads_true_durations_fails_the_replay(policy: object) -> None:
+    jobs = [TraceJob(f"j{i}", 10 * i, 50 + i, 1, "x") for i in range(4)]
+    with pytest.raises(OracleAccessError, match="true duration"):
+        _run(jobs, "1x1", policy)
+
+
+def test_a_job_view_hides_the_duration_the_remaining_time_and_the_expected_end() -> None:
+    job = SimJob(TraceJob("a", 0, 500, 2, "x"), 0, 1, 2, 500.0)
+    view = JobView(job)
+    reads: list[Callable[[], object]] = [
+        lambda: view.trace.duration_s,
+        lambda: view.remaining_s,
+        lambda: view.expected_end(),
+    ]
+    for read in reads:
+        with pytest.raises(OracleAccessError):
+            read()
+    assert (view.gpus, view.team, view.trace.job_id, view.submit_time_s) == (2, "x", "a", 0)
+
+
+def test_the_default_policy_learns_run_times_only_from_completed_jobs() -> None:
+    """Completions are observed at the next cycle after they finished (the last one ends
+    the replay, so 3 of 4); the estimate for the team's 1-GPU jobs is the median of the
+    observed run times (50, 51, 52 s), and nothing is known of another team."""
     jobs = [TraceJob(f"j{i}", 10 * i, 50 + i, 1, "x") for i in range(4)]
     policy = DefaultPolicy()
     _run(jobs, "1x1", policy)
-    history = policy._history
-    assert history is not None
-    assert history.estimate(policy_job(jobs[0])) is not None  # learnt from completions
-
-
-def policy_job(trace: TraceJob) -> object:
-    from tensoryard.sim.jobs import SimJob
-
-    return SimJob(trace, 0, 1, trace.num_gpus, trace.duration_s)
+    assert policy.estimator is not None
+    assert policy.accuracy()["observed"] == 3
+    assert policy.estimator.estimate(JobFeatures("x", 1)) == pytest.approx(51.0)
+    assert policy.estimator.estimate(JobFeatures("y", 1)) is None
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES, ids=lambda n: f"policy {n} runs every job")

@@ -9,6 +9,7 @@ from tensoryard.sim.engine import Policy
 from tensoryard.sim.policies.fifo import FifoPolicy
 from tensoryard.sim.policies.kueue_like import KueueLikePolicy
 from tensoryard.sim.policies.sjf import SjfOraclePolicy
+from tensoryard.sim.policies.srtf import SrtfOraclePolicy
 from tensoryard.sim.policies.tiresias import LasConfig, TiresiasLasPolicy
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "KueueLikePolicy",
     "LasConfig",
     "SjfOraclePolicy",
+    "SrtfOraclePolicy",
     "TiresiasLasPolicy",
     "make_policy",
 ]
@@ -33,6 +35,7 @@ _FACTORIES: dict[str, Callable[[], Policy]] = {
     "default": _default,
     "fifo": FifoPolicy,
     "sjf-oracle": SjfOraclePolicy,
+    "srtf-oracle": SrtfOraclePolicy,
     "tiresias-las": TiresiasLasPolicy,
     "kueue-like": KueueLikePolicy,
 }

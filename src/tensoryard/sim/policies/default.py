@@ -2,18 +2,18 @@
 adapter that turns the simulator's state into a :class:`~tensoryard.scheduler.Snapshot` and
 the core's :class:`~tensoryard.scheduler.Decisions` back into simulator actions.
 
-The core never sees true durations. Its runtime estimates (used for backfill and start-time
-estimates only) come from history, as in production: the median run time of the team's last
-completed jobs of the same size, or None until there is such history.
+The core never sees true durations (the simulator hands policies job views whose duration
+raises). Its runtime estimates (used for backfill and start-time estimates) come from the
+same :class:`~tensoryard.scheduler.estimates.RuntimeEstimator` the control plane uses, fed
+with the observed run time of every completed job; its accuracy is in :meth:`accuracy`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict, deque
 from dataclasses import replace
-from statistics import median
+from typing import Any
 
 from tensoryard.scheduler import (
     DecayedUsage,
@@ -25,30 +25,24 @@ from tensoryard.scheduler import (
     Snapshot,
     Workload,
 )
+from tensoryard.scheduler.estimates import (
+    EstimatorConfig,
+    JobFeatures,
+    RuntimeEstimator,
+    attempt_estimate,
+)
 from tensoryard.sim.cluster import ClusterShape
 from tensoryard.sim.cluster import Placement as SimPlacement
 from tensoryard.sim.engine import SimContext, SimulationError
-from tensoryard.sim.jobs import JobState, SimJob
+from tensoryard.sim.jobs import JobState
+from tensoryard.sim.view import JobView
 
-__all__ = ["DefaultPolicy", "RuntimeHistory"]
-
-_HISTORY = 32  # completed jobs remembered per (team, size)
+__all__ = ["DefaultPolicy", "features"]
 
 
-class RuntimeHistory:
-    """Median observed run time per (team, GPUs) over the last few completed jobs."""
-
-    def __init__(self, keep: int = _HISTORY) -> None:
-        self._runs: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=keep))
-        self._median: dict[tuple[str, int], float] = {}
-
-    def record(self, job: SimJob) -> None:
-        key = (job.team, job.gpus)
-        self._runs[key].append(job.attained_gpu_s / job.gpus)
-        self._median[key] = median(self._runs[key])
-
-    def estimate(self, job: SimJob) -> float | None:
-        return self._median.get((job.team, job.gpus))
+def features(job: JobView) -> JobFeatures:
+    """What the estimator may know of a simulated job (traces carry no user or job name)."""
+    return JobFeatures(team=job.team, gpus=job.gpus)
 
 
 def cluster_nodes(shape: ClusterShape) -> tuple[Node, ...]:
@@ -69,7 +63,13 @@ class DefaultPolicy:
 
     name = "default"
 
-    def __init__(self, config: SchedulerConfig | None = None, *, use_history: bool = True) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        use_history: bool = True,
+        estimator_config: EstimatorConfig | None = None,
+    ) -> None:
         self._config = config
         self._scheduler: Scheduler | None = None
         self._nodes: tuple[Node, ...] = ()
@@ -78,7 +78,8 @@ class DefaultPolicy:
         self._pending_cache: dict[int, tuple[tuple[int, float | None], Workload]] = {}
         self._running_cache: dict[int, tuple[tuple[int, bool], float, Workload]] = {}
         self._seen_completed = 0
-        self._history = RuntimeHistory() if use_history else None
+        self._preempted_for: dict[int, str] = {}  # victim index -> preemptor workload id
+        self.estimator = RuntimeEstimator(estimator_config) if use_history else None
         self.last_decisions: Decisions | None = None
 
     @property
@@ -118,13 +119,17 @@ class DefaultPolicy:
     # snapshot ------------------------------------------------------------------------------
 
     @staticmethod
-    def workload_id(job: SimJob) -> str:
+    def workload_id(job: JobView) -> str:
         return f"j{job.index:08d}"
 
-    def _estimate(self, job: SimJob) -> float | None:
-        return self._history.estimate(job) if self._history is not None else None
+    def _estimate(self, job: JobView) -> float | None:
+        return self.estimator.estimate(features(job)) if self.estimator is not None else None
 
-    def _base(self, job: SimJob) -> Workload:
+    def accuracy(self) -> dict[str, Any]:
+        """The estimator's accuracy over the replay so far (empty without history)."""
+        return dict(self.estimator.accuracy()) if self.estimator is not None else {}
+
+    def _base(self, job: JobView) -> Workload:
         return Workload(
             id=self.workload_id(job),
             queue=job.team,
@@ -137,7 +142,8 @@ class DefaultPolicy:
             attained_service_s=job.attained_gpu_s / job.gpus,
         )
 
-    def _pending_workload(self, job: SimJob) -> Workload:
+    def _pending_workload(self, job: JobView) -> Workload:
+        self._preempted_for.pop(job.index, None)  # its preemption is over
         estimate = self._estimate(job)  # changes as the team's history grows
         cached = self._pending_cache.get(job.index)
         if cached is not None and cached[0] == (job.attempt, estimate):
@@ -146,19 +152,13 @@ class DefaultPolicy:
         self._pending_cache[job.index] = ((job.attempt, estimate), workload)
         return workload
 
-    def _running_estimate(self, job: SimJob, now: float) -> float | None:
+    def _running_estimate(self, job: JobView, now: float) -> float | None:
         """Expected length of the current attempt: what is left of the typical run; once an
         attempt outlives that, twice what it has run so far (it is evidently not typical)."""
         typical = self._estimate(job)
-        if typical is None:
-            return None
-        estimate = max(typical - job.attained_gpu_s / job.gpus, 1.0)
-        ran = now - job.attempt_start
-        while estimate < ran:
-            estimate *= 2
-        return estimate
+        return attempt_estimate(typical, job.attained_gpu_s / job.gpus, now - job.attempt_start)
 
-    def _running_workload(self, job: SimJob, now: float, ctx: SimContext) -> Workload:
+    def _running_workload(self, job: JobView, now: float, ctx: SimContext) -> Workload:
         cached = self._running_cache.get(job.index)
         stopping = job.state is JobState.STOPPING
         if cached is not None and cached[0] == (job.attempt, stopping) and now < cached[1]:
@@ -183,6 +183,7 @@ class DefaultPolicy:
             start_time=job.attempt_start,
             last_checkpoint_time=checkpoint,
             terminating=stopping,
+            preempted_for=self._preempted_for.get(job.index) if stopping else None,
         )
         self._running_cache[job.index] = ((job.attempt, stopping), until, workload)
         return workload
@@ -190,8 +191,8 @@ class DefaultPolicy:
     def _learn_completions(self, ctx: SimContext) -> None:
         done = ctx.completed
         for job in done[self._seen_completed :]:
-            if self._history is not None:
-                self._history.record(job)
+            if self.estimator is not None:
+                self.estimator.observe(features(job), job.attained_gpu_s / job.gpus)
             self._running_cache.pop(job.index, None)
         self._seen_completed = len(done)
 
@@ -201,10 +202,11 @@ class DefaultPolicy:
         self,
         ctx: SimContext,
         decisions: Decisions,
-        pending: dict[int, SimJob],
-        holding: dict[int, SimJob],
+        pending: dict[int, JobView],
+        holding: dict[int, JobView],
     ) -> None:
         for preemption in decisions.preemptions:
+            self._preempted_for[self._index(preemption.workload_id)] = preemption.preemptor_id
             victim = holding.get(self._index(preemption.workload_id))
             if victim is None:
                 raise SimulationError(f"the core preempted unknown {preemption.workload_id}")

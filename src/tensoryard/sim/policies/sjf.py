@@ -11,10 +11,11 @@ class SjfOraclePolicy:
     """Non-preemptive SJF on true durations; a job that does not fit is skipped, not waited for."""
 
     name = "sjf-oracle"
+    oracle = True
 
     def cycle(self, ctx: SimContext) -> float | None:
         cluster = ctx.cluster
-        ordered = sorted(ctx.pending(), key=lambda j: (j.trace.duration_s, j.index))
+        ordered = sorted(ctx.pending(), key=lambda j: (ctx.true_duration_s(j), j.index))
         for job in ordered:
             if cluster.free_gpus == 0:
                 break

@@ -4,7 +4,10 @@ After Gu et al., "Tiresias: A GPU Cluster Manager for Distributed Deep Learning"
 a job's attained service is GPUs x time it has run; thresholds on it split jobs into K
 queues; a lower queue always goes first and preempts higher ones; inside a queue jobs go in
 FIFO order. The starvation guard moves a waiting job back to the first queue once it has
-waited ``promote_knob`` times as long as it last ran.
+waited ``promote_knob`` times as long as it last ran. A running job is preempted only for a
+job that its GPUs (with the others freed for it) can actually place
+(:func:`~tensoryard.sim.policies.preemptive.run_in_order`): a gang that cannot be placed
+does not stop anyone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import math
 from dataclasses import dataclass
 
 from tensoryard.sim.engine import SimContext
-from tensoryard.sim.jobs import JobState, SimJob
+from tensoryard.sim.jobs import JobState
+from tensoryard.sim.policies.preemptive import run_in_order
+from tensoryard.sim.view import JobView
 
 __all__ = ["LasConfig", "TiresiasLasPolicy"]
 
@@ -41,11 +46,11 @@ class TiresiasLasPolicy:
     def __init__(self, config: LasConfig | None = None) -> None:
         self.config = config or LasConfig()
 
-    def _service(self, job: SimJob, now: float) -> float:
+    def _service(self, job: JobView, now: float) -> float:
         """Attained GPU-seconds since the last promotion."""
         return job.attained_gpu_s_at(now) - job.extra.get(_BASE, 0.0)
 
-    def _level(self, job: SimJob, now: float) -> tuple[int, float]:
+    def _level(self, job: JobView, now: float) -> tuple[int, float]:
         """(queue level, time the level next changes); cached until that time."""
         extra = job.extra
         if extra.get(_ATTEMPT) == job.attempt and now < extra[_UNTIL]:
@@ -59,7 +64,7 @@ class TiresiasLasPolicy:
         extra[_LEVEL], extra[_UNTIL], extra[_ATTEMPT] = level, until, job.attempt
         return level, until
 
-    def _promote_starving(self, pending: list[SimJob], now: float) -> None:
+    def _promote_starving(self, pending: list[JobView], now: float) -> None:
         knob = self.config.promote_knob
         if knob <= 0:
             return
@@ -79,22 +84,8 @@ class TiresiasLasPolicy:
         running = ctx.running()
         keyed = [(self._level(j, now)[0], j.submit_time_s, j.index, j) for j in running + pending]
         keyed.sort(key=lambda k: k[:3])
-        # 1. choose who should run: the LAS order, by GPU count, skipping what does not fit
-        budget = ctx.shape.total_gpus - sum(j.gpus for j in ctx.stopping())
-        chosen: set[int] = set()
-        for *_, job in keyed:
-            if job.gpus <= budget:
-                chosen.add(job.index)
-                budget -= job.gpus
-        # 2. preempt the running jobs that lost their turn, 3. start the chosen pending ones
-        for job in running:
-            if job.index not in chosen:
-                ctx.preempt(job)
-        for *_, job in keyed:
-            if job.index in chosen and job.state is JobState.PENDING:
-                placement = ctx.cluster.find(job.nodes, job.gpus_per_node)
-                if placement is not None:
-                    ctx.admit(job, placement)
+        # run the LAS order; preempt only for jobs the freed GPUs can place
+        run_in_order(ctx, [job for *_, job in keyed])
         return self._next_change(ctx, now)
 
     def _next_change(self, ctx: SimContext, now: float) -> float | None:

@@ -1,0 +1,137 @@
+"""Placement: which models and nodes a workload can use; topology-aware gangs, best fit.
+
+Single-node workloads go best-fit (the fullest node that still fits, so whole nodes stay free
+for gangs); multi-node gangs go on the fewest leaf switches (``required`` or ``preferred``).
+A failure cache per capacity index answers at once for requests at least as large as one
+that already found no room this cycle (an index only loses capacity within a cycle).
+"""
+
+from __future__ import annotations
+
+from tensoryard.scheduler.accounting import charge_of, resource_of
+from tensoryard.scheduler.capacity import CapacityIndex, NodeState
+from tensoryard.scheduler.cycle_state import CycleState
+from tensoryard.scheduler.model import Workload
+from tensoryard.scheduler.state import CPU_MODEL
+from tensoryard.spec.queue import CPU_RESOURCE
+
+__all__ = ["capacity_details", "claim_gpus", "fits", "models_for", "place", "unfit_details"]
+
+
+def models_for(st: CycleState, w: Workload) -> list[str]:
+    """Index keys (GPU models, or CPU_MODEL) the workload could ever be placed on."""
+    state = st.state
+    if w.gpus_per_node == 0:
+        keys = [CPU_MODEL] if CPU_MODEL in state.open else []
+        if st.cfg.cpu_on_gpu_nodes:
+            keys += st.gpu_models
+        return [
+            k for k in keys if state.schedulable_nodes.get(k, 0) >= w.nodes and _node_fits(st, w, k)
+        ]
+    candidates = [w.gpu_model] if w.gpu_model else st.gpu_models
+    return [
+        m
+        for m in candidates
+        if m in state.open
+        and _node_fits(st, w, m)
+        and st.max_gpus_per_node[m] >= w.gpus_per_node
+        and state.schedulable_nodes.get(m, 0) >= w.nodes
+        and st.tree.max_ever(w.queue, m) >= w.total_gpus
+    ]
+
+
+def _node_fits(st: CycleState, w: Workload, key: str) -> bool:
+    """The largest node under `key` has the CPU and memory one worker of `w` needs."""
+    mem = st.max_mem_per_node.get(key, 0)
+    return st.max_cpu_per_node.get(key, 0.0) >= w.cpu_per_node - 1e-9 and (
+        w.mem_per_node <= 0 or mem <= 0 or mem >= w.mem_per_node
+    )
+
+
+def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
+    """Facts behind an "unschedulable" reason: what the largest node and the quota allow."""
+    largest = max((v for k, v in st.max_gpus_per_node.items() if k), default=0)
+    model_known = w.gpu_model is None or w.gpu_model in st.state.open
+    models = [w.gpu_model] if w.gpu_model else st.gpu_models
+    quota_max = (
+        max((st.tree.max_ever(w.queue, m) for m in models), default=0.0)
+        if w.gpus_per_node > 0 and st.tree.has_queue(w.queue)
+        else None
+    )
+    return {
+        "nodes": w.nodes,
+        "gpus_per_node": w.gpus_per_node,
+        "gpu_model": w.gpu_model,
+        "model_known": model_known,
+        "largest_node_gpus": largest,
+        "largest_node_cpu": max(st.max_cpu_per_node.values(), default=0.0),
+        "largest_node_mem": max(st.max_mem_per_node.values(), default=0),
+        "schedulable_nodes": sum(st.state.schedulable_nodes.values()),
+        "queue": w.queue,
+        "quota_max": quota_max,
+    }
+
+
+def capacity_details(st: CycleState, w: Workload, model: str) -> dict[str, object]:
+    """Facts behind a "capacity" reason: what `w` asks and what is free or held."""
+    return {
+        "nodes": w.nodes,
+        "gpus_per_node": w.gpus_per_node,
+        "cpu_per_node": w.cpu_per_node,
+        "model": model or None,
+        "free_gpus": st.state.open[model].total_free,
+        "held_gpus": st.state.held[model].total_free,
+        "topology": w.topology,
+    }
+
+
+def _max_switches(st: CycleState, w: Workload, model: str) -> int | None:
+    if w.topology != "required" or w.nodes <= 1:
+        return None
+    per_switch = max(1, st.state.max_nodes_per_switch.get(model, 1))
+    return -(-w.nodes // per_switch)
+
+
+def place(
+    st: CycleState, index: CapacityIndex, w: Workload, model: str, *, cache: str | None
+) -> list[NodeState] | None:
+    """Nodes for `w` in `index`, or None. `cache` names a shape-failure cache that stays
+    valid while that index only loses capacity (None: what-if checks, no caching)."""
+    strict = w.topology == "required" and w.nodes > 1
+    shape = (w.nodes, w.gpus_per_node, w.cpu_per_node, w.mem_per_node, strict)
+    failed = st.cap_fail.setdefault(cache, []) if cache is not None else []
+    for n, g, c, m, s in failed:
+        covered = n <= shape[0] and g <= shape[1] and c <= shape[2] and m <= shape[3]
+        if covered and ((not s) or strict):
+            return None
+    if w.nodes == 1:
+        node = index.best_node(w.gpus_per_node, w.cpu_per_node, w.mem_per_node)
+        nodes = [node] if node is not None else None
+    else:
+        nodes = index.gang(
+            w.nodes,
+            w.gpus_per_node,
+            w.cpu_per_node,
+            w.mem_per_node,
+            _max_switches(st, w, model),
+        )
+    if nodes is None and cache is not None and len(failed) < st.cfg.placement_failure_cache:
+        failed.append(shape)
+    return nodes
+
+
+def fits(st: CycleState, w: Workload, model: str) -> bool:
+    """What-if: `w` would be admitted on `model` now (quota and placement, nothing taken)."""
+    resource = resource_of(w, model or None)
+    if charge_of(w) > st.tree.available(w.queue, resource) + 1e-9:
+        return False
+    if resource != CPU_RESOURCE and w.total_cpu > st.tree.available(w.queue, CPU_RESOURCE):
+        return False
+    return place(st, st.state.open[model], w, model, cache=None) is not None
+
+
+def claim_gpus(st: CycleState, w: Workload, model: str) -> dict[str, tuple[int, ...]]:
+    """The GPUs `w` would take on `model` in the world as it is now (take() picks the
+    lowest free indices); {} when it does not fit."""
+    nodes = place(st, st.state.open[model], w, model, cache=None) or []
+    return {n.name: tuple(n.free[: w.gpus_per_node]) for n in nodes}

@@ -1,0 +1,93 @@
+"""The control plane's seam (`CorePolicy`) uses the shared estimator for production ETAs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity
+from tensoryard.spec.job import JobSpec
+from tensoryard.spec.states import JobState
+from tensoryard.store import JobRecord, TeamRecord
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _job(
+    job_id: int, state: JobState, *, placement: dict[str, list[int]] | None = None
+) -> JobRecord:
+    spec = JobSpec(
+        name=f"sft-llama-{job_id}",
+        team="nlp",
+        user="ada",
+        command=["train.py"],
+        resources={"gpus_per_node": 8},  # type: ignore[arg-type]
+    )
+    return JobRecord(
+        id=job_id,
+        name=spec.name,
+        team="nlp",
+        user="ada",
+        priority=0,
+        state=state,
+        spec=spec.model_dump(mode="json"),
+        created_at=T0,
+        updated_at=T0,
+        admitted_at=T0 if placement else None,
+        started_at=T0 if placement else None,
+        finished_at=None,
+        attempts=1 if placement else 0,
+        restarts=0,
+        reason="",
+        pending_reason="",
+        pending_eta=None,
+        cancel_requested=False,
+        run_dir="",
+        placement=placement or {},
+        last_heartbeat=None,
+    )
+
+
+def _view(now: float) -> ClusterView:
+    return ClusterView(
+        nodes=(NodeCapacity("n0", 32.0, 0, tuple(range(8)), "H100"),),
+        teams=(TeamRecord("nlp", T0, None, None, ""),),
+        pending=(_job(2, JobState.PENDING),),
+        running=(_job(1, JobState.RUNNING, placement={"n0": list(range(8))}),),
+        now=now,
+    )
+
+
+def test_a_pending_jobs_eta_comes_from_history_once_similar_jobs_finished() -> None:
+    """Job 1 holds the only node since T0. Without history nobody knows when it ends; once a
+    job of the same user and name group ran 3600 s, job 2's ETA is T0 + 3600 s, and it
+    survives a restart of the control plane through export_state / import_state."""
+    now = T0.timestamp() + 60
+    policy = CorePolicy()
+    assert policy.decide(_view(now)).pending[2].eta_s is None
+    policy.observe_completion(
+        team="nlp", user="ada", job_name="sft-llama-0", gpus=8, run_s=3600.0, max_runtime_s=None
+    )
+    assert policy.decide(_view(now)).pending[2].eta_s == T0.timestamp() + 3600
+    restarted = CorePolicy()
+    restarted.import_state(json.loads(json.dumps(policy.export_state())))
+    assert restarted.decide(_view(now)).pending[2].eta_s == T0.timestamp() + 3600
+    assert restarted.export_state()["usage_history"]["nlp"]["gpu_seconds"]["H100"] > 0
+
+
+def test_a_victim_in_its_grace_period_is_tied_to_the_job_it_was_preempted_for() -> None:
+    """Job 2 (priority 5) preempts job 1 (priority 0) on the only node. While job 1 is
+    terminating, the seam tells the core whom it stops for, so that another pending job
+    does not count on its GPUs and preempt again."""
+    now = T0.timestamp() + 60
+    running = replace(_job(1, JobState.RUNNING, placement={"n0": list(range(8))}), priority=0)
+    urgent = _job(2, JobState.PENDING)
+    urgent = replace(urgent, spec={**urgent.spec, "priority": 5})
+    view = replace(_view(now), pending=(urgent,), running=(running,))
+    policy = CorePolicy()
+    decisions = policy.decide(view)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preemptions] == [(1, 2)]
+    stopping = replace(view, terminating=frozenset({1}), now=now + 10)
+    assert policy._running(running, stopping).preempted_for == "2"
+    assert policy.decide(stopping).preemptions == []
