@@ -19,7 +19,21 @@ from tensoryard.observability import metrics as m
 
 __all__ = ["Collector", "CollectorErrors", "Family", "family", "read_int", "read_text"]
 
-Family = CounterMetricFamily | GaugeMetricFamily
+
+class ExactCounter(Metric):
+    """A counter exposed under exactly its name. DCGM's counters (``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``,
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``) do not end in ``_total``, and CounterMetricFamily
+    would append one."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self._labelnames = labels
+
+    def add_metric(self, labels: list[str], value: float) -> None:
+        self.add_sample(self.name, dict(zip(self._labelnames, labels, strict=True)), value)
+
+
+Family = CounterMetricFamily | GaugeMetricFamily | ExactCounter
 
 log = logging.getLogger("tensoryard.observability")
 
@@ -73,6 +87,8 @@ def family(definition: m.MetricDef, labels: tuple[str, ...] | None = None) -> Fa
     """An empty metric family for `definition` (counters are named without ``_total`` here:
     prometheus_client appends it)."""
     names = list(definition.labels if labels is None else labels)
+    if definition.type == "counter" and not definition.name.endswith("_total"):
+        return ExactCounter(definition.name, definition.help, names)
     if definition.type == "counter":
         return CounterMetricFamily(
             definition.name.removesuffix("_total"), definition.help, labels=names

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
+from tensoryard.observability import metrics as m
 from tensoryard.observability.base import Collector, CollectorErrors
 from tensoryard.observability.gpu import GpuCollector, GpuOwner
 from tensoryard.observability.infiniband import InfinibandCollector
@@ -19,7 +20,7 @@ from tensoryard.observability.storage import (
     ProcessIoCollector,
 )
 
-__all__ = ["agent_registry", "node_collectors"]
+__all__ = ["agent_registry", "node_collectors", "render"]
 
 
 def node_collectors(
@@ -52,3 +53,26 @@ def agent_registry(collectors: Iterable[Collector]) -> CollectorRegistry:
     for collector in collectors:
         registry.register(collector)  # type: ignore[arg-type]
     return registry
+
+
+# Counters named without a lowercase _total (DCGM's): prometheus_client writes their HELP and
+# TYPE lines as NAME_total while the samples are NAME; render() puts the lines back on NAME.
+_EXACT = tuple(
+    (
+        f"# HELP {d.name}_total ".encode(),
+        f"# HELP {d.name} ".encode(),
+        f"# TYPE {d.name}_total ".encode(),
+        f"# TYPE {d.name} ".encode(),
+    )
+    for d in m.ALL
+    if d.type == "counter" and not d.name.endswith("_total")
+)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of `registry`, with DCGM counter names kept exact."""
+    text = generate_latest(registry)
+    for help_bad, help_ok, type_bad, type_ok in _EXACT:
+        if help_bad in text:
+            text = text.replace(help_bad, help_ok).replace(type_bad, type_ok)
+    return text
