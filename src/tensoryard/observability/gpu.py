@@ -22,9 +22,13 @@ from tensoryard.agent.inventory import load_nvml
 from tensoryard.observability import metrics as m
 from tensoryard.observability.base import CollectorErrors, Family, family, log
 
-__all__ = ["THROTTLE_REASONS", "GpuCollector", "GpuOwner"]
+__all__ = ["FATAL_XIDS", "THROTTLE_REASONS", "GpuCollector", "GpuOwner"]
 
 NAME = "gpu"
+
+# XIDs the alert rules treat as fatal (deploy/prometheus/rules/gpu.yml says why). Their counters
+# start at 0 for every GPU so that increase() sees the first event, not only the second.
+FATAL_XIDS = (48, 61, 62, 63, 64, 74, 79, 94, 95, 119, 120, 140)
 
 # nvmlClocksThrottleReason* bits -> reason label (NVML API reference, nvmlClocksEventReasons).
 THROTTLE_REASONS = {
@@ -102,6 +106,7 @@ class GpuCollector:
         if self._gpus is not None:
             return self._gpus
         self._gpus = []
+        self._xids = {}
         nvml = self._nvml if self._nvml is not None else self._load()
         self._nvml = nvml
         if nvml is None:
@@ -121,6 +126,7 @@ class GpuCollector:
             except nvml.NVMLError as exc:
                 self.errors.record(NAME, f"GPU {i} at start", exc)
         self._register_xid_events()
+        self._xids = {(g.index, xid): 0 for g in self._gpus for xid in FATAL_XIDS}
         return self._gpus
 
     def _register_xid_events(self) -> None:

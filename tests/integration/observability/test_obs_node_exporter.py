@@ -39,10 +39,17 @@ def node_exporter(tmp_path: Path) -> Iterator[str]:
     """node_exporter reading the recorded sysfs and procfs trees, on loopback."""
     port = _free_port()
     proc = subprocess.Popen(
-        [NODE_EXPORTER, f"--path.sysfs={FIXTURES / 'sys'}", f"--path.procfs={FIXTURES / 'proc'}",
-         "--collector.disable-defaults", "--collector.infiniband", "--collector.diskstats",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "ne.log").open("w"),
+        [
+            NODE_EXPORTER,
+            f"--path.sysfs={FIXTURES / 'sys'}",
+            f"--path.procfs={FIXTURES / 'proc'}",
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            "--collector.diskstats",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "ne.log").open("w"),
     )
     url = f"http://127.0.0.1:{port}/metrics"
     try:

@@ -67,6 +67,9 @@ def test_xid_events_become_a_last_value_gauge_and_a_counter_per_xid(h100x8: Fake
     assert value(s, "DCGM_FI_DEV_XID_ERRORS", gpu="1") == 79
     assert value(s, "tyard_gpu_xid_errors_total", gpu="1", xid="79") == 2
     assert value(s, "tyard_gpu_xid_errors_total", gpu="1", xid="13") == 1
+    # fatal XIDs start at 0 on every GPU, so the alert's increase() sees the first one
+    assert value(s, "tyard_gpu_xid_errors_total", gpu="0", xid="79") == 0
+    assert value(s, "tyard_gpu_xid_errors_total", gpu="0", xid="48") == 0
     assert not [k for k in s if k[0] == "DCGM_FI_DEV_XID_ERRORS" and dict(k[1])["gpu"] == "0"]
 
 
