@@ -87,7 +87,7 @@ def test_an_hca_that_disappears_mid_scrape_is_counted(fixtures: Path, tmp_path: 
 
     def list_then_unplug(path: Path) -> list[str]:
         names = real_list(path)
-        if path == collector.root:
+        if path == str(collector.root):
             shutil.rmtree(collector.root / "mlx5_6")
         return names
 
