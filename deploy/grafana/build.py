@@ -179,7 +179,8 @@ def job() -> dict[str, Any]:
             panel(
                 "NCCL timeouts and warnings",
                 (
-                    f"sum by (rank, op) (increase(tyard_nccl_collective_timeouts_total{{{sel}}}[1h]))",
+                    "sum by (rank, op) "
+                    f"(increase(tyard_nccl_collective_timeouts_total{{{sel}}}[1h]))",
                     "timeout rank {{rank}} {{op}}",
                 ),
                 (

@@ -290,10 +290,28 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: FakeGpu, field_ids: list[int]) -> list[Any]:
         self._check_lost(handle)
+        ecc_supported = handle.ecc_uncorrected is not None
+        links = [handle.nvlink_errors.get(i, {}) for i in range(handle.nvlink_links)]
+
+        def nvlink(counter: int) -> int | None:
+            return sum(c.get(counter, 0) for c in links) if handle.nvlink_links else None
+
+        corr, unc, _pending, failure = handle.remapped_rows
         known = {
+            3: handle.ecc_corrected if ecc_supported else None,
+            4: handle.ecc_uncorrected,
+            5: handle.ecc_corrected_aggregate if ecc_supported else None,
+            6: handle.ecc_uncorrected_aggregate if ecc_supported else None,
+            38: nvlink(self.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            45: nvlink(self.NVML_NVLINK_ERROR_DL_CRC_DATA),
+            52: nvlink(self.NVML_NVLINK_ERROR_DL_REPLAY),
+            59: nvlink(self.NVML_NVLINK_ERROR_DL_RECOVERY),
             self.NVML_FI_DEV_MEMORY_TEMP: handle.memory_temperature_c,
             self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: handle.nvlink_tx_kib,
             self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: handle.nvlink_rx_kib,
+            142: corr,
+            143: unc,
+            145: 1 if failure else 0,
         }
         out = []
         for fid in field_ids:

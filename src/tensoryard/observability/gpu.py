@@ -42,18 +42,24 @@ THROTTLE_REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-_NVLINK_COUNTERS = (  # (NVML counter constant name, DCGM metric)
-    ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
-    ("NVML_NVLINK_ERROR_DL_CRC_DATA", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
-    ("NVML_NVLINK_ERROR_DL_REPLAY", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
-    ("NVML_NVLINK_ERROR_DL_RECOVERY", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+# Read in one nvmlDeviceGetFieldValues call per GPU, as DCGM does: (NVML field id, DCGM metric).
+# A field the device does not support comes back with its own error code and is left out.
+FIELDS = (
+    (3, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL
+    (4, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    (5, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"),
+    (6, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    (38, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),  # summed over all links by NVML
+    (45, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+    (52, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    (59, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    (82, "DCGM_FI_DEV_MEMORY_TEMP"),  # NVML_FI_DEV_MEMORY_TEMP
+    (142, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),  # NVML_FI_DEV_REMAPPED_COR
+    (143, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"),
+    (145, "DCGM_FI_DEV_ROW_REMAP_FAILURE"),  # NVML_FI_DEV_REMAPPED_FAILURE: 0 or 1
 )
-_ECC = (  # (error type, counter type, DCGM metric)
-    ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
-    ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-    ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"),
-    ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"),
-)
+_NVLINK_TX, _NVLINK_RX = 138, 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, in KiB
+_FIELD_IDS = [f for f, _ in FIELDS] + [_NVLINK_TX, _NVLINK_RX]
 
 
 @dataclass(frozen=True)
@@ -243,54 +249,23 @@ class GpuCollector:
             put("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", int(reasons))
             for bit, reason in THROTTLE_REASONS.items():
                 throttle.add_metric([*labels, reason], 1 if int(reasons) & bit else 0)
-        for etype, ctype, name in _ECC:
-            put(
-                name,
-                self._q(
-                    "nvmlDeviceGetTotalEccErrors", h, getattr(nvml, etype), getattr(nvml, ctype)
-                ),
-            )
-        rows = self._q("nvmlDeviceGetRemappedRows", h)
-        if rows is not None:
-            put("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", rows[0])
-            put("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", rows[1])
-            put("DCGM_FI_DEV_ROW_REMAP_FAILURE", 1 if rows[3] else 0)
         for policy, name in (
             ("NVML_PERF_POLICY_POWER", "DCGM_FI_DEV_POWER_VIOLATION"),
             ("NVML_PERF_POLICY_THERMAL", "DCGM_FI_DEV_THERMAL_VIOLATION"),
         ):
             v = self._q("nvmlDeviceGetViolationStatus", h, getattr(nvml, policy))
             put(name, None if v is None else v.violationTime)
-        self._nvlink(h, put)
         self._fields(h, put)
 
-    def _nvlink(self, h: Any, put: Callable[[str, float | None], None]) -> None:
-        nvml = self._nvml
-        totals: dict[str, int] = {}
-        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-            if self._q("nvmlDeviceGetNvLinkState", h, link) is None:
-                break  # links are numbered from 0; the first unsupported one ends the list
-            for const, name in _NVLINK_COUNTERS:
-                v = self._q("nvmlDeviceGetNvLinkErrorCounter", h, link, getattr(nvml, const))
-                if v is not None:
-                    totals[name] = totals.get(name, 0) + int(v)
-        for name, value in totals.items():
-            put(name, value)
-
     def _fields(self, h: Any, put: Callable[[str, float | None], None]) -> None:
-        nvml = self._nvml
-        ids = [
-            nvml.NVML_FI_DEV_MEMORY_TEMP,
-            nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-            nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-        ]
-        values = self._q("nvmlDeviceGetFieldValues", h, ids)
+        values = self._q("nvmlDeviceGetFieldValues", h, _FIELD_IDS)
         if values is None:
             return
-        got = [_field(v) if v.nvmlReturn == 0 else None for v in values]
-        put("DCGM_FI_DEV_MEMORY_TEMP", got[0])
-        if got[1] is not None and got[2] is not None:
-            put("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", got[1] + got[2])
+        got = {v.fieldId: _field(v) for v in values if v.nvmlReturn == 0}
+        for field_id, name in FIELDS:
+            put(name, got.get(field_id))
+        if _NVLINK_TX in got and _NVLINK_RX in got:
+            put("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", got[_NVLINK_TX] + got[_NVLINK_RX])
 
     def close(self) -> None:
         """Release the XID event set and NVML (the agent calls this on shutdown)."""

@@ -37,8 +37,15 @@ def _state_id(text: str) -> int:
 class InfinibandCollector:
     """One scrape reads every port of every HCA below `sys`/class/infiniband."""
 
-    def __init__(self, sys: str | Path = "/sys", *, errors: CollectorErrors | None = None) -> None:
+    def __init__(
+        self,
+        sys: str | Path = "/sys",
+        *,
+        hw_counters: bool = True,
+        errors: CollectorErrors | None = None,
+    ) -> None:
         self.root = Path(sys) / "class" / "infiniband"
+        self.hw_counters = hw_counters  # the driver's RDMA counters; node_exporter 1.5 skips them
         self.errors = errors if errors is not None else CollectorErrors()
         self._defs = {d.name: d for d in m.IB}
         self._info: dict[str, list[str]] = {}
@@ -96,7 +103,7 @@ class InfinibandCollector:
             if value is not None:
                 fams[f"node_infiniband_{suffix}"].add_metric(labels, value * mult)
         hw_dir = base + "hw_counters"
-        if os.path.isdir(hw_dir):
+        if self.hw_counters and os.path.isdir(hw_dir):
             for counter in self._list(hw_dir):
                 value = self._counter(f"{hw_dir}/{counter}")
                 if value is not None:

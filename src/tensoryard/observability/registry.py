@@ -64,6 +64,7 @@ def render(registry: CollectorRegistry) -> bytes:
     Families without samples are left out.
     """
     out: list[str] = []
+    cache: dict[tuple[tuple[str, str], ...], str] = {}  # one port's or GPU's labels recur a lot
     for metric in registry.collect():
         if not metric.samples:
             continue
@@ -73,13 +74,11 @@ def render(registry: CollectorRegistry) -> bytes:
         kind = "untyped" if metric.type == "unknown" else metric.type
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
-        cache: dict[tuple[str, ...], str] = {}
         for sample in metric.samples:
-            values = tuple(sample.labels.values())
-            labels = cache.get(values)
+            key = tuple(sample.labels.items())
+            labels = cache.get(key)
             if labels is None:
-                labels = _labels(sample.labels)
-                cache[values] = labels
+                labels = cache[key] = _labels(sample.labels)
             out.append(f"{sample.name}{labels} {_value(sample.value)}\n")
     return "".join(out).encode()
 
@@ -99,4 +98,4 @@ def _escape(value: str) -> str:
 def _value(value: float) -> str:
     if type(value) is int:
         return str(value)
-    return floatToGoString(value)
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]
