@@ -176,7 +176,7 @@ class NcclLogCollector:
             self.errors.record(self.NAME, str(source.directory), exc)
             return
         for path in files:
-            host = path.stem.split("-")[1] if path.stem.startswith("nccl-") else ""
+            host = _host_of(path.stem)
             stats = self._stats.setdefault((source.job, source.team, host), NcclLogStats())
             for line in self._new_lines(path):
                 stats.feed(line)
@@ -198,6 +198,13 @@ class NcclLogCollector:
         lines = text.split("\n")
         self._partial[path] = lines.pop()
         return lines
+
+
+def _host_of(stem: str) -> str:
+    """'nccl-gpu-node-07-4242' -> 'gpu-node-07' (NCCL_DEBUG_FILE's %h-%p; hosts may hold '-')."""
+    if not stem.startswith("nccl-") or "-" not in stem[5:]:
+        return ""
+    return stem[5:].rsplit("-", 1)[0]
 
 
 def nccl_debug_env(run_dir: str | Path, *, trace_buffer_size: int = 2000) -> Mapping[str, str]:

@@ -110,3 +110,11 @@ def test_the_debug_env_puts_everything_into_the_run_dir():
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/llama/attempt-3/nccl/flight_recorder_rank_",
     }
+
+
+def test_hosts_with_dashes_are_read_from_the_log_file_name(tmp_path: Path):
+    (tmp_path / "nccl-gpu-node-07-4242.log").write_text("gpu-node-07:4242:1 [0] NCCL WARN x\n")
+    (tmp_path / "stderr.log").write_text("gpu-node-07:4242:1 [0] NCCL WARN y\n")
+    s = scrape(NcclLogCollector(lambda: [NcclLogSource(tmp_path, "j", "t")]))
+    assert value(s, "tyard_nccl_warnings_total", host="gpu-node-07") == 1
+    assert value(s, "tyard_nccl_warnings_total", host="") == 1
