@@ -60,7 +60,8 @@ def render(registry: CollectorRegistry) -> bytes:
 
     Written here rather than with prometheus_client's generate_latest for two reasons: DCGM's
     counters keep their exact names (generate_latest writes their HELP and TYPE lines as
-    NAME_total), and it costs about a third as much CPU per scrape (benchmarks/collectors.py).
+    NAME_total), and a whole scrape (collection included) of the benchmark's 8-GPU, 8-port
+    node costs about half the CPU it does with generate_latest (6.5-7 ms against 15 ms).
     Families without samples are left out.
     """
     out: list[str] = []
