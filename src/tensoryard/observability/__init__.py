@@ -4,6 +4,7 @@ in deploy/grafana; both use only names from ``tensoryard.observability.metrics``
 
 from tensoryard.observability.base import Collector, CollectorErrors
 from tensoryard.observability.gpu import GpuCollector, GpuOwner
+from tensoryard.observability.health import HealthAction, decide
 from tensoryard.observability.infiniband import InfinibandCollector
 from tensoryard.observability.nccl import (
     NcclEvent,
@@ -27,6 +28,7 @@ __all__ = [
     "DiskstatsCollector",
     "GpuCollector",
     "GpuOwner",
+    "HealthAction",
     "InfinibandCollector",
     "JobProcess",
     "MountsCollector",
@@ -36,6 +38,7 @@ __all__ = [
     "NcclLogStats",
     "ProcessIoCollector",
     "agent_registry",
+    "decide",
     "nccl_debug_env",
     "node_collectors",
     "parse_line",
