@@ -6,6 +6,12 @@ same error type shape (``NVMLError`` carrying ``.value``), so the inventory code
     nvml = FakeNvml.with_gpus(8, "NVIDIA H100 80GB HBM3")
     nvml.gpus[3].ecc_uncorrected = 2        # make GPU 3 unhealthy
     inventory = collect_inventory(nvml)
+
+It also offers what the node agent's GPU collector (``tensoryard.observability.gpu``) reads:
+utilisation, memory, power, energy, temperatures, clocks, throttle reasons, ECC, remapped rows,
+NVLink error counters and throughput, violation times and XID events. Feed it recorded values
+with ``FakeNvml.from_records`` (tests/unit/observability/fixtures/nvml_h100x8.json says where
+its values come from); ``nvml.gpus[2].xid_events.append(79)`` queues an XID event.
 """
 
 from __future__ import annotations
@@ -13,16 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FakeGpu", "FakeMemoryInfo", "FakeNvml", "NVMLError"]
+__all__ = ["FakeEvent", "FakeFieldValue", "FakeGpu", "FakeMemoryInfo", "FakeNvml", "NVMLError"]
 
 NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
@@ -55,6 +65,70 @@ class FakeGpu:
     ecc_uncorrected: int | None = 0  # None: ECC not supported on this device
     retired_pages_pending: bool = False
     lost: bool = False  # every query fails with GPU_IS_LOST
+    # What the GPU collector reads (units as NVML returns them).
+    index: int = 0
+    util_gpu: int = 0  # %
+    util_memory: int = 0  # %
+    memory_used_bytes: int = 0
+    power_mw: int = 70_000
+    energy_mj: int = 0
+    temperature_c: int = 30
+    memory_temperature_c: int | None = 35  # None: field not supported
+    sm_clock_mhz: int = 1980
+    mem_clock_mhz: int = 2619
+    throttle_reasons: int = 0  # nvmlClocksThrottleReason* bitmask
+    ecc_corrected: int = 0  # volatile
+    ecc_corrected_aggregate: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    nvlink_links: int = 18  # active links; higher link indices answer NOT_SUPPORTED
+    nvlink_errors: dict[int, dict[int, int]] = field(default_factory=dict)  # link -> counter
+    nvlink_tx_kib: int = 0
+    nvlink_rx_kib: int = 0
+    violation_ns: dict[int, int] = field(default_factory=dict)  # NVML_PERF_POLICY_* -> ns
+    xid_events: list[int] = field(default_factory=list)  # pending XIDs, oldest first
+
+
+@dataclass(frozen=True)
+class FakeFieldValue:
+    """Like pynvml's c_nvmlFieldValue_t: nvmlReturn, valueType and value.<member>."""
+
+    fieldId: int
+    nvmlReturn: int
+    valueType: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class FakeValue:
+    ullVal: int = 0
+    uiVal: int = 0
+
+
+@dataclass(frozen=True)
+class FakeEvent:
+    """Like pynvml's c_nvmlEventData_t."""
+
+    device: FakeGpu
+    eventType: int
+    eventData: int
+
+
+@dataclass(frozen=True)
+class FakeViolationTime:
+    referenceTime: int
+    violationTime: int
+
+
+@dataclass
+class FakeEventSet:
+    devices: list[FakeGpu] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Utilization:
+    gpu: int
+    memory: int
 
 
 @dataclass
@@ -72,6 +146,27 @@ class FakeNvml:
     NVML_VOLATILE_ECC = 0
     NVML_FEATURE_DISABLED = 0
     NVML_FEATURE_ENABLED = 1
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_AGGREGATE_ECC = 1
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_NVLINK_ERROR_DL_REPLAY = 0
+    NVML_NVLINK_ERROR_DL_RECOVERY = 1
+    NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+    NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+    NVML_PERF_POLICY_POWER = 0
+    NVML_PERF_POLICY_THERMAL = 1
+    NVML_FI_DEV_MEMORY_TEMP = 82
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+    NVML_VALUE_TYPE_UNSIGNED_INT = 1
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+    NVML_SUCCESS = 0
+    nvmlEventTypeXidCriticalError = 0x8
 
     @classmethod
     def with_gpus(cls, count: int, name: str = "NVIDIA H100 80GB HBM3") -> FakeNvml:
@@ -82,6 +177,24 @@ class FakeNvml:
                 for i in range(count)
             ]
         )
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> FakeNvml:
+        """GPUs from recorded per-device values (keys are FakeGpu field names)."""
+        gpus = []
+        for i, record in enumerate(records):
+            values = dict(record)
+            if "nvlink_errors" in values:
+                values["nvlink_errors"] = {
+                    int(link): {int(c): int(v) for c, v in counters.items()}
+                    for link, counters in values["nvlink_errors"].items()
+                }
+            if "violation_ns" in values:
+                values["violation_ns"] = {int(k): int(v) for k, v in values["violation_ns"].items()}
+            if "remapped_rows" in values:
+                values["remapped_rows"] = tuple(values["remapped_rows"])
+            gpus.append(FakeGpu(index=i, **values))
+        return cls(gpus=gpus)
 
     def nvmlInit(self) -> None:
         self.init_calls += 1
@@ -113,7 +226,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> FakeMemoryInfo:
         self._check_lost(handle)
-        return FakeMemoryInfo(total=handle.memory_bytes, free=handle.memory_bytes, used=0)
+        used = handle.memory_used_bytes
+        return FakeMemoryInfo(total=handle.memory_bytes, free=handle.memory_bytes - used, used=used)
 
     def nvmlDeviceGetTotalEccErrors(
         self, handle: FakeGpu, error_type: int, counter_type: int
@@ -121,7 +235,113 @@ class FakeNvml:
         self._check_lost(handle)
         if handle.ecc_uncorrected is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return handle.ecc_uncorrected
+        aggregate = counter_type == self.NVML_AGGREGATE_ECC
+        if error_type == self.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return handle.ecc_corrected_aggregate if aggregate else handle.ecc_corrected
+        return handle.ecc_uncorrected_aggregate if aggregate else handle.ecc_uncorrected
+
+    def nvmlDeviceGetIndex(self, handle: FakeGpu) -> int:
+        self._check_lost(handle)
+        return handle.index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
+        self._check_lost(handle)
+        return _Utilization(gpu=handle.util_gpu, memory=handle.util_memory)
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        self._check_lost(handle)
+        return handle.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
+        self._check_lost(handle)
+        return handle.energy_mj
+
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        self._check_lost(handle)
+        return handle.temperature_c
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeGpu, clock: int) -> int:
+        self._check_lost(handle)
+        return handle.sm_clock_mhz if clock == self.NVML_CLOCK_SM else handle.mem_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
+        self._check_lost(handle)
+        return handle.throttle_reasons
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeGpu) -> tuple[int, int, int, int]:
+        self._check_lost(handle)
+        return handle.remapped_rows
+
+    def nvmlDeviceGetViolationStatus(self, handle: FakeGpu, policy: int) -> FakeViolationTime:
+        self._check_lost(handle)
+        return FakeViolationTime(referenceTime=0, violationTime=handle.violation_ns.get(policy, 0))
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeGpu, link: int) -> int:
+        self._check_lost(handle)
+        if link >= handle.nvlink_links:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return self.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: FakeGpu, link: int, counter: int) -> int:
+        self._check_lost(handle)
+        if link >= handle.nvlink_links:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return handle.nvlink_errors.get(link, {}).get(counter, 0)
+
+    def nvmlDeviceGetFieldValues(self, handle: FakeGpu, field_ids: list[int]) -> list[Any]:
+        self._check_lost(handle)
+        ecc_supported = handle.ecc_uncorrected is not None
+        links = [handle.nvlink_errors.get(i, {}) for i in range(handle.nvlink_links)]
+
+        def nvlink(counter: int) -> int | None:
+            return sum(c.get(counter, 0) for c in links) if handle.nvlink_links else None
+
+        corr, unc, _pending, failure = handle.remapped_rows
+        known = {
+            3: handle.ecc_corrected if ecc_supported else None,
+            4: handle.ecc_uncorrected,
+            5: handle.ecc_corrected_aggregate if ecc_supported else None,
+            6: handle.ecc_uncorrected_aggregate if ecc_supported else None,
+            38: nvlink(self.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            45: nvlink(self.NVML_NVLINK_ERROR_DL_CRC_DATA),
+            52: nvlink(self.NVML_NVLINK_ERROR_DL_REPLAY),
+            59: nvlink(self.NVML_NVLINK_ERROR_DL_RECOVERY),
+            self.NVML_FI_DEV_MEMORY_TEMP: handle.memory_temperature_c,
+            self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: handle.nvlink_tx_kib,
+            self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: handle.nvlink_rx_kib,
+            142: corr,
+            143: unc,
+            145: 1 if failure else 0,
+        }
+        out = []
+        for fid in field_ids:
+            value = known.get(fid)
+            ret = NVML_ERROR_NOT_SUPPORTED if value is None else 0
+            out.append(
+                FakeFieldValue(
+                    fid, ret, self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, FakeValue(ullVal=value or 0)
+                )
+            )
+        return out
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        self._check_init()
+        return FakeEventSet()
+
+    def nvmlDeviceRegisterEvents(
+        self, handle: FakeGpu, types: int, event_set: FakeEventSet
+    ) -> None:
+        self._check_lost(handle)
+        event_set.devices.append(handle)
+
+    def nvmlEventSetWait(self, event_set: FakeEventSet, timeout_ms: int) -> FakeEvent:
+        for gpu in event_set.devices:
+            if gpu.xid_events:
+                return FakeEvent(gpu, self.nvmlEventTypeXidCriticalError, gpu.xid_events.pop(0))
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set: FakeEventSet) -> None:
+        event_set.devices.clear()
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeGpu) -> int:
         self._check_lost(handle)
