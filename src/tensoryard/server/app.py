@@ -338,7 +338,12 @@ def create_app(
         team = store.update_team(name, **changes, audit=guard.context(request, who))
         return TeamOut.model_validate(team)
 
-    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_model=None,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     def prometheus_metrics(request: Request, who: Principal = Depends(guard.user)) -> Response:
         """Prometheus metrics of the platform (platform admins; give Prometheus a read-scoped
         token of one). docs/metrics.md lists them."""
