@@ -212,6 +212,10 @@ def measure(backend: str, db_url: str | None, n: int, quick: bool) -> dict[str, 
             )
         finally:
             server.stop()
+            log = home / "server.log"
+            if log.exists():  # the control plane's own account (slow cycles, errors)
+                out = Path(tempfile.gettempdir()) / f"tyard-bench-cp-{backend}-{n}.server.log"
+                out.write_bytes(log.read_bytes())
 
 
 def _measure(

@@ -53,8 +53,10 @@ class ServerConfig:
     """How long an attempt may fail to be polled (a transient error) before its processes
     are killed by key and it is declared LOST."""
 
-    reschedule_interval_s: float = 10.0
-    """The scheduler runs at once on every change, and at least this often (ETAs, aging)."""
+    reschedule_interval_s: float = 30.0
+    """The scheduler runs on every change (at once when capacity frees), and at least this
+    often for start estimates and fair-share aging (a pass over 20k pending jobs costs about a
+    second of CPU: this interval is most of the loop's idle cost)."""
 
     launch_workers: int = 4
     """Threads that launch attempts, so a slow launch never blocks the loop (0: inline)."""

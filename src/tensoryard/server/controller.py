@@ -18,6 +18,8 @@ docs/state-machine.md lists the states and the invariants the tests check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -63,6 +65,8 @@ _HEALTH_CHECK_EVERY_S = 5.0
 _STATE_SAVE_EVERY_S = 30.0
 _ETA_SLACK_S = 60.0
 _FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a change was missed
+_SLOW_CYCLE_S = 1.0  # a cycle slower than this is logged with its phases
+_PENDING_WRITES_PER_CYCLE = 500
 
 
 def _utc(ts: float) -> datetime:
@@ -75,6 +79,27 @@ def _eta_moved(old: datetime | None, new: datetime | None) -> bool:
     if old is None or new is None:
         return old is not new
     return abs((new - old).total_seconds()) > _ETA_SLACK_S
+
+
+class _PhaseTimer:
+    """Wall time per phase of one cycle, for the slow-cycle log line."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[phase] = time.perf_counter() - started
+
+    def total(self) -> float:
+        return sum(self.times.values())
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in self.times.items())
 
 
 class BadJobData(TensoryardError):
@@ -131,7 +156,7 @@ class Controller:
         self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
         self._last_full_check = 0.0
-        self._pending_info: list[tuple[int, str, datetime | None]] = []
+        self._pending_info: dict[int, tuple[str, datetime | None]] = {}
         self._last_state_save = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -199,7 +224,7 @@ class Controller:
         kill stray attempts by key, and repair every job whose attempt ended without it."""
         self._mem = _Memory()
         self._jobs.clear()
-        self._pending_info = []
+        self._pending_info = {}
         self._since = None
         self._dirty = True
         self._load_scheduler_state()
@@ -260,21 +285,30 @@ class Controller:
         """One pass: the numbered phases below, each idempotent."""
         with self._lock:
             now = self.clock()
+            timer = _PhaseTimer()
             # 0. Read what changed since the last cycle into the index.
-            self._refresh()
+            with timer("refresh"):
+                self._refresh()
             # 1. Cancel requests for jobs that never started end at once.
-            self._cancel_pending()
+            with timer("cancel"):
+                self._cancel_pending()
             # 2. Reconcile running attempts with what the executor sees (frees ended slots).
-            self._reconcile(now)
+            with timer("reconcile"):
+                self._reconcile(now)
             # 3. Schedule: snapshot -> policy -> admissions and pending reasons.
             if self._schedule_due(now):
-                self._schedule(now)
+                with timer("schedule"):
+                    self._schedule(now)
             # 4. Launch admitted jobs and restarts whose backoff has passed (in the background).
-            self._launch_ready(now)
+            with timer("launch"):
+                self._launch_ready(now)
             # 5. Write the pending reasons and start estimates (after the launches: a deep
             #    backlog's reasons must not delay the job that just got a slot).
-            self._write_pending_info()
+            with timer("pending-info"):
+                self._write_pending_info()
             self._save_scheduler_state()
+            if timer.total() > _SLOW_CYCLE_S:
+                log.warning("slow control cycle (%d unfinished jobs): %s", len(self._jobs), timer)
 
     # 0 ------------------------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -616,13 +650,29 @@ class Controller:
             job = by_id[job_id]
             eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
             if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
-                self._pending_info.append((job_id, info.reason, eta))
+                self._pending_info[job_id] = (info.reason, eta)
+            else:
+                self._pending_info.pop(job_id, None)  # an older change not yet written
 
     # 5 ------------------------------------------------------------------------------------
     def _write_pending_info(self) -> None:
-        changes, self._pending_info = self._pending_info, []
-        for record in self.store.set_pending_info(changes):
-            self._put(record)
+        """Write at most `_PENDING_WRITES_PER_CYCLE` changed reasons, oldest first: when a
+        freed slot changes the reasons of a deep backlog, the loop goes on reconciling and
+        launching while the rest are written over the next cycles."""
+        batch = list(itertools.islice(self._pending_info.items(), _PENDING_WRITES_PER_CYCLE))
+        for job_id, _ in batch:
+            del self._pending_info[job_id]
+        if not batch:
+            return
+        written, stamp = self.store.set_pending_info([(i, r, eta) for i, (r, eta) in batch])
+        info = dict(batch)
+        for job_id in written:
+            job = self._jobs.get(job_id)
+            if job is not None and job.state is JobState.PENDING:
+                reason, eta = info[job_id]
+                self._jobs[job_id] = dataclasses.replace(
+                    job, pending_reason=reason, pending_eta=eta, changed_at=stamp
+                )
 
     def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
         times = {}

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, func, select
+from sqlalchemy import ColumnElement, CursorResult, Engine, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -695,30 +695,45 @@ class Store(IdentityMixin):
             return jobs, now
 
     def set_pending_info(
-        self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 500
-    ) -> list[JobRecord]:
-        """Set (job id, pending reason, ETA) for jobs still PENDING, a few hundred per
-        transaction; a changed reason is also an event. Returns the updated jobs."""
-        out: list[JobRecord] = []
+        self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 250
+    ) -> tuple[list[int], datetime]:
+        """Set (job id, pending reason, ETA) for the jobs still PENDING, a few hundred per
+        transaction with bulk statements; a changed reason is also an event. Returns the ids
+        written and the stamp they got (their new ``changed_at``)."""
+        written: list[int] = []
+        now = self._now()
         for start in range(0, len(items), chunk):
             part = {job_id: (r, eta) for job_id, r, eta in items[start : start + chunk]}
             with self._tx("record pending reasons", write=True) as s:
-                query = (
-                    select(Job)
-                    .where(Job.id.in_(list(part)), Job.state == JobState.PENDING.value)
-                    .with_for_update()
-                )
                 now = self._now()
-                for job in s.scalars(query):
-                    reason, eta = part[job.id]
-                    eta = None if eta is None else _in.as_utc(eta)
-                    if reason != job.pending_reason:
-                        self._event(s, job.id, "pending", reason)
-                    job.pending_reason = reason
-                    job.pending_eta = eta
-                    job.changed_at = now
-                    out.append(_rows.job_record(job))
-        return out
+                current = dict(
+                    s.execute(
+                        select(Job.id, Job.pending_reason)
+                        .where(Job.id.in_(list(part)), Job.state == JobState.PENDING.value)
+                        .with_for_update()
+                    ).all()
+                )
+                if not current:
+                    continue
+                rows = [
+                    {
+                        "id": job_id,
+                        "pending_reason": part[job_id][0],
+                        "pending_eta": _utc_or_none(part[job_id][1]),
+                        "changed_at": now,
+                    }
+                    for job_id in current
+                ]
+                s.execute(update(Job), rows)
+                events = [
+                    {"job_id": job_id, "ts": now, "kind": "pending", "message": part[job_id][0]}
+                    for job_id, old in current.items()
+                    if old != part[job_id][0]
+                ]
+                if events:
+                    s.execute(insert(Event), events)
+                written += list(current)
+        return written, now
 
     def step_progress(self, job_id: int, attempt: int, *, window: int = 64) -> StepProgress:
         """The newest ``window`` step rows of an attempt, summarised for hang detection."""
@@ -1040,6 +1055,10 @@ def _get(s: Session, model: Any, key: Any, what: str, *, lock: bool = False) -> 
     if row is None:
         raise NotFound(f"{what} does not exist")
     return row
+
+
+def _utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else _in.as_utc(value)
 
 
 def _apply_state(job: Job, old: JobState, to: JobState, now: datetime) -> None:

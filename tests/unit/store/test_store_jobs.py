@@ -455,3 +455,26 @@ def test_a_long_transaction_stamps_its_jobs_at_commit_so_readers_looking_back_se
     seen, _ = store.jobs_changed_since(t[0] - timedelta(seconds=1))
     assert len(seen) == 300
     store.close()
+
+
+def test_pending_info_is_written_in_bulk_only_for_pending_jobs_with_an_event_per_new_reason(
+    store: Store, tmp_path: Path
+) -> None:
+    from tensoryard.spec.job import JobSpec
+    from tensoryard.spec.states import JobState
+
+    store.ensure_team("default")
+    specs = [JobSpec(name=f"j{i}", launcher="python", command=["x.py"]) for i in range(3)]
+    a, b, c = store.create_jobs(specs, run_dir_root=tmp_path)
+    store.transition(c.id, JobState.ADMITTED, reason="test", placement={})
+    items = [(a.id, "waiting for 2 CPUs", None), (b.id, "", None), (c.id, "stale", None)]
+    written, stamp = store.set_pending_info(items)
+    assert sorted(written) == [a.id, b.id]  # c is no longer PENDING
+    assert store.get_job(a.id).pending_reason == "waiting for 2 CPUs"
+    assert store.get_job(a.id).changed_at == stamp
+    assert store.get_job(c.id).pending_reason == ""
+    kinds = [e.kind for e in store.list_events(a.id)]
+    assert kinds.count("pending") == 1
+    assert [e.kind for e in store.list_events(b.id)].count("pending") == 0  # reason unchanged
+    store.set_pending_info([(a.id, "waiting for 2 CPUs", None)])  # same reason: no new event
+    assert [e.kind for e in store.list_events(a.id)].count("pending") == 1
