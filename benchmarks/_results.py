@@ -8,10 +8,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
-def write_results_line(name: str, command: str, result: str, goal: str, met: str) -> None:
+def write_results_line(
+    name: str, command: str, result: str, goal: str, met: str, *, path: Path = RESULTS
+) -> None:
     """Replace (or append) the table row of benchmark `name` in RESULTS.md."""
     line = f"| {name} | {dt.date.today().isoformat()} | `{command}` | {result} | {goal} | {met} |"
-    lines = RESULTS.read_text(encoding="utf-8").splitlines() if RESULTS.exists() else []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     for i, existing in enumerate(lines):
         if existing.startswith(f"| {name} |"):
             lines[i] = line
@@ -25,4 +27,4 @@ def write_results_line(name: str, command: str, result: str, goal: str, met: str
             while end + 1 < len(lines) and lines[end + 1].startswith("| "):
                 end += 1
             lines.insert(end + 1, line)
-    RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -43,6 +43,9 @@ from tensoryard.sim import POLICY_NAMES, SimConfig, SimRequest, find_shared_dir,
 from tensoryard.sim.policies.default import DefaultPolicy
 from tensoryard.sim.trace import load_trace, select_window
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line as write_results_row
+
 NAME = "scheduler_quality"
 TUNING_WINDOW = (20_000, 22_000)
 FULL: dict[str, Any] = {
@@ -176,15 +179,8 @@ def write_results(path: Path, command: str, runs: list[dict[str, Any]]) -> None:
             f"entitlement: {'met' if worst_wait <= ENTITLEMENT_LIMIT_S else 'not met'}"
         )
     )
-    line = f"| {NAME} | {today} | `{command}` | {result} | {goal} | {met} |"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    for i, existing in enumerate(lines):
-        if existing.startswith(f"| {NAME} |"):
-            lines[i] = line
-            break
-    else:
-        lines.append(line)
-    text = "\n".join(lines) + "\n"
+    write_results_row(NAME, command, result, goal, met, path=path)
+    text = path.read_text(encoding="utf-8")
     section = _section(runs, today, command)
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import random
 import statistics
@@ -47,6 +46,9 @@ from tensoryard.scheduler import (
     Workload,
 )
 from tensoryard.spec.queue import CohortSpec, QueueSpec, QuotaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line as write_results_row
 
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = ROOT.parent / "shared" / "traces" / "philly" / "philly.csv"
@@ -266,18 +268,7 @@ def write_results_line(result: dict[str, Any], command: str) -> None:
         f"{ratios['volcano_pods_per_s']:.1f}x Volcano"
     )
     goal = f">= {GOAL_ADMISSIONS_PER_S:.0f}/s and p99 <= {GOAL_P99_MS:.0f} ms at 50k pending"
-    line = (
-        f"| {NAME} | {dt.date.today().isoformat()} | `{command}` | {text} | {goal} | "
-        f"{'yes' if met else 'no'} |"
-    )
-    lines = RESULTS.read_text(encoding="utf-8").splitlines() if RESULTS.exists() else []
-    replaced = False
-    for i, existing in enumerate(lines):
-        if existing.startswith(f"| {NAME} |"):
-            lines[i], replaced = line, True
-    if not replaced:
-        lines.append(line)
-    RESULTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_results_row(NAME, command, text, goal, "yes" if met else "no")
 
 
 def main(argv: list[str] | None = None) -> int:
