@@ -666,15 +666,15 @@ class Store(IdentityMixin):
         self,
         since: datetime | None,
         *,
-        known: Mapping[int, datetime | None] | None = None,
+        known: Mapping[int, JobRecord] | None = None,
         unfinished: bool = False,
     ) -> tuple[list[JobRecord], datetime]:
         """Jobs written at or after ``since`` (every unfinished job when None), and the time
         to pass next (the store's now at the start of the read; overlap it by a few seconds:
         a transaction commits a little after it stamps ``changed_at``).
 
-        ``known`` (job id -> the ``changed_at`` the caller holds) skips rows the caller has
-        already seen: only their ids and stamps are read, not their specs. ``unfinished``
+        ``known`` (job id -> the record the caller holds) skips rows whose ``changed_at`` the
+        caller has already seen: only their ids and stamps are read, not their specs. ``unfinished``
         looks at the stamps of every unfinished job instead of the recent ones (a cheap full
         check that nothing was missed)."""
         with self._tx("read changed jobs", write=False) as s:
@@ -687,7 +687,7 @@ class Store(IdentityMixin):
             where = (open_states | recent) if unfinished else recent
             stamps = s.execute(select(Job.id, Job.changed_at).where(where)).all()
             seen = known or {}
-            ids = [i for i, stamp in stamps if i not in seen or seen[i] != stamp]
+            ids = [i for i, stamp in stamps if i not in seen or seen[i].changed_at != stamp]
             jobs: list[JobRecord] = []
             for start in range(0, len(ids), 500):
                 query = select(Job).where(Job.id.in_(ids[start : start + 500])).order_by(Job.id)
@@ -699,13 +699,12 @@ class Store(IdentityMixin):
     ) -> tuple[list[int], datetime]:
         """Set (job id, pending reason, ETA) for the jobs still PENDING, a few hundred per
         transaction with bulk statements; a changed reason is also an event. Returns the ids
-        written and the stamp they got (their new ``changed_at``)."""
+        written and the one stamp they all got (their new ``changed_at``)."""
         written: list[int] = []
         now = self._now()
         for start in range(0, len(items), chunk):
             part = {job_id: (r, eta) for job_id, r, eta in items[start : start + chunk]}
             with self._tx("record pending reasons", write=True) as s:
-                now = self._now()
                 current = dict(
                     s.execute(
                         select(Job.id, Job.pending_reason)
