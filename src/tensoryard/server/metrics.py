@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tensoryard.spec.states import JobState
-from tensoryard.store import JobRecord, Store
+from tensoryard.store import JobRecord, Store, TeamRecord
 
 __all__ = ["RESTART_REASONS", "LoopMetrics", "StateCollector", "restart_reason"]
 
@@ -147,7 +147,8 @@ class StateCollector(Collector):
         counts = self.store.job_counts()
         jobs = GaugeMetricFamily("tyard_jobs", "Jobs by state and team.", labels=["state", "team"])
         queue = GaugeMetricFamily("tyard_queue_length", "PENDING jobs by team.", labels=["team"])
-        teams = [t.name for t in self.store.list_teams()]
+        records = self.store.list_teams()
+        teams = [t.name for t in records]
         for team in teams:
             for state in JobState:
                 jobs.add_metric([state.value, team], counts.get((team, state), 0))
@@ -166,14 +167,13 @@ class StateCollector(Collector):
             )
         yield overdue
         active = self.store.active_jobs()
-        yield from self._gpus(teams, active)
+        yield from self._gpus(records, active)
         yield from self._running(active, now)
 
-    def _gpus(self, teams: list[str], active: list[JobRecord]) -> Iterable[Metric]:
+    def _gpus(self, teams: list[TeamRecord], active: list[JobRecord]) -> Iterable[Metric]:
         total = float(self.total_gpus())
         nominal = {
-            t.name: float(total if t.gpu_quota is None else min(t.gpu_quota, total))
-            for t in self.store.list_teams()
+            t.name: float(total if t.gpu_quota is None else min(t.gpu_quota, total)) for t in teams
         }
         used: Counter[str] = Counter()
         for job in active:
