@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,14 +112,37 @@ class Client:
     def healthz(self) -> dict[str, Any]:
         return dict(self._json("GET", "/healthz"))
 
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return dict(self._json("POST", f"{API}/jobs", json={"spec": spec}))
+    def submit(
+        self, spec: dict[str, Any], *, key: str | None = None, retries: int = 2
+    ) -> dict[str, Any]:
+        """Submit one job. The request carries an Idempotency-Key (``key``, or a fresh UUID),
+        so when the answer is lost (the control plane restarted, the connection broke) it is
+        repeated up to ``retries`` times without ever storing the job twice. Keep ``key`` and
+        call again later to find out whether a lost submission was stored."""
+        body = {"spec": spec}
+        return dict(self._idempotent("POST", f"{API}/jobs", body, key, retries))
 
-    def submit_batch(self, specs: list[dict[str, Any]]) -> list[int]:
-        """Submit up to 1,000 jobs in one request and transaction; their ids, in order."""
-        return [
-            int(i) for i in self._json("POST", f"{API}/jobs/batch", json={"specs": specs})["ids"]
-        ]
+    def submit_batch(
+        self, specs: list[dict[str, Any]], *, key: str | None = None, retries: int = 2
+    ) -> list[int]:
+        """Submit up to 1,000 jobs in one request and transaction; their ids, in order.
+        Retried like `submit` under one Idempotency-Key."""
+        body = {"specs": specs}
+        answer = self._idempotent("POST", f"{API}/jobs/batch", body, key, retries)
+        return [int(i) for i in answer["ids"]]
+
+    def _idempotent(
+        self, method: str, path: str, body: dict[str, Any], key: str | None, retries: int
+    ) -> Any:
+        headers = {"Idempotency-Key": key or uuid.uuid4().hex}
+        for attempt in range(retries + 1):
+            try:
+                return self._json(method, path, json=body, headers=headers)
+            except ClientError as exc:
+                if exc.status != 0 or attempt == retries:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def jobs(
         self,

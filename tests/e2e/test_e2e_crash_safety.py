@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tensoryard.client import Client
+from tensoryard.errors import ClientError
 from tests.e2e.conftest import ServerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.slow
@@ -101,10 +102,21 @@ def test_a_crash_at_each_point_of_the_launch_and_finish_paths_runs_the_job_exact
 ) -> None:
     plane.env = {"TYARD_CRASH_AT": point}
     client = plane.start()
-    job_id = client.submit(job_spec(tmp_path, "crash", 1.5))["id"]
+    spec = job_spec(tmp_path, "crash", 1.5)
+    try:
+        job_id: int | None = client.submit(spec, key="crash-test", retries=0)["id"]
+    except ClientError as exc:
+        # the control plane may die before it answers (it schedules while it responds)
+        assert exc.status == 0, exc
+        job_id = None
     wait_killed(plane)
     plane.env = {}
     client = plane.start()
+    # repeating the submission with the same key never stores a second job
+    again = client.submit(spec, key="crash-test")["id"]
+    assert job_id in (None, again)
+    job_id = again
+    assert client.jobs()["total"] == 1
     job = wait_for(client, job_id, TERMINAL, timeout=120)
     events = [e["message"] for e in client.events(job_id)]
     assert job["state"] == "SUCCEEDED", (job["reason"], events)

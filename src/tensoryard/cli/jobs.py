@@ -107,12 +107,20 @@ def submit(
     token: TokenOpt = None,
     json_out: JsonOpt = False,
     wait: Annotated[bool, typer.Option(help="Wait until the job ends.")] = False,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Repeat-safe submission for scripts: running the command again with the same "
+            "key returns the job stored the first time (default: a fresh key per run).",
+        ),
+    ] = None,
 ) -> None:
     """Validate a job spec and submit it."""
     with user_errors():
         spec = load_job_spec(file)
         with client_for(server, token) as client:
-            job = client.submit(spec.model_dump(mode="json"))
+            job = client.submit(spec.model_dump(mode="json"), key=key)
             if not wait:
                 if json_out:
                     print_json(job)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -119,21 +119,37 @@ def create_app(
         return {"ok": True, "version": __version__, **loop_status()}
 
     @app.post(f"{API}/jobs", status_code=201, tags=["jobs"])
-    def submit(body: SubmitIn, request: Request, who: Principal = Depends(guard.user)) -> JobOut:
-        """Submit a job to a team you are a member of; `spec.user` is set to you."""
+    def submit(
+        body: SubmitIn,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        idempotency_key: Annotated[str | None, Header()] = None,
+    ) -> JobOut:
+        """Submit a job to a team you are a member of; `spec.user` is set to you.
+
+        With an `Idempotency-Key` header a retried request returns the job stored the first
+        time instead of storing a copy (the CLI and the Python client always send one)."""
+        key = _idempotency_key(idempotency_key)
         spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
-        job = store.create_job(spec, run_dir_root=runs_dir, audit=guard.context(request, who))
+        job = store.create_job(
+            spec, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
+        )
         kick()
         return JobOut.model_validate(job)
 
     @app.post(f"{API}/jobs/batch", status_code=201, tags=["jobs"])
     def submit_batch(
-        body: BatchSubmitIn, request: Request, who: Principal = Depends(guard.user)
+        body: BatchSubmitIn,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        idempotency_key: Annotated[str | None, Header()] = None,
     ) -> BatchSubmitOut:
         """Submit up to 1,000 jobs in one transaction (for scripts): all are stored, or none
-        (a bad spec is named by its index, like `specs.3.resources.cpu`)."""
+        (a bad spec is named by its index, like `specs.3.resources.cpu`). An
+        `Idempotency-Key` header makes a retry return the ids stored the first time."""
+        key = _idempotency_key(idempotency_key)
         specs: list[JobSpec] = []
         issues: list[FieldIssue] = []
         for i, raw in enumerate(body.specs):
@@ -149,7 +165,9 @@ def create_app(
         for spec in {s.team: s for s in specs}.values():
             _check_submittable(store, spec)
             guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
-        jobs = store.create_jobs(specs, run_dir_root=runs_dir, audit=guard.context(request, who))
+        jobs = store.create_jobs(
+            specs, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
+        )
         kick()
         return BatchSubmitOut(ids=[j.id for j in jobs])
 
@@ -520,3 +538,27 @@ async def _follow(
                 yield tail
             return
         await asyncio.sleep(0.25)
+
+
+IDEMPOTENCY_KEY_MAX = 100
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    """The Idempotency-Key header, checked: 1-100 printable ASCII characters without '#'."""
+    if value is None:
+        return None
+    if not 1 <= len(value) <= IDEMPOTENCY_KEY_MAX or not all(
+        33 <= ord(c) <= 126 and c != "#" for c in value
+    ):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "Idempotency-Key",
+                    f"{value[:40]!r} is not a valid key",
+                    f"send 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters without "
+                    "spaces or '#', e.g. a UUID",
+                )
+            ],
+            source="request header",
+        )
+    return value

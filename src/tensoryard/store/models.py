@@ -58,6 +58,7 @@ NAMING_CONVENTION = {
 
 NAME_LEN = 63
 STATE_LEN = 16
+SUBMIT_KEY_LEN = 128
 STATE_VALUES = ", ".join(f"'{s.value}'" for s in JobState)
 USER_LEN = 128  # as jobs.user_name
 ROLE_VALUES = ", ".join(f"'{r}'" for r in TEAM_ROLES)
@@ -121,6 +122,7 @@ class Job(Base):
         Index(None, "user_name"),
         Index(None, "name"),
         Index(None, "changed_at"),
+        Index("ux_jobs_user_submit_key", "user_name", "submit_key", unique=True),
         {"sqlite_autoincrement": True},
     )
 
@@ -149,6 +151,8 @@ class Job(Base):
     """Run time of the finished attempts (max_runtime and fair share count this)."""
     changed_at: Mapped[datetime | None]
     """Bumped by every write to the row: the control loop reads what changed since a time."""
+    submit_key: Mapped[str | None] = mapped_column(String(SUBMIT_KEY_LEN))
+    """The client's Idempotency-Key: a retried submission returns the job stored the first time."""
 
 
 class Attempt(Base):

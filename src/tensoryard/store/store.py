@@ -239,10 +239,15 @@ class Store(IdentityMixin):
     # -- jobs ------------------------------------------------------------------------------
 
     def create_job(
-        self, spec: JobSpec, *, run_dir_root: Path, audit: AuditContext | None = None
+        self,
+        spec: JobSpec,
+        *,
+        run_dir_root: Path,
+        audit: AuditContext | None = None,
+        key: str | None = None,
     ) -> JobRecord:
         """Store a new PENDING job with a ``submitted`` event; nothing is stored on error."""
-        return self.create_jobs([spec], run_dir_root=run_dir_root, audit=audit)[0]
+        return self.create_jobs([spec], run_dir_root=run_dir_root, audit=audit, key=key)[0]
 
     def create_jobs(
         self,
@@ -250,8 +255,68 @@ class Store(IdentityMixin):
         *,
         run_dir_root: Path,
         audit: AuditContext | None = None,
+        key: str | None = None,
     ) -> list[JobRecord]:
-        """Store several PENDING jobs in one transaction: all of them, or none on error."""
+        """Store several PENDING jobs in one transaction: all of them, or none on error.
+
+        ``key`` (the client's Idempotency-Key) makes the call repeatable: when the same user
+        already submitted with this key, the jobs stored then are returned and nothing new is
+        stored. Reusing a key for different specs is a Conflict.
+        """
+        keys = _submit_keys(key, len(specs))
+        if keys is not None:
+            earlier = self._jobs_by_submit_key(specs, keys)
+            if earlier is not None:
+                return earlier
+        try:
+            return self._insert_jobs(specs, run_dir_root=run_dir_root, audit=audit, keys=keys)
+        except Conflict:
+            # a concurrent retry with the same key won the race: answer with its jobs
+            earlier = self._jobs_by_submit_key(specs, keys) if keys is not None else None
+            if earlier is None:
+                raise
+            return earlier
+
+    def _jobs_by_submit_key(
+        self, specs: Sequence[JobSpec], keys: Sequence[str]
+    ) -> list[JobRecord] | None:
+        user = specs[0].user
+        base = keys[0].split("#")[0]
+        pattern = base.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "#%"
+        with self._tx("look up an earlier submission", write=False) as s:
+            rows = {
+                j.submit_key: j
+                for j in s.scalars(
+                    select(Job).where(
+                        Job.user == user,
+                        (Job.submit_key == base) | Job.submit_key.like(pattern, escape="\\"),
+                    )
+                )
+            }
+            if not rows:
+                return None
+            found = [rows.get(k) for k in keys]
+            for spec, job in zip(specs, found, strict=True):
+                if (
+                    len(rows) != len(keys)
+                    or job is None
+                    or job.spec != spec.model_dump(mode="json")
+                ):
+                    raise Conflict(
+                        f"Idempotency-Key {base!r} was already used by "
+                        f"{user} for a different submission (fix: send a new key for new "
+                        "work, or repeat the original request unchanged)"
+                    )
+            return [_rows.job_record(j) for j in found if j is not None]
+
+    def _insert_jobs(
+        self,
+        specs: Sequence[JobSpec],
+        *,
+        run_dir_root: Path,
+        audit: AuditContext | None,
+        keys: Sequence[str] | None,
+    ) -> list[JobRecord]:
         with self._tx(f"submit {len(specs)} job(s)", write=True) as s:
             known = set(s.scalars(select(Team.name)))
             for spec in specs:
@@ -263,6 +328,9 @@ class Store(IdentityMixin):
                     )
             now = self._now()
             jobs = [self._new_job(spec, now) for spec in specs]
+            if keys is not None:
+                for job, k in zip(jobs, keys, strict=True):
+                    job.submit_key = k
             s.add_all(jobs)
             s.flush()  # assigns the ids the run directories are named after
             for job, spec in zip(jobs, specs, strict=True):
@@ -1097,3 +1165,12 @@ def _check_team(name: str, gpu_quota: int | None, cpu_quota: float | None) -> No
         issues.append(FieldIssue("cpu_quota", f"{cpu_quota} is negative", "use 0 or more"))
     if issues:
         raise SpecError(issues)
+
+
+def _submit_keys(key: str | None, count: int) -> list[str] | None:
+    """One stored key per job of a submission: the key itself, or ``key#i`` in a batch."""
+    if key is None:
+        return None
+    if count == 1:
+        return [key]
+    return [f"{key}#{i}" for i in range(count)]

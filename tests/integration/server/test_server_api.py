@@ -238,3 +238,25 @@ def test_secret_references_are_checked_in_the_spec(api: TestClient) -> None:
     ):
         answer = api.post("/api/v1/jobs", json={"spec": {**GOOD, "secrets": refs}})
         assert answer.status_code == 422 and fragment in answer.text, answer.text
+
+
+def test_an_idempotency_key_makes_a_retried_submission_return_the_first_job(
+    api: TestClient,
+) -> None:
+    body = {"spec": GOOD}
+    first = api.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "abc-1"})
+    again = api.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "abc-1"})
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
+    changed = {"spec": {**GOOD, "name": "other"}}
+    reused = api.post("/api/v1/jobs", json=changed, headers={"Idempotency-Key": "abc-1"})
+    assert reused.status_code == 409 and "different submission" in reused.text
+    batch = {"specs": [GOOD, GOOD]}
+    key = {"Idempotency-Key": "b"}
+    ids = api.post("/api/v1/jobs/batch", json=batch, headers=key).json()
+    assert api.post("/api/v1/jobs/batch", json=batch, headers=key).json() == ids
+    for bad in ["has space", "x#1", "y" * 101]:
+        response = api.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": bad})
+        assert response.status_code == 422, response.text
+        assert [d["path"] for d in response.json()["detail"]] == ["Idempotency-Key"]
+    assert api.get("/api/v1/jobs").json()["total"] == 3

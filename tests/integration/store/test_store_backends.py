@@ -172,3 +172,22 @@ def test_stored_times_are_the_same_instants_in_utc(store: Store) -> None:
     assert got.last_heartbeat == beat and got.last_heartbeat.tzinfo is UTC  # type: ignore[union-attr]
     assert got.last_heartbeat.hour == 12  # type: ignore[union-attr]
     assert got.pending_eta == eta.replace(tzinfo=UTC)
+
+
+def test_a_repeated_submission_with_the_same_key_returns_the_first_job(store: Store) -> None:
+    store.ensure_team("default")
+    first = store.create_job(spec(user="ada"), run_dir_root=Path("/runs"), key="k1")
+    again = store.create_job(spec(user="ada"), run_dir_root=Path("/runs"), key="k1")
+    assert again.id == first.id
+    assert [e.kind for e in store.list_events(first.id)] == ["submitted"]
+    # the key is per user: another user's key of the same name is a different submission
+    other = store.create_job(spec(user="bob"), run_dir_root=Path("/runs"), key="k1")
+    assert other.id != first.id
+    with pytest.raises(Conflict, match=r"k1.*different submission"):
+        store.create_job(spec("other", user="ada"), run_dir_root=Path("/runs"), key="k1")
+    batch = [spec(f"b{i}", user="ada") for i in range(3)]
+    ids = [j.id for j in store.create_jobs(batch, run_dir_root=Path("/runs"), key="k2")]
+    assert [j.id for j in store.create_jobs(batch, run_dir_root=Path("/runs"), key="k2")] == ids
+    with pytest.raises(Conflict, match="k2"):
+        store.create_jobs(batch[:2], run_dir_root=Path("/runs"), key="k2")
+    assert store.list_jobs(limit=100).total == 5  # first, other and the batch of 3: no copies
