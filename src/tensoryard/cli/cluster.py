@@ -66,4 +66,3 @@ def plan(
 def register(app: typer.Typer) -> None:
     """Add the `cluster` command group to the root `tyard` app."""
     app.add_typer(cluster_app, name="cluster")
-

@@ -21,8 +21,8 @@ __all__ = [
     "ARCH_CUDA_RANGE",
     "CUDA_MIN_DRIVER",
     "GPU_MODELS",
-    "GpuModel",
     "PYTORCH_CUDA_BUILDS",
+    "GpuModel",
     "SoftwareStack",
     "Version",
     "check_stack",
@@ -44,6 +44,11 @@ def parse_version(text: str) -> Version | None:
 
 def _show(v: Version) -> str:
     return ".".join(str(p) for p in v)
+
+
+def _show_driver(v: Version) -> str:
+    """Driver versions pad every part after the first to two digits: 535.54.03."""
+    return ".".join([str(v[0]), *(f"{p:02d}" for p in v[1:])])
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +177,9 @@ def _major_minor(v: Version) -> Version:
 def _parse(field: str, text: str, issues: list[FieldIssue], example: str) -> Version | None:
     version = parse_version(text)
     if version is None:
-        issues.append(FieldIssue(field, f"cannot read version {text!r}", f"write it like {example}"))
+        issues.append(
+            FieldIssue(field, f"cannot read version {text!r}", f"write it like {example}")
+        )
     return version
 
 
@@ -214,9 +221,9 @@ def _check_driver(prefix: str, driver: Version, cuda: Version, issues: list[Fiel
         issues.append(
             FieldIssue(
                 f"{prefix}.driver",
-                f"driver {_show(driver)} is too old for CUDA {_show(cuda)}, which needs driver "
-                f">= {_show(need)}",
-                f"upgrade the driver to {_show(need)} or newer, or use CUDA "
+                f"driver {_show_driver(driver)} is too old for CUDA {_show(cuda)}, which needs "
+                f"driver >= {_show_driver(need)}",
+                f"upgrade the driver to {_show_driver(need)} or newer, or use CUDA "
                 f"{ok[-1] if ok else '(none fits)'} or older",
             )
         )
@@ -255,7 +262,8 @@ def _check_arch(
     if info is None:
         return  # unknown models are reported by the inventory, where the field is known
     low, high = ARCH_CUDA_RANGE[info.compute_capability]
-    where = f"{model} ({info.architecture}, sm_{info.compute_capability[0]}{info.compute_capability[1]})"
+    major, minor = info.compute_capability
+    where = f"{model} ({info.architecture}, sm_{major}{minor})"
     if cuda < low:
         issues.append(
             FieldIssue(

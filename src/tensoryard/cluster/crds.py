@@ -25,7 +25,8 @@ def load_crd_schemas(crd_dir: str | Path) -> dict[tuple[str, str], dict[str, Any
         raise ConfigError(f"CRD folder {root} does not exist (fix: pass the folder of CRD YAMLs)")
     schemas: dict[tuple[str, str], dict[str, Any]] = {}
     for file in sorted(root.rglob("*.yaml")):
-        for doc in yaml.safe_load_all(file.read_text()):
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser is 10x faster
+        for doc in yaml.load_all(file.read_text(), Loader=loader):
             if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
                 continue
             spec = doc["spec"]

@@ -177,9 +177,7 @@ def network_operator_values(inventory: Inventory) -> dict[str, Any] | None:
             "deploy": True,
             # Mellanox (vendor 15b3) InfiniBand ports; selectors, not names, so one value
             # file fits nodes whose HCAs enumerate differently.
-            "resources": [
-                {"name": "rdma_ib", "vendors": ["15b3"], "linkTypes": ["infiniband"]}
-            ],
+            "resources": [{"name": "rdma_ib", "vendors": ["15b3"], "linkTypes": ["infiniband"]}],
         },
         "sriovDevicePlugin": {"deploy": False},
     }

@@ -185,7 +185,9 @@ def parse_inventory(data: Any, *, source: str = "") -> Inventory:
         issues += _quota_issues(quotas, model.nodes)
     models = list(dict.fromkeys(n.gpu.model for n in model.nodes if n.gpu.model in GPU_MODELS))
     stack = model.cluster.software
-    issues += check_stack(SoftwareStack(stack.driver, stack.cuda, stack.pytorch, stack.nccl), models)
+    issues += check_stack(
+        SoftwareStack(stack.driver, stack.cuda, stack.pytorch, stack.nccl), models
+    )
     issues += _priority_issues(model.cluster.priorities)
     if issues or quotas is None:
         raise SpecError(issues, source=source)

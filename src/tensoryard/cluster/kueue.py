@@ -43,7 +43,9 @@ def kueue_objects(inventory: Inventory) -> list[dict[str, Any]]:
     per_gpu = _per_gpu(inventory)
     objects: list[dict[str, Any]] = [_topology()]
     objects += [_flavor(m) for m in models]
-    objects += [_priority_class(p.name, p.value, p.description) for p in inventory.cluster.priorities]
+    objects += [
+        _priority_class(p.name, p.value, p.description) for p in inventory.cluster.priorities
+    ]
     objects += [_cohort(c, models, per_gpu) for c in inventory.quotas.cohorts]
     objects += [_cluster_queue(q, models, per_gpu) for q in inventory.quotas.queues]
     objects += [_local_queue(q.name, inventory.cluster.namespace) for q in inventory.quotas.queues]
@@ -142,7 +144,12 @@ def _cohort(
         spec["parentName"] = cohort.parent
     if cohort.nominal:
         spec["resourceGroups"] = _resource_groups(cohort, models, per_gpu)
-    return {"apiVersion": API_VERSION, "kind": "Cohort", "metadata": _meta(cohort.name), "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Cohort",
+        "metadata": _meta(cohort.name),
+        "spec": spec,
+    }
 
 
 def _cluster_queue(

@@ -107,8 +107,7 @@ def _readme(summary: dict[str, Any]) -> str:
         "kubectl apply --server-side -f nodes.yaml          # labels and taints",
         "kubectl create namespace gpu-operator",
         "kubectl apply -n gpu-operator -f gpu-operator/dcgm-metrics.yaml",
-        "helm install gpu-operator nvidia/gpu-operator -n gpu-operator "
-        "-f gpu-operator/values.yaml",
+        "helm install gpu-operator nvidia/gpu-operator -n gpu-operator -f gpu-operator/values.yaml",
     ]
     if summary["gpudirect_rdma"]:
         lines.append(
