@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tensoryard.cli._common import JsonOpt, console, print_json, user_errors
+from tensoryard.cli._common import JsonOpt, TokenOpt, console, err_console, print_json, user_errors
 
 __all__ = ["cluster_app", "register"]
 
@@ -61,6 +61,101 @@ def plan(
     for name in result.summary["files"]:
         console.print(f"  {name}")
     console.print(f"Fabric Manager: {result.summary['fabric_manager']}")
+
+
+_PREFLIGHT_HELP = (
+    "Check that this GPU node is fit to take jobs: GPUs and model, driver/CUDA/PyTorch/NCCL "
+    "against the compatibility table (and the inventory), Fabric Manager on NVSwitch nodes, "
+    "NVLink topology and link state, ECC and row remapping, InfiniBand ports at the expected "
+    "rate, and a short all-reduce (NCCL on GPUs with a bus-bandwidth floor per GPU model; "
+    "gloo with 2 processes on a CPU-only machine).\n\n"
+    "Exit code 0 when no check failed, 1 otherwise. --json prints the report; --report-to "
+    "POSTs it.\n\n"
+    "Example: tyard cluster preflight --inventory inventory.yaml --node hgx-a01 --json"
+)
+
+
+@cluster_app.command("preflight", help=_PREFLIGHT_HELP)
+def preflight(
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            "--inventory", help="Inventory YAML: what this node should be.", show_default=False
+        ),
+    ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node", help="Node name in the inventory (default: hostname).", show_default=False
+        ),
+    ] = None,
+    allreduce: Annotated[
+        bool, typer.Option("--allreduce/--no-allreduce", help="Run the all-reduce check.")
+    ] = True,
+    procs: Annotated[
+        int | None,
+        typer.Option(
+            "--procs",
+            min=2,
+            help="All-reduce processes (default: GPUs, or 2 on CPU).",
+            show_default=False,
+        ),
+    ] = None,
+    size_mb: Annotated[int, typer.Option("--size-mb", min=1, help="All-reduce size in MiB.")] = 64,
+    report_to: Annotated[
+        str | None,
+        typer.Option("--report-to", help="POST the JSON report to this URL.", show_default=False),
+    ] = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run the node preflight (see the command help)."""
+    import functools
+    import socket
+
+    from tensoryard.cluster import load_inventory
+    from tensoryard.cluster.preflight import (
+        Expectations,
+        check_allreduce,
+        expectations_for,
+        post_report,
+        run_preflight,
+    )
+
+    with user_errors():
+        name = node or socket.gethostname()
+        expect = Expectations()
+        if inventory is not None:
+            expect = expectations_for(load_inventory(inventory), name)
+        check = None
+        if allreduce:
+            world = procs or _default_procs()
+            check = functools.partial(
+                check_allreduce, world_size=world, size_bytes=size_mb * 1024 * 1024
+            )
+        with err_console.status("running preflight checks", spinner="dots"):
+            report = run_preflight(expect, node=name, allreduce=check)
+        if report_to:
+            post_report(report, report_to, token=token)
+    if json_out:
+        print_json(report.as_dict())
+    else:
+        colour = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"}
+        for c in report.checks:
+            console.print(
+                f"[{colour[c.status]}]{c.status:4}[/] {c.name:15} {c.message}", highlight=False
+            )
+        console.print(f"node {report.node}: {'OK' if report.ok else 'FAILED'}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _default_procs() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 2
+    return max(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
 
 
 def register(app: typer.Typer) -> None:
