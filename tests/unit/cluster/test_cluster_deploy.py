@@ -1,0 +1,59 @@
+"""deploy/kubernetes (base) and deploy/kubernetes-overlays render, and the PrometheusRule holds
+exactly the alert rules of deploy/prometheus/rules, valid for promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.unit.cluster.deploy_render import DEPLOY, render
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+def test_the_dev_overlay_runs_one_replica_with_a_generated_database_secret(tmp_path: Path) -> None:
+    objects = render("dev", tmp_path)
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Secret", "tensoryard-db") in kinds and ("Namespace", "tensoryard") in kinds
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "tensoryard-control-plane"
+    env = pod["containers"][0]["env"][0]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "tensoryard-db", "key": "url"}
+    assert all(
+        o["metadata"].get("namespace") == "tensoryard" for o in objects if o["kind"] != "Namespace"
+    )
+
+
+def test_the_production_overlay_adds_replicas_and_prometheus_operator_objects(
+    tmp_path: Path,
+) -> None:
+    objects = render("production", tmp_path)
+    kinds = [o["kind"] for o in objects]
+    assert "Secret" not in kinds, "production reads a Secret created out of band"
+    assert {"ServiceMonitor", "PrometheusRule", "PodDisruptionBudget"} <= set(kinds)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+
+
+def test_the_prometheus_rule_is_up_to_date_and_passes_promtool(tmp_path: Path) -> None:
+    build = DEPLOY / "kubernetes-overlays" / "monitoring" / "build.py"
+    check = subprocess.run([sys.executable, str(build), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    rule = yaml.safe_load((build.parent / "prometheusrule.yaml").read_text())
+    sources = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
+    expected = [g for p in sources for g in yaml.safe_load(p.read_text())["groups"]]
+    assert rule["spec"]["groups"] == expected
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(rules)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
