@@ -1,7 +1,7 @@
 """Write prometheusrule.yaml from deploy/prometheus/rules/*.yml (the one source of the rules).
 
-    python deploy/kubernetes/monitoring/build.py          # rewrite
-    python deploy/kubernetes/monitoring/build.py --check  # exit 1 when out of date
+python deploy/kubernetes-overlays/monitoring/build.py          # rewrite
+python deploy/kubernetes-overlays/monitoring/build.py --check  # exit 1 when out of date
 """
 
 from __future__ import annotations
