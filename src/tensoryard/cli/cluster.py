@@ -28,7 +28,9 @@ _PLAN_HELP = (
 )
 
 
-@cluster_app.command("plan", help=_PLAN_HELP)
+@cluster_app.command(
+    "plan", help=_PLAN_HELP, short_help="Generate cluster configuration from an inventory."
+)
 def plan(
     inventory: Annotated[Path, typer.Argument(help="Inventory YAML file.", show_default=False)],
     out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write.", show_default=False)],
@@ -75,7 +77,9 @@ _PREFLIGHT_HELP = (
 )
 
 
-@cluster_app.command("preflight", help=_PREFLIGHT_HELP)
+@cluster_app.command(
+    "preflight", help=_PREFLIGHT_HELP, short_help="Check that this GPU node can take jobs."
+)
 def preflight(
     inventory: Annotated[
         Path | None,

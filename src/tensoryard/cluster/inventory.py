@@ -137,7 +137,7 @@ class NodeSpec(StrictModel):
     nvme: Bytes = Field(0, ge=0, description="Local NVMe like '30Ti' (0: none).")
 
 
-class _InventoryModel(StrictModel):
+class InventoryFile(StrictModel):
     cluster: ClusterSettings
     nodes: list[NodeSpec] = Field(..., min_length=1)
     quotas: dict[str, Any] | list[Any] = Field(default_factory=list)
@@ -176,7 +176,7 @@ class Inventory:
 def parse_inventory(data: Any, *, source: str = "") -> Inventory:
     """Validate a mapping into an Inventory, or raise SpecError naming every bad field."""
     try:
-        model = _InventoryModel.model_validate(data)
+        model = InventoryFile.model_validate(data)
     except ValidationError as exc:
         raise spec_error_from_validation(exc, source=source) from exc
     issues = _node_issues(model.nodes)

@@ -100,7 +100,8 @@ def run_allreduce(
     import torch
     from torch.multiprocessing.spawn import start_processes
 
-    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    # NCCL needs one GPU per process; with fewer GPUs the check runs on the CPU with gloo.
+    chosen = backend or ("nccl" if torch.cuda.device_count() >= world_size else "gloo")
     numel = max(1, size_bytes // 4)
     with tempfile.TemporaryDirectory(prefix="tyard-allreduce-") as tmp:
         out = str(Path(tmp) / "result.json")
