@@ -113,11 +113,14 @@ ARCH_CUDA_RANGE: dict[tuple[int, int], tuple[Version, Version | None]] = {
     (10, 0): ((12, 8), None),
 }
 
-# Minimum Linux x86_64 driver per CUDA toolkit release: "CUDA Toolkit and Corresponding Driver
-# Versions", https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html (Table 3).
+# Minimum Linux x86_64 driver per CUDA toolkit release (the GA release of each minor version):
+# "CUDA Toolkit and Corresponding Driver Versions",
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html (Table 3). The 11.x rows
+# were checked against a copy of that table; the 12.x/13.0 rows were written from it without a
+# copy at hand: re-check them there when adding a row.
 CUDA_MIN_DRIVER: dict[Version, Version] = {
-    (11, 0): (450, 51, 6),
-    (11, 1): (455, 23, 5),
+    (11, 0): (450, 51, 5),
+    (11, 1): (455, 23),
     (11, 8): (520, 61, 5),
     (12, 0): (525, 60, 13),
     (12, 1): (530, 30, 2),
@@ -146,11 +149,10 @@ PYTORCH_CUDA_BUILDS: dict[Version, tuple[Version, ...]] = {
     (2, 9): ((12, 6), (12, 8), (13, 0)),
 }
 
-# NCCL: Blackwell support arrived in NCCL 2.25.1
-# (https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-25-1.html); Hopper's
-# NVLink SHARP / NVLS paths in 2.17 (rel_2-17-1.html), below which H100 runs but slowly.
+# NCCL: Blackwell (sm_100) support arrived in NCCL 2.25.1
+# (https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-25-1.html); older NCCL has no
+# kernels for it. Only hard incompatibilities are listed (slower paths are not rejected).
 NCCL_MIN_FOR_ARCH: dict[tuple[int, int], Version] = {
-    (9, 0): (2, 17, 1),
     (10, 0): (2, 25, 1),
 }
 
