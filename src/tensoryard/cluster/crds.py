@@ -1,8 +1,8 @@
 """Validate generated objects against CustomResourceDefinition schemas (``openAPIV3Schema``).
 
-Needs ``jsonschema`` (in the ``dev`` extra). Kubernetes extensions (``x-kubernetes-*``, CEL
-rules) are not evaluated; the structural schema (types, required fields, enums, patterns,
-unknown fields where the schema forbids them) is.
+Needs ``jsonschema`` (in the ``k8s`` and ``dev`` extras). Kubernetes extensions
+(``x-kubernetes-*``, CEL rules) are not evaluated; the structural schema (types, required
+fields, enums, patterns) is.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def validate_objects(
         jsonschema = importlib.import_module("jsonschema")
     except ImportError as exc:
         raise ConfigError(
-            "validating against CRDs needs jsonschema (fix: pip install 'tensoryard[dev]')"
+            "validating against CRDs needs jsonschema (fix: pip install 'tensoryard[k8s]')"
         ) from exc
     issues: list[FieldIssue] = []
     for obj in objects:

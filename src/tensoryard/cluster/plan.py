@@ -85,6 +85,7 @@ def _summary(inventory: Inventory, files: list[str]) -> dict[str, Any]:
         )
     return {
         "cluster": inventory.cluster.name,
+        "namespace": inventory.cluster.namespace,
         "nodes": len(inventory.nodes),
         "gpus": gpus,
         "architectures": {m: GPU_MODELS[m].architecture for m in gpus},
@@ -115,6 +116,7 @@ def _readme(summary: dict[str, Any]) -> str:
             "--create-namespace -f network-operator/values.yaml"
         )
     lines += [
+        f"kubectl create namespace {summary['namespace']}   # the LocalQueues' namespace",
         "kubectl apply --server-side -f kueue/kueue.yaml   # after installing Kueue 0.19",
         "```",
         "",
