@@ -135,8 +135,11 @@ def write_plan(plan: Plan, out_dir: str | Path, *, force: bool = False) -> Path:
         raise ConfigError(
             f"{target} is not empty (fix: pass --force to replace it, or choose another -o)"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot write into {target.parent}: {exc}") from exc
     try:
         for rel, text in plan.files.items():
             path = staging / rel
@@ -144,6 +147,11 @@ def write_plan(plan: Plan, out_dir: str | Path, *, force: bool = False) -> Path:
             path.write_text(text)
         os.chmod(staging, 0o755)
         _swap_in(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ConfigError(
+            f"could not write the plan to {target} ({exc}); nothing was changed"
+        ) from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

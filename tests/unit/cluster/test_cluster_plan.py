@@ -218,3 +218,17 @@ def test_the_cli_plans_the_example_with_crd_validation_and_json(tmp_path: Path) 
     summary = json.loads(result.output)
     assert summary["gpus"] == {"H100": 64, "L40S": 8}
     assert all((out / f).is_file() for f in summary["files"])
+
+
+def test_a_write_failing_half_way_leaves_the_old_plan_untouched(tmp_path: Path) -> None:
+    from tensoryard.cluster.plan import Plan
+
+    out = tmp_path / "plan"
+    write_plan(Plan(files={"kueue/kueue.yaml": "old"}), out)
+    # the second file cannot be created: its parent is the first file
+    broken = Plan(files={"a.txt": "new", "a.txt/b.txt": "new"})
+    with pytest.raises(ConfigError, match="nothing was changed"):
+        write_plan(broken, out, force=True)
+    assert (out / "kueue" / "kueue.yaml").read_text() == "old"
+    assert not (out / "a.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
