@@ -90,10 +90,11 @@ def create_app(
     rate_limit_per_s: float = 50.0,
     rate_limit_burst: int = 200,
     clock: Callable[[], float] = time.monotonic,
+    extra_routes: Callable[[FastAPI, Guard], None] | None = None,
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
     tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
-    limit."""
+    limit; `extra_routes(app, guard)` mounts optional parts (model serving)."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -377,6 +378,8 @@ def create_app(
         secrets=secrets or SecretStore(runs_dir / "secrets"),
         prefix=API,
     )
+    if extra_routes is not None:
+        extra_routes(app, guard)
     return app
 
 

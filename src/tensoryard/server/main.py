@@ -24,6 +24,7 @@ from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.serving.plane import ServingPlane
 from tensoryard.store import Store
 from tensoryard.store._db import safe_url
 
@@ -40,6 +41,7 @@ class ControlPlane:
     controller: Controller
     admin_token: str
     registry: CollectorRegistry
+    serving: ServingPlane | None = None
 
     def app(self) -> FastAPI:
         return create_app(
@@ -56,6 +58,7 @@ class ControlPlane:
             max_body_bytes=self.config.max_body_bytes,
             rate_limit_per_s=self.config.rate_limit_per_s,
             rate_limit_burst=self.config.rate_limit_burst,
+            extra_routes=self.serving.mount if self.serving is not None else None,
         )
 
 
@@ -107,7 +110,8 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
         metrics=LoopMetrics(registry),
     )
-    return ControlPlane(config, store, executor, controller, token, registry)
+    serving = ServingPlane.build(store, registry, log_dir=config.home / "serving")
+    return ControlPlane(config, store, executor, controller, token, registry, serving)
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -154,6 +158,8 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     _setup_logging(config.home, log_level)
     log.info("database %s; state in %s", safe_url(plane.store.url), config.home)
     plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
+    if plane.serving is not None:
+        plane.serving.manager.start()  # re-attaches to or restarts replicas, then supervises
     server = uvicorn.Server(
         uvicorn.Config(
             plane.app(),
@@ -167,5 +173,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
         with _server_file(config):
             server.run()
     finally:
+        if plane.serving is not None:
+            plane.serving.manager.stop()
         plane.controller.stop()
         plane.store.close()

@@ -37,6 +37,8 @@ __all__ = [
     "AuditEntry",
     "Base",
     "Checkpoint",
+    "Deployment",
+    "DeploymentReplica",
     "Event",
     "Job",
     "JobToken",
@@ -327,3 +329,38 @@ class SchedulerState(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime]
+
+
+class Deployment(Base):
+    """A served model (migration 0010_serving): the desired state of its replicas."""
+
+    __tablename__ = "deployments"
+
+    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    team: Mapped[str] = mapped_column(String(NAME_LEN), ForeignKey("teams.name"))
+    model_ref: Mapped[str] = mapped_column(Text)
+    model_path: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(32))
+    replicas: Mapped[int] = mapped_column(Integer)
+    options: Mapped[dict[str, Any]]
+    idle_timeout_s: Mapped[float | None] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(USER_LEN))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class DeploymentReplica(Base):
+    """One replica process of a deployment; written (port chosen) before it is spawned."""
+
+    __tablename__ = "deployment_replicas"
+    __table_args__ = (CheckConstraint("slot >= 0", name="slot"),)
+
+    deployment: Mapped[str] = mapped_column(
+        String(NAME_LEN), ForeignKey("deployments.name", ondelete="CASCADE"), primary_key=True
+    )
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    port: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    restarts: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime | None]

@@ -1,0 +1,180 @@
+"""REST routes for deployments: ``/api/v1/deployments`` (create, list, describe, scale, delete).
+
+Creating a deployment stores its row (validated, the model resolved to a file) and wakes the
+supervisor, which starts the replicas; the answer does not wait for them (``describe`` shows
+their states). Members of the deployment's team may create, scale and delete it; any role in
+the team may read it and call it through the gateway.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from tensoryard.errors import FieldIssue, SpecError
+from tensoryard.server.access import Action, Principal
+from tensoryard.server.guard import Guard
+from tensoryard.serving.engine import ENGINES, parse_engine_options
+from tensoryard.serving.replicas import ReplicaManager
+from tensoryard.serving.source import parse_model_source
+from tensoryard.store import Store
+
+__all__ = ["DeploymentIn", "DeploymentOut", "add_deployment_routes"]
+
+API = "/api/v1/deployments"
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="Deployment name.")]
+
+
+class DeploymentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="A .gguf path on the server, or MODEL[:VERSION|@ALIAS].")
+    name: str | None = Field(None, pattern=NAME_PATTERN, description="Default: from the model.")
+    team: str = "default"
+    engine: str = "llama.cpp"
+    replicas: int = Field(1, ge=0, le=64)
+    options: dict[str, Any] = Field(default_factory=dict, description="Engine options.")
+    idle_timeout_s: float | None = Field(
+        None, gt=0, le=7 * 86400, description="Scale to zero after this idle time."
+    )
+
+
+class ScaleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int = Field(ge=0, le=64)
+
+
+class ReplicaOut(BaseModel):
+    slot: int
+    port: int
+    pid: int | None
+    state: str
+    restarts: int
+    in_flight: int
+    started_at: datetime | None
+
+
+class DeploymentOut(BaseModel):
+    name: str
+    team: str
+    model: str
+    model_path: str
+    engine: str
+    replicas: int
+    ready_replicas: int
+    options: dict[str, Any]
+    idle_timeout_s: float | None
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    replica_states: list[ReplicaOut]
+
+
+def add_deployment_routes(
+    app: FastAPI, *, store: Store, guard: Guard, manager: ReplicaManager
+) -> None:
+    def out(name: str) -> DeploymentOut:
+        d = store.get_deployment(name)
+        live = {r.slot: r for r in manager.replicas(name)}
+        reps = [
+            ReplicaOut(
+                slot=r.slot,
+                port=r.port,
+                pid=r.pid,
+                state=r.state,
+                restarts=r.restarts,
+                in_flight=live[r.slot].in_flight if r.slot in live else 0,
+                started_at=r.started_at,
+            )
+            for r in store.list_replicas(name)
+        ]
+        return DeploymentOut(
+            name=d.name,
+            team=d.team,
+            model=d.model_ref,
+            model_path=d.model_path,
+            engine=d.engine,
+            replicas=d.replicas,
+            ready_replicas=sum(1 for r in reps if r.state == "ready"),
+            options=d.options,
+            idle_timeout_s=d.idle_timeout_s,
+            created_by=d.created_by,
+            created_at=d.created_at,
+            updated_at=d.updated_at,
+            replica_states=reps,
+        )
+
+    def readable(request: Request, who: Principal, name: str, action: Action) -> None:
+        d = store.get_deployment(name)
+        guard.check(request, who, action, team=d.team, obj=f"deployment/{name}")
+
+    @app.post(API, status_code=201, tags=["serving"])
+    def create(
+        body: DeploymentIn, request: Request, who: Principal = Depends(guard.user)
+    ) -> DeploymentOut:
+        """Create a deployment; its replicas start in the background."""
+        if body.engine not in ENGINES and body.engine != "mock":
+            raise SpecError(
+                [FieldIssue("engine", f"unknown engine {body.engine!r}", f"use one of {ENGINES}")]
+            )
+        source = parse_model_source(body.model)
+        if body.engine == "llama.cpp":
+            parse_engine_options(body.options)
+            path = str(source.resolve())
+        else:
+            path = str(source.path or "")
+        guard.check(request, who, Action.JOB_SUBMIT, team=body.team, obj=f"team/{body.team}")
+        name = body.name or source.default_name()
+        store.create_deployment(
+            name,
+            team=body.team,
+            model_ref=source.ref,
+            model_path=path,
+            engine=body.engine,
+            replicas=body.replicas,
+            options=body.options,
+            idle_timeout_s=body.idle_timeout_s,
+            created_by=who.name,
+        )
+        store.record_audit(guard.context(request, who), "deployment.create", f"deployment/{name}")
+        manager.kick()
+        return out(name)
+
+    @app.get(API, tags=["serving"])
+    def list_(request: Request, who: Principal = Depends(guard.user)) -> list[DeploymentOut]:
+        teams = who.visible_teams()
+        return [out(d.name) for d in store.list_deployments() if teams is None or d.team in teams]
+
+    @app.get(f"{API}/{{name}}", tags=["serving"])
+    def describe(
+        name: Name, request: Request, who: Principal = Depends(guard.user)
+    ) -> DeploymentOut:
+        readable(request, who, name, Action.JOB_READ)
+        return out(name)
+
+    @app.post(f"{API}/{{name}}/scale", tags=["serving"])
+    def scale(
+        name: Name, body: ScaleIn, request: Request, who: Principal = Depends(guard.user)
+    ) -> DeploymentOut:
+        readable(request, who, name, Action.JOB_SUBMIT)
+        store.scale_deployment(name, body.replicas)
+        store.record_audit(
+            guard.context(request, who),
+            "deployment.scale",
+            f"deployment/{name}",
+            detail=f"replicas={body.replicas}",
+        )
+        manager.kick()
+        return out(name)
+
+    @app.delete(f"{API}/{{name}}", status_code=204, tags=["serving"])
+    def delete(name: Name, request: Request, who: Principal = Depends(guard.user)) -> None:
+        readable(request, who, name, Action.JOB_SUBMIT)
+        store.delete_deployment(name)
+        store.record_audit(guard.context(request, who), "deployment.delete", f"deployment/{name}")
+        manager.kick()

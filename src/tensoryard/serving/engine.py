@@ -1,0 +1,137 @@
+"""The CPU engine: llama.cpp through ``llama-cpp-python[server]``, one process per replica.
+
+A llama.cpp server process evaluates one request at a time, so replicas are processes. This
+module only builds the command line and checks the engine is installed; processes are run by
+:mod:`tensoryard.serving.replicas`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensoryard.errors import ConfigError, FieldIssue, SpecError
+
+__all__ = ["ENGINES", "EngineOptions", "engine_available", "engine_command", "parse_engine_options"]
+
+ENGINES = ("llama.cpp",)
+
+# The options a user may set (`tyard serve --option KEY=VALUE`) and their types.
+_OPTION_TYPES: dict[str, type] = {
+    "n_ctx": int,
+    "n_threads": int,
+    "n_batch": int,
+    "cache": bool,
+    "cache_size": int,
+    "seed": int,
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """llama.cpp server options that matter on a CPU.
+
+    ``n_ctx``: context length in tokens (prompt + completion); longer prompts get a 400.
+    ``n_threads``: CPU threads per replica (1 on a shared 2-core machine).
+    ``n_batch``: prompt tokens evaluated per batch.
+    ``cache``: keep KV states of earlier prompts in RAM and reuse the longest matching prefix
+    (what prefix-aware routing exploits). ``cache_size``: bytes for that cache."""
+
+    n_ctx: int = 2048
+    n_threads: int = 1
+    n_batch: int = 512
+    cache: bool = True
+    cache_size: int = 1 << 30
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _OPTION_TYPES}
+
+
+def parse_engine_options(raw: dict[str, Any]) -> EngineOptions:
+    """Validate options (from the CLI's KEY=VALUE strings or stored JSON)."""
+    values: dict[str, Any] = {}
+    issues: list[FieldIssue] = []
+    for key, value in raw.items():
+        kind = _OPTION_TYPES.get(key)
+        if kind is None:
+            issues.append(
+                FieldIssue(
+                    f"options.{key}",
+                    "is not a llama.cpp option tensoryard knows",
+                    f"use one of {', '.join(sorted(_OPTION_TYPES))}",
+                )
+            )
+            continue
+        try:
+            if kind is bool and isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                values[key] = value.lower() in ("true", "1")
+            else:
+                values[key] = kind(value)
+        except (TypeError, ValueError):
+            issues.append(FieldIssue(f"options.{key}", f"{value!r} is not a {kind.__name__}", ""))
+            continue
+        if kind is int and values[key] < (0 if key == "seed" else 1):
+            issues.append(FieldIssue(f"options.{key}", "must be positive", "pass a number >= 1"))
+    if issues:
+        raise SpecError(issues)
+    return EngineOptions(**values)
+
+
+def engine_available() -> str | None:
+    """None when llama-cpp-python[server] is importable, else why not and how to fix it."""
+    for mod in ("llama_cpp", "uvicorn", "sse_starlette", "starlette_context"):
+        if importlib.util.find_spec(mod) is None:
+            return (
+                f"the llama.cpp engine is not installed ({mod} is missing); fix: "
+                "`make serve-engine` (installs llama-cpp-python[server] from the wheel cache, "
+                "building it once)"
+            )
+    return None
+
+
+def engine_command(
+    model: Path, port: int, options: EngineOptions, *, alias: str, host: str = "127.0.0.1"
+) -> list[str]:
+    """argv of one replica process."""
+    missing = engine_available()
+    if missing:
+        raise ConfigError(missing)
+    o = options
+    return [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        alias,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(o.n_ctx),
+        "--n_threads",
+        str(o.n_threads),
+        "--n_threads_batch",
+        str(o.n_threads),
+        "--n_batch",
+        str(o.n_batch),
+        "--cache",
+        str(o.cache),
+        "--cache_type",
+        "ram",
+        "--cache_size",
+        str(o.cache_size),
+        "--seed",
+        str(o.seed),
+        "--verbose",
+        "False",
+    ]

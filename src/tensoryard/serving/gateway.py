@@ -1,0 +1,303 @@
+"""The OpenAI-compatible gateway: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+One endpoint for every deployment: the request's ``model`` is the deployment name, the
+caller's platform token must have a role in the deployment's team, the router picks a ready
+replica (holding the request while the deployment scales from zero), and the gateway proxies
+the answer, timing it for the metrics contract and counting tokens per team and user. Errors
+are OpenAI-shaped (``{"error": {message, type, param, code}}``); an engine that dies mid-stream
+gets an error event and a closed stream, and its replica is restarted by the supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+
+from tensoryard.errors import AccessError, Forbidden, NotFound, RateLimited
+from tensoryard.server.access import Action, Principal
+from tensoryard.server.guard import Guard
+from tensoryard.serving.metrics import ServingMetrics
+from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request
+from tensoryard.serving.replicas import Replica, ReplicaManager
+
+__all__ = ["GATEWAY_PATHS", "add_gateway_routes"]
+
+GATEWAY_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
+_HOLD_S = 300.0  # how long a request may wait for a replica (scale from zero, model load)
+
+
+def _error(exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(status_code=exc.status, content=exc.body())
+
+
+async def _principal(guard: Guard, request: Request) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    creds = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+        if scheme.lower() == "bearer" and token
+        else None
+    )
+    try:
+        return guard.user(request, creds)
+    except RateLimited as exc:
+        raise OpenAIError(429, str(exc), type="rate_limit_error", code="rate_limited") from exc
+    except AccessError as exc:
+        raise OpenAIError(
+            401, str(exc), type="authentication_error", code="invalid_api_key"
+        ) from exc
+
+
+def add_gateway_routes(
+    app: FastAPI, *, guard: Guard, manager: ReplicaManager, metrics: ServingMetrics
+) -> None:
+    """Mount the /v1 routes on the control plane's app."""
+    clients: dict[int, httpx.AsyncClient] = {}
+
+    def client() -> httpx.AsyncClient:
+        import asyncio
+
+        loop = id(asyncio.get_running_loop())
+        if loop not in clients:
+            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+            clients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits)
+        return clients[loop]
+
+    @app.get("/v1/models", tags=["gateway"])
+    async def models(request: Request) -> Response:
+        try:
+            who = await _principal(guard, request)
+        except OpenAIError as exc:
+            return _error(exc)
+        teams = who.visible_teams()
+        data = [
+            {
+                "id": d.name,
+                "object": "model",
+                "created": int(d.created_at.timestamp()),
+                "owned_by": d.team,
+            }
+            for d in manager.deployments()
+            if teams is None or d.team in teams
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def generate(request: Request, chat: bool) -> Response:
+        received = time.perf_counter()
+        label = "-"
+        try:
+            who = await _principal(guard, request)
+            try:
+                raw = await request.json()
+            except ValueError as exc:
+                raise OpenAIError(
+                    400, f"the body is not valid JSON: {exc}", code="invalid_json"
+                ) from exc
+            if isinstance(raw, dict) and isinstance(raw.get("model"), str):
+                label = raw["model"][:63]
+            req = parse_request(raw, chat=chat)
+            dep = _deployment(manager, req.model)
+            try:
+                guard.check(
+                    request, who, Action.JOB_READ, team=dep.team, obj=f"deployment/{dep.name}"
+                )
+            except Forbidden as exc:
+                raise OpenAIError(403, str(exc), type="permission_error", code="forbidden") from exc
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            return await _proxy(req, path, who, dep.team, received)
+        except OpenAIError as exc:
+            metrics.requests.labels(label, str(exc.status)).inc()
+            return _error(exc)
+
+    async def _proxy(
+        req: ParsedRequest, path: str, who: Principal, team: str, received: float
+    ) -> Response:
+        for attempt in (1, 2):
+            replica = await _acquire(manager, req)
+            try:
+                upstream = await client().send(
+                    client().build_request("POST", replica.url + path, json=req.body), stream=True
+                )
+            except httpx.ConnectError as exc:  # not sent: the replica died; one retry
+                manager.release(replica, failed=True)
+                if attempt == 2:
+                    raise OpenAIError(
+                        503,
+                        f"replica {replica.id} is unreachable: {exc}",
+                        type="server_error",
+                        code="engine_unavailable",
+                    ) from exc
+                continue
+            except BaseException:
+                manager.release(replica, failed=True)
+                raise
+            if upstream.status_code != 200:
+                body = await upstream.aread()
+                await upstream.aclose()
+                manager.release(replica)
+                metrics.requests.labels(req.model, str(upstream.status_code)).inc()
+                return Response(
+                    body, status_code=upstream.status_code, media_type="application/json"
+                )
+            if req.stream:
+                return StreamingResponse(
+                    _relay(req, upstream, replica, who, team, received),
+                    media_type="text/event-stream",
+                )
+            return await _whole(req, upstream, replica, who, team, received)
+        raise AssertionError("unreachable")
+
+    async def _whole(
+        req: ParsedRequest,
+        upstream: httpx.Response,
+        replica: Replica,
+        who: Principal,
+        team: str,
+        received: float,
+    ) -> Response:
+        failed = False
+        try:
+            body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            failed = True
+            raise OpenAIError(
+                502,
+                f"the engine of {replica.id} failed mid-request: {exc}",
+                type="server_error",
+                code="engine_crashed",
+            ) from exc
+        finally:
+            await upstream.aclose()
+            manager.release(replica, failed=failed)
+        elapsed = time.perf_counter() - received
+        metrics.ttft.labels(req.model).observe(elapsed)
+        metrics.e2e.labels(req.model).observe(elapsed)
+        metrics.requests.labels(req.model, "200").inc()
+        usage = json.loads(body).get("usage") or {}
+        _count(
+            req.model,
+            team,
+            who.name,
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+        )
+        return Response(body, media_type="application/json")
+
+    async def _relay(
+        req: ParsedRequest,
+        upstream: httpx.Response,
+        replica: Replica,
+        who: Principal,
+        team: str,
+        received: float,
+    ) -> AsyncIterator[bytes]:
+        first: float | None = None
+        last = received
+        tokens = 0
+        failed = False
+        meta: dict[str, Any] = {}
+        try:
+            async for line in upstream.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                meta = {k: chunk.get(k) for k in ("id", "object", "created", "model")}
+                if _has_token(chunk):
+                    tokens += 1
+                    if first is None:
+                        first = now
+                        metrics.ttft.labels(req.model).observe(now - received)
+                    else:
+                        metrics.itl.labels(req.model).observe(now - last)
+                    last = now
+                yield f"data: {data}\n\n".encode()
+        except (httpx.HTTPError, ValueError) as exc:
+            failed = True
+            err = OpenAIError(
+                502,
+                f"the engine of {replica.id} crashed mid-stream ({type(exc).__name__}); "
+                "the replica is being replaced: retry the request",
+                type="server_error",
+                code="engine_crashed",
+            )
+            yield f"data: {json.dumps(err.body())}\n\n".encode()
+        finally:
+            await upstream.aclose()
+        prompt_tokens = 0
+        if not failed:
+            prompt_tokens = await _count_prompt(replica, req.prompt)
+        manager.release(replica, failed=failed)
+        metrics.e2e.labels(req.model).observe(time.perf_counter() - received)
+        metrics.requests.labels(req.model, "502" if failed else "200").inc()
+        _count(req.model, team, who.name, prompt_tokens, tokens)
+        if req.include_usage and not failed:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens,
+                "total_tokens": prompt_tokens + tokens,
+            }
+            yield f"data: {json.dumps({**meta, 'choices': [], 'usage': usage})}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    async def _count_prompt(replica: Replica, prompt: str) -> int:
+        try:
+            resp = await client().post(
+                replica.url + "/extras/tokenize/count", json={"input": prompt}
+            )
+            return int(resp.json().get("count", 0))
+        except (httpx.HTTPError, ValueError):
+            return 0
+
+    def _count(model: str, team: str, user: str, prompt: int, completion: int) -> None:
+        metrics.tokens.labels(model, team, user, "prompt").inc(prompt)
+        metrics.tokens.labels(model, team, user, "completion").inc(completion)
+
+    @app.post("/v1/completions", tags=["gateway"])
+    async def completions(request: Request) -> Response:
+        """OpenAI text completions, routed to the deployment named by `model`."""
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions", tags=["gateway"])
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions, routed to the deployment named by `model`."""
+        return await generate(request, chat=True)
+
+
+def _has_token(chunk: dict[str, Any]) -> bool:
+    for choice in chunk.get("choices") or []:
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            return True
+    return False
+
+
+def _deployment(manager: ReplicaManager, name: str) -> Any:
+    try:
+        return manager.record(name)
+    except NotFound as exc:
+        raise OpenAIError(
+            404,
+            f"The model '{name}' does not exist (fix: GET /v1/models lists the deployments)",
+            param="model",
+            code="model_not_found",
+        ) from exc
+
+
+async def _acquire(manager: ReplicaManager, req: ParsedRequest) -> Replica:
+    try:
+        replica, _route = await manager.acquire(req.model, req.prompt, timeout_s=_HOLD_S)
+    except NotFound as exc:
+        raise OpenAIError(503, str(exc), type="server_error", code="no_replicas") from exc
+    except TimeoutError as exc:
+        raise OpenAIError(503, str(exc), type="server_error", code="replica_timeout") from exc
+    return replica

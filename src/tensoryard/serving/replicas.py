@@ -1,0 +1,395 @@
+"""Supervise replica processes of every deployment, and hand ready replicas to the gateway.
+
+One supervisor thread reconciles, every ``tick_s``, the deployments stored in the database with
+the processes on this machine, in numbered phases:
+
+1. read the deployments; stop the processes of deleted ones;
+2. per deployment, the target: its replica count, or 0 once idle for ``idle_timeout_s`` (scale
+   to zero) until the next request wakes it;
+3. start missing replicas (the row with its port is written before the spawn) and stop surplus;
+4. a process that exited is restarted (its row counts the restart); a starting one becomes ready
+   only when the model answers a one-token generation (not when the port opens).
+
+After a control-plane restart the rows still hold each replica's pid and port: a process that
+is still alive and answers is re-attached, anything else is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tensoryard.errors import NotFound
+from tensoryard.serving.engine import engine_command, parse_engine_options
+from tensoryard.serving.metrics import ServingMetrics
+from tensoryard.serving.router import PrefixAwareRouter, ReplicaLoad, Route, Router
+from tensoryard.store import Store
+from tensoryard.store._serving import DeploymentRecord
+
+__all__ = ["Replica", "ReplicaManager", "free_port"]
+
+log = logging.getLogger("tensoryard.serving")
+
+CommandFor = Callable[[DeploymentRecord, int], list[str]]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def default_command(dep: DeploymentRecord, port: int) -> list[str]:
+    """argv for a replica of ``dep`` (the engines tensoryard knows)."""
+    if dep.engine == "mock":
+        import sys
+
+        return [
+            sys.executable,
+            "-m",
+            "tensoryard.serving.mock_engine",
+            "--port",
+            str(port),
+            *(f"--{k}={v}" for k, v in dep.options.items()),
+        ]
+    options = parse_engine_options(dep.options)
+    return engine_command(Path(dep.model_path), port, options, alias=dep.name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child is not alive
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class Replica:
+    """A replica process as the supervisor and the gateway see it."""
+
+    deployment: str
+    slot: int
+    port: int
+    pid: int | None
+    popen: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    in_flight: int = 0
+    restarts: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.deployment}/{self.slot}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def exited(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        return self.pid is None or not _alive(self.pid)
+
+
+@dataclass
+class _Deployment:
+    record: DeploymentRecord
+    router: Router
+    replicas: dict[int, Replica] = field(default_factory=dict)
+    last_request: float = 0.0
+    asleep: bool = False  # scaled to zero after idling
+    waiting: int = 0
+
+
+class ReplicaManager:
+    """Keeps each stored deployment's replicas running; the gateway's source of replicas."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        log_dir: Path,
+        metrics: ServingMetrics,
+        command_for: CommandFor = default_command,
+        router_factory: Callable[[], Router] = PrefixAwareRouter,
+        tick_s: float = 0.25,
+        probe_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.log_dir = log_dir
+        self.metrics = metrics
+        self.command_for = command_for
+        self.router_factory = router_factory
+        self.tick_s = tick_s
+        self.probe_timeout_s = probe_timeout_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._deps: dict[str, _Deployment] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http = httpx.Client(timeout=probe_timeout_s)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tyard-serving", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, stop_replicas: bool = True) -> None:
+        """Stop supervising; with ``stop_replicas`` also stop every replica process (else they
+        keep running and a restarted control plane re-attaches to them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if stop_replicas:
+            with self._lock:
+                reps = [r for d in self._deps.values() for r in d.replicas.values()]
+            for r in reps:
+                _terminate(r)
+        self._http.close()
+
+    def kick(self) -> None:
+        """Reconcile now (after a create, scale or delete)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception:  # keep supervising; the next tick retries
+                log.exception("serving reconcile failed")
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+
+    # -- the gateway's side --------------------------------------------------------------------
+
+    def deployments(self) -> list[DeploymentRecord]:
+        with self._lock:
+            return [d.record for d in self._deps.values()]
+
+    def replicas(self, name: str) -> list[Replica]:
+        with self._lock:
+            dep = self._deps.get(name)
+            return list(dep.replicas.values()) if dep else []
+
+    def record(self, name: str) -> DeploymentRecord:
+        with self._lock:
+            dep = self._deps.get(name)
+        if dep is None:
+            return self.store.get_deployment(name)  # NotFound with the fix
+        return dep.record
+
+    async def acquire(self, name: str, prompt: str, *, timeout_s: float) -> tuple[Replica, Route]:
+        """A ready replica for this prompt, chosen by the router; waits (does not fail) while
+        the deployment scales from zero or its replicas start. Call :meth:`release` after."""
+        start = self.clock()
+        while True:  # a deployment created a moment ago: wait for the supervisor to adopt it
+            with self._lock:
+                found = self._deps.get(name)
+            if found is not None:
+                break
+            self.store.get_deployment(name)  # NotFound when it does not exist at all
+            self._wake.set()
+            if self.clock() - start > timeout_s:
+                raise TimeoutError(f"deployment {name!r} was not picked up in time")
+            await asyncio.sleep(0.02)
+        dep = found
+        with self._lock:
+            dep.last_request = start
+            if dep.asleep:
+                dep.asleep = False
+                self._wake.set()
+            if dep.record.replicas == 0:
+                raise NotFound(
+                    f"deployment {name!r} is scaled to 0 replicas "
+                    f"(fix: `tyard deployments scale {name} 1`)"
+                )
+            dep.waiting += 1
+        self.metrics.waiting.labels(name).inc()
+        try:
+            while True:
+                with self._lock:
+                    ready = [r for r in dep.replicas.values() if r.ready]
+                    if ready:
+                        loads = [ReplicaLoad(r.id, r.in_flight) for r in ready]
+                        route = dep.router.pick(prompt, loads)
+                        chosen = next(r for r in ready if r.id == route.replica)
+                        chosen.in_flight += 1
+                        dep.last_request = self.clock()
+                        break
+                    if name not in self._deps:
+                        raise NotFound(f"deployment {name!r} was deleted")
+                if self.clock() - start > timeout_s:
+                    raise TimeoutError(
+                        f"no replica of {name!r} became ready within {timeout_s:.0f} s"
+                    )
+                await asyncio.sleep(0.02)
+        finally:
+            with self._lock:
+                dep.waiting -= 1
+            self.metrics.waiting.labels(name).dec()
+        self.metrics.queue.labels(name).observe(self.clock() - start)
+        self.metrics.running.labels(name).inc()
+        self.metrics.routed(name, route.matched_chars, route.prompt_chars)
+        return chosen, route
+
+    def release(self, replica: Replica, *, failed: bool = False) -> None:
+        with self._lock:
+            replica.in_flight = max(0, replica.in_flight - 1)
+            dep = self._deps.get(replica.deployment)
+            if dep is not None:
+                dep.last_request = self.clock()
+        self.metrics.running.labels(replica.deployment).dec()
+        if failed:
+            self._wake.set()  # a crashed replica is noticed at once
+
+    # -- reconcile -----------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """One pass of the numbered phases in the module docstring."""
+        # 1. stored deployments; forget deleted ones
+        records = {d.name: d for d in self.store.list_deployments()}
+        with self._lock:
+            gone = [self._deps.pop(n) for n in list(self._deps) if n not in records]
+            for name, rec in records.items():
+                if name not in self._deps:
+                    self._deps[name] = self._adopt(rec)
+                else:
+                    self._deps[name].record = rec
+            deps = list(self._deps.values())
+        for d in gone:
+            for r in d.replicas.values():
+                _terminate(r)
+        for dep in deps:
+            self._reconcile_one(dep)
+
+    def _adopt(self, rec: DeploymentRecord) -> _Deployment:
+        """A deployment first seen by this process: re-attach to live replicas from the rows."""
+        dep = _Deployment(record=rec, router=self.router_factory(), last_request=self.clock())
+        for row in self.store.list_replicas(rec.name):
+            if row.pid is not None and _alive(row.pid) and self._answers(row.port):
+                log.info("re-attached to replica %s/%d (pid %d)", rec.name, row.slot, row.pid)
+                dep.replicas[row.slot] = Replica(
+                    rec.name, row.slot, row.port, row.pid, ready=True, restarts=row.restarts
+                )
+                self.store.put_replica(
+                    rec.name, row.slot, port=row.port, state="ready", pid=row.pid
+                )
+            else:
+                self.store.remove_replica(rec.name, row.slot)  # started again below
+        return dep
+
+    def _reconcile_one(self, dep: _Deployment) -> None:
+        rec = dep.record
+        now = self.clock()
+        # 2. target replica count (scale to zero when idle)
+        with self._lock:
+            busy = dep.waiting > 0 or any(r.in_flight for r in dep.replicas.values())
+            idle = rec.idle_timeout_s is not None and now - dep.last_request > rec.idle_timeout_s
+            if idle and not busy and dep.replicas:
+                log.info(
+                    "deployment %s idle for %.0f s: scaling to zero",
+                    rec.name,
+                    now - dep.last_request,
+                )
+                dep.asleep = True
+            target = 0 if dep.asleep else rec.replicas
+            surplus = [dep.replicas.pop(s) for s in sorted(dep.replicas) if s >= target]
+            missing = [s for s in range(target) if s not in dep.replicas]
+        # 3. stop surplus, start missing
+        for r in surplus:
+            _terminate(r)
+            dep.router.forget(r.id)
+            self.store.remove_replica(rec.name, r.slot)
+        for slot in missing:
+            self._spawn(dep, slot, restarts=0)
+        # 4. crashed -> restart; starting -> ready once it answers
+        for r in list(dep.replicas.values()):
+            if r.exited():
+                log.warning("replica %s exited; restarting it", r.id)
+                with self._lock:
+                    r.ready = False
+                dep.router.forget(r.id)
+                self.metrics.restarts.labels(rec.name).inc()
+                self._spawn(dep, r.slot, restarts=r.restarts + 1)
+            elif not r.ready and self._answers(r.port):
+                with self._lock:
+                    r.ready = True
+                self.store.put_replica(rec.name, r.slot, port=r.port, state="ready", pid=r.pid)
+                log.info("replica %s ready on port %d", r.id, r.port)
+
+    def _spawn(self, dep: _Deployment, slot: int, *, restarts: int) -> None:
+        rec = dep.record
+        port = free_port()
+        # intent first: a control plane dying after this line finds the row and restarts it
+        self.store.put_replica(rec.name, slot, port=port, state="starting", restarted=restarts > 0)
+        argv = self.command_for(rec, port)
+        logs = self.log_dir / rec.name
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"replica-{slot}.log").open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        self.store.put_replica(rec.name, slot, port=port, state="starting", pid=popen.pid)
+        with self._lock:
+            dep.replicas[slot] = Replica(rec.name, slot, port, popen.pid, popen, restarts=restarts)
+
+    def _answers(self, port: int) -> bool:
+        """Readiness: the model generates one token (a process with an open port is not enough)."""
+        try:
+            resp = self._http.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"prompt": "Hi", "max_tokens": 1, "temperature": 0},
+                timeout=2.0,
+            )
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200 and bool(resp.json().get("choices"))
+
+
+def _terminate(r: Replica, grace_s: float = 5.0) -> None:
+    """SIGTERM the replica's process group, SIGKILL after the grace period."""
+    if r.pid is None:
+        return
+    try:
+        os.killpg(r.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if r.popen is not None:
+            if r.popen.poll() is not None:
+                return
+        elif not _alive(r.pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(r.pid, signal.SIGKILL)
+    if r.popen is not None:
+        r.popen.wait(timeout=5)
