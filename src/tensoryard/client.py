@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import yaml
@@ -290,6 +290,26 @@ class Client:
                 yield from response.iter_lines()
         except httpx.TransportError as exc:
             raise ClientError(0, f"audit export from {self.url} broke: {exc}") from exc
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def create_deployment(self, **fields: Any) -> dict[str, Any]:
+        """POST /api/v1/deployments (model, name, team, engine, replicas, options,
+        idle_timeout_s)."""
+        return cast(dict[str, Any], self._json("POST", "/api/v1/deployments", json=fields))
+
+    def deployments(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], self._json("GET", "/api/v1/deployments"))
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._json("GET", f"/api/v1/deployments/{name}"))
+
+    def scale_deployment(self, name: str, replicas: int) -> dict[str, Any]:
+        path = f"/api/v1/deployments/{name}/scale"
+        return cast(dict[str, Any], self._json("POST", path, json={"replicas": replicas}))
+
+    def delete_deployment(self, name: str) -> None:
+        self._request("DELETE", f"/api/v1/deployments/{name}")
 
 
 def _error_of(response: httpx.Response) -> ClientError:

