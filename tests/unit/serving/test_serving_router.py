@@ -30,7 +30,7 @@ def test_a_prompt_goes_back_to_the_replica_that_saw_its_prefix() -> None:
 
 
 def test_the_key_is_the_whole_prompt_not_only_the_system_prompt() -> None:
-    router = PrefixAwareRouter(block_chars=32)
+    router = PrefixAwareRouter(block_chars=32, max_imbalance=0)  # loads place the first two
     chat_x = SYSTEM_A + "user: first conversation about invoices and refunds " * 5
     chat_y = SYSTEM_A + "user: second conversation about shipping and returns " * 5
     assert router.pick(chat_x, [ReplicaLoad("r0", 0), ReplicaLoad("r1", 1)]).replica == "r0"
