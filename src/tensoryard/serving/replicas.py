@@ -305,7 +305,9 @@ class ReplicaManager:
         now = self.clock()
         # 2. target replica count (scale to zero when idle)
         with self._lock:
-            busy = dep.waiting > 0 or any(r.in_flight for r in dep.replicas.values())
+            busy = dep.waiting > 0 or any(
+                r.in_flight or not r.ready for r in dep.replicas.values()
+            )  # a starting replica is not idle: the idle time counts from readiness
             idle = rec.idle_timeout_s is not None and now - dep.last_request > rec.idle_timeout_s
             if idle and not busy and dep.replicas:
                 log.info(
@@ -336,6 +338,7 @@ class ReplicaManager:
             elif not r.ready and self._answers(r.port):
                 with self._lock:
                     r.ready = True
+                    dep.last_request = max(dep.last_request, self.clock())
                 self.store.put_replica(rec.name, r.slot, port=r.port, state="ready", pid=r.pid)
                 log.info("replica %s ready on port %d", r.id, r.port)
 

@@ -1,0 +1,200 @@
+"""The gateway and the replica supervisor end to end, over real HTTP and real processes.
+
+The replicas here run the mock engine (``tensoryard.serving.mock_engine``), a real process on a
+real port: these tests are about routing, supervision and errors, not the model. The llama.cpp
+engine with SmolLM2 is covered by test_serving_llama.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from typer.testing import CliRunner
+
+from tensoryard.cli.main import app as cli
+
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+def _deploy(s: Any, name: str = "echo", **fields: Any) -> dict[str, Any]:
+    body = {"model": "mock", "name": name, "engine": "mock", "replicas": 1, **fields}
+    with s.http() as c:
+        resp = c.post("/api/v1/deployments", json=body)
+        assert resp.status_code == 201, resp.text
+        return dict(resp.json())
+
+
+def _events(resp: httpx.Response) -> list[Any]:
+    out: list[Any] = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_chat_streaming_usage_models_and_metrics(serving_plane: Callable[..., Any]) -> None:
+    s = serving_plane()
+    _deploy(s, replicas=2, options={"tokens": 5})
+    dep = s.wait_ready("echo", 2)
+    assert {r["state"] for r in dep["replica_states"]} == {"ready"}
+    with s.http() as c:
+        models = c.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["echo"]
+        answer = c.post("/v1/chat/completions", json=CHAT)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"].strip()
+        body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        with c.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            events = _events(resp)
+        assert events[-1] == "[DONE]"
+        usage = events[-2]["usage"]
+        assert usage["completion_tokens"] == 4 and usage["prompt_tokens"] > 0
+        assert events[-2]["choices"] == []
+        metrics = c.get("/metrics").text
+    for name in ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds",
+                 "running_requests", "waiting_requests", "prefix_hit_ratio"):  # fmt: skip
+        assert f"tyard_serving_{name}" in metrics
+    assert 'tyard_serving_ttft_seconds_count{deployment="echo"} 2.0' in metrics
+    assert (
+        'tyard_serving_tokens_total{deployment="echo",kind="completion",team="default",'
+        'user="admin"} 8.0'
+    ) in metrics
+
+
+def test_bad_requests_get_openai_errors(serving_plane: Callable[..., Any]) -> None:
+    s = serving_plane()
+    _deploy(s)
+    s.wait_ready("echo", 1)
+    with s.http() as c:
+        unknown = c.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "model_not_found"
+        dropped = c.post("/v1/chat/completions", json={**CHAT, "n": 3})
+        assert dropped.status_code == 400 and dropped.json()["error"]["param"] == "n"
+        broken = c.post(
+            "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+    with httpx.Client(base_url=s.url) as anon:
+        denied = anon.post("/v1/chat/completions", json=CHAT)
+        assert denied.status_code == 401
+        assert denied.json()["error"]["type"] == "authentication_error"
+    store = s.plane.store
+    store.ensure_team("other")
+    store.ensure_user("bob")
+    store.set_member("other", "bob", "member")
+    bob = store.create_token("bob", name="t").token
+    with s.http(bob) as c:
+        assert c.get("/v1/models").json()["data"] == []
+        forbidden = c.post("/v1/chat/completions", json=CHAT)
+        assert forbidden.status_code == 403
+        assert forbidden.json()["error"]["type"] == "permission_error"
+        scale = c.post("/api/v1/deployments/echo/scale", json={"replicas": 3})
+        assert scale.status_code == 403
+
+
+def test_an_engine_crash_mid_stream_closes_the_stream_and_the_replica_is_replaced(
+    serving_plane: Callable[..., Any],
+) -> None:
+    s = serving_plane()
+    _deploy(s, options={"tokens": 6, "crash_after": 2})
+    before = s.wait_ready("echo", 1)["replica_states"][0]
+    with (
+        s.http() as c,
+        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as resp,
+    ):
+        events = _events(resp)
+    assert len([e for e in events if isinstance(e, dict) and e.get("choices")]) == 2
+    assert events[-2]["error"]["code"] == "engine_crashed"
+    assert events[-1] == "[DONE]"
+    deadline = time.monotonic() + 60
+    while True:
+        rep = s.wait_ready("echo", 1)["replica_states"][0]
+        if rep["restarts"] >= 1 and rep["pid"] != before["pid"]:
+            break
+        assert time.monotonic() < deadline, rep
+        time.sleep(0.2)
+    with s.http() as c:
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # not streamed: ok
+
+
+def test_idle_deployments_scale_to_zero_and_the_next_request_is_held_not_failed(
+    serving_plane: Callable[..., Any],
+) -> None:
+    s = serving_plane()
+    _deploy(s, idle_timeout_s=1.0)
+    pid = s.wait_ready("echo", 1)["replica_states"][0]["pid"]
+    deadline = time.monotonic() + 30
+    with s.http() as c:
+        while c.get("/api/v1/deployments/echo").json()["replica_states"]:
+            assert time.monotonic() < deadline, "did not scale to zero"
+            time.sleep(0.2)
+        assert not _alive(pid)
+        woke = c.post("/v1/chat/completions", json=CHAT)
+        assert woke.status_code == 200, woke.text
+        metrics = c.get("/metrics").text
+    assert 'tyard_serving_queue_seconds_count{deployment="echo"} 1.0' in metrics
+
+
+def test_a_restarted_control_plane_reattaches_to_running_replicas(
+    serving_plane: Callable[..., Any],
+) -> None:
+    first = serving_plane()
+    _deploy(first)
+    pid = first.wait_ready("echo", 1)["replica_states"][0]["pid"]
+    assert first.plane.serving is not None
+    first.plane.serving.manager.stop(stop_replicas=False)  # as if the control plane died
+    second = serving_plane()
+    rep = second.wait_ready("echo", 1)["replica_states"][0]
+    assert rep["pid"] == pid and rep["restarts"] == 0
+    with second.http() as c:
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert c.delete("/api/v1/deployments/echo").status_code == 204
+    deadline = time.monotonic() + 20
+    while _alive(pid):
+        assert time.monotonic() < deadline, "a deleted deployment's replica kept running"
+        time.sleep(0.1)
+
+
+def test_cli_serve_list_scale_delete_json(
+    serving_plane: Callable[..., Any], monkeypatch: Any
+) -> None:
+    s = serving_plane()
+    monkeypatch.setenv("TYARD_SERVER", s.url)
+    monkeypatch.setenv("TYARD_TOKEN", s.token)
+    run = CliRunner()
+    made = run.invoke(cli, ["serve", "mock", "--name", "echo", "--engine", "mock", "--json"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.output.splitlines()[-1])["ready_replicas"] == 1
+    listed = run.invoke(cli, ["deployments", "list", "--json"])
+    assert [d["name"] for d in json.loads(listed.output)] == ["echo"]
+    scaled = run.invoke(cli, ["deployments", "scale", "echo", "0", "--json"])
+    assert json.loads(scaled.output)["replicas"] == 0
+    again = run.invoke(cli, ["serve", "mock", "--name", "echo", "--engine", "mock"])
+    assert again.exit_code == 2 and "exists already" in again.output
+    bad = run.invoke(cli, ["serve", "/no/such.gguf"])
+    assert bad.exit_code == 2 and "no such file" in bad.output
+    gone = run.invoke(cli, ["deployments", "delete", "echo", "--json"])
+    assert gone.exit_code == 0
+    missing = run.invoke(cli, ["deployments", "describe", "echo"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
