@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from tensoryard.cli.main import app as cli
 
-
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
