@@ -72,6 +72,9 @@ def serve(
         float | None,
         typer.Option(help="Scale to zero after this many idle seconds (next request wakes it)."),
     ] = None,
+    router: Annotated[
+        str, typer.Option(help="prefix (cache-aware, burst guard) or round-robin.")
+    ] = "prefix",
     wait: Annotated[bool, typer.Option(help="Wait until every replica is ready.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 300.0,
     server: ServerOpt = None,
@@ -97,6 +100,7 @@ def serve(
             "replicas": replicas,
             "options": _options(option or []),
             "idle_timeout_s": idle_timeout,
+            "router": router,
         }
         if name:
             body["name"] = name

@@ -9,7 +9,7 @@ the team may read it and call it through the gateway.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +40,9 @@ class DeploymentIn(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict, description="Engine options.")
     idle_timeout_s: float | None = Field(
         None, gt=0, le=7 * 86400, description="Scale to zero after this idle time."
+    )
+    router: Literal["prefix", "round-robin"] = Field(
+        "prefix", description="prefix: prefix-cache-aware with a burst guard; round-robin."
     )
 
 
@@ -137,7 +140,7 @@ def add_deployment_routes(
             model_path=path,
             engine=body.engine,
             replicas=body.replicas,
-            options=body.options,
+            options={**body.options, "router": body.router},
             idle_timeout_s=body.idle_timeout_s,
             created_by=who.name,
         )

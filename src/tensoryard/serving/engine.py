@@ -15,9 +15,17 @@ from typing import Any
 
 from tensoryard.errors import ConfigError, FieldIssue, SpecError
 
-__all__ = ["ENGINES", "EngineOptions", "engine_available", "engine_command", "parse_engine_options"]
+__all__ = [
+    "ENGINES",
+    "GATEWAY_OPTIONS",
+    "EngineOptions",
+    "engine_available",
+    "engine_command",
+    "parse_engine_options",
+]
 
 ENGINES = ("llama.cpp",)
+GATEWAY_OPTIONS = frozenset({"router"})  # stored with the options, used by the gateway
 
 # The options a user may set (`tyard serve --option KEY=VALUE`) and their types.
 _OPTION_TYPES: dict[str, type] = {
@@ -57,6 +65,8 @@ def parse_engine_options(raw: dict[str, Any]) -> EngineOptions:
     values: dict[str, Any] = {}
     issues: list[FieldIssue] = []
     for key, value in raw.items():
+        if key in GATEWAY_OPTIONS:
+            continue
         kind = _OPTION_TYPES.get(key)
         if kind is None:
             issues.append(

@@ -34,7 +34,7 @@ import httpx
 from tensoryard.errors import NotFound
 from tensoryard.serving.engine import engine_command, parse_engine_options
 from tensoryard.serving.metrics import ServingMetrics
-from tensoryard.serving.router import PrefixAwareRouter, ReplicaLoad, Route, Router
+from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
 from tensoryard.store import Store
 from tensoryard.store._serving import DeploymentRecord
 
@@ -129,7 +129,6 @@ class ReplicaManager:
         log_dir: Path,
         metrics: ServingMetrics,
         command_for: CommandFor = default_command,
-        router_factory: Callable[[], Router] = PrefixAwareRouter,
         tick_s: float = 0.25,
         probe_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
@@ -138,7 +137,6 @@ class ReplicaManager:
         self.log_dir = log_dir
         self.metrics = metrics
         self.command_for = command_for
-        self.router_factory = router_factory
         self.tick_s = tick_s
         self.probe_timeout_s = probe_timeout_s
         self.clock = clock
@@ -286,7 +284,8 @@ class ReplicaManager:
 
     def _adopt(self, rec: DeploymentRecord) -> _Deployment:
         """A deployment first seen by this process: re-attach to live replicas from the rows."""
-        dep = _Deployment(record=rec, router=self.router_factory(), last_request=self.clock())
+        router = ROUTERS[str(rec.options.get("router", "prefix"))]()
+        dep = _Deployment(record=rec, router=router, last_request=self.clock())
         for row in self.store.list_replicas(rec.name):
             if row.pid is not None and _alive(row.pid) and self._answers(row.port):
                 log.info("re-attached to replica %s/%d (pid %d)", rec.name, row.slot, row.pid)

