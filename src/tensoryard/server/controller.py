@@ -40,6 +40,7 @@ from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.metrics import LoopMetrics
+from tensoryard.server.pipelines import PipelineAdvancer
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
@@ -205,6 +206,7 @@ class Controller:
         self._flight_lock = threading.Lock()
         workers = config.launch_workers
         self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
+        self.pipelines = PipelineAdvancer(store, runs_dir=config.runs_dir)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -325,7 +327,11 @@ class Controller:
         with self._lock:
             now = self.clock()
             timer = _PhaseTimer()
-            # 0. Read what changed since the last cycle into the index.
+            # 0a. Advance pipelines: record finished steps, submit the jobs of ready ones
+            #     (stored like any job, so the phases below schedule and launch them).
+            with timer("pipelines"):
+                self._advance_pipelines()
+            # 0b. Read what changed since the last cycle into the index.
             with timer("refresh"):
                 self._refresh()
             # 1. Cancel requests for jobs that never started end at once.
@@ -350,6 +356,12 @@ class Controller:
                 log.warning("slow control cycle (%d unfinished jobs): %s", len(self._jobs), timer)
 
     # 0 ------------------------------------------------------------------------------------
+    def _advance_pipelines(self) -> None:
+        try:
+            self.pipelines.advance()
+        except StoreError:  # the database hiccuped: jobs go on, the next cycle retries
+            log.exception("advancing pipelines failed")
+
     def _refresh(self) -> None:
         since = None if self._since is None else self._since - _CHANGE_OVERLAP
         known = self._jobs.jobs
