@@ -1,0 +1,83 @@
+"""The pipeline example end to end: a control plane subprocess, `tyard pipeline run --wait`,
+and examples/pipelines/tiny-gpt.yaml (pretrain -> fine-tune -> evaluate the tiny GPT with DDP
+on the CPU) at small step counts; then the same run again, served from the cache."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, ServerProcess, tyard
+
+EXAMPLE = REPO / "examples" / "pipelines" / "tiny-gpt.yaml"
+SMALL = ["--param", "pretrain_steps=40", "--param", "finetune_steps=20"]
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_tiny_gpt_pipeline_pretrains_fine_tunes_evaluates_and_then_reuses_its_outputs(
+    control_plane: ServerProcess,
+) -> None:
+    control_plane.start()
+    env = {"TYARD_SERVER": control_plane.url, "TYARD_HOME": str(control_plane.home)}
+
+    ran = tyard("pipeline", "run", str(EXAMPLE), *SMALL, "--wait", "--json", env=env, timeout=420)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    record = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert record["state"] == "SUCCEEDED", record["reason"]
+    steps = {s["name"]: s for s in record["steps"]}
+    assert [s["name"] for s in record["steps"]] == [
+        "pretrain", "finetune", "eval-base", "evaluate", "candidate"
+    ]  # fmt: skip
+    # live progress went to stderr: every step, and a training step of a running job
+    for name in steps:
+        assert name in ran.stderr
+    assert "RUNNING step" in ran.stderr or "job" in ran.stderr
+
+    pretrain, finetune = steps["pretrain"]["outputs"], steps["finetune"]["outputs"]
+    assert pretrain["checkpoint"].endswith("step-000040") and pretrain["step"] == 40
+    assert finetune["checkpoint"].endswith("step-000020") and finetune["step"] == 20
+    assert Path(finetune["checkpoint"], "state.pt").is_file()
+    base, tuned = steps["eval-base"]["outputs"], steps["evaluate"]["outputs"]
+    assert math.isclose(tuned["perplexity"], math.exp(tuned["loss"]), rel_tol=1e-6)
+    # fine-tuning on the instruction set lowers perplexity on held-out instructions
+    assert tuned["perplexity"] < base["perplexity"] < 257
+    candidate = steps["candidate"]
+    assert candidate["state"] == "SUCCEEDED"
+    assert candidate["outputs"]["candidate_checkpoint"] == finetune["checkpoint"]
+
+    shown = tyard("pipeline", "show", str(record["id"]), env=env)
+    assert shown.returncode == 0 and "candidate" in shown.stdout
+
+    again = tyard("pipeline", "run", str(EXAMPLE), *SMALL, "--wait", "--json", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = json.loads(again.stdout.strip().splitlines()[-1])
+    assert [s["state"] for s in second["steps"]] == ["CACHED"] * 5
+    assert all(f"pipeline {record['id']}" in s["reason"] for s in second["steps"])
+    assert second["steps"][3]["outputs"] == steps["evaluate"]["outputs"]
+
+    listed = tyard("pipeline", "list", "--json", env=env)
+    assert [p["id"] for p in json.loads(listed.stdout)] == [second["id"], record["id"]]
+
+
+def test_a_bad_pipeline_file_is_refused_before_anything_runs(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    control_plane.start()
+    env = {"TYARD_SERVER": control_plane.url, "TYARD_HOME": str(control_plane.home)}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: bad\n"
+        "steps:\n"
+        "  - {name: a, needs: [c], job: {command: [x.py]}}\n"
+        "  - {name: b, job: {command: [x.py, '${{ params.lr }}']}}\n"
+    )
+    ran = tyard("pipeline", "run", str(bad), env=env)
+    assert ran.returncode == 2
+    assert "steps.0.needs.0" in ran.stderr and "'c', which is not a step" in ran.stderr
+    unknown = tyard("pipeline", "run", str(EXAMPLE), "--param", "lr=1", env=env)
+    assert unknown.returncode == 2 and "unknown parameter 'lr'" in unknown.stderr
+    assert control_plane.client().pipelines() == []
