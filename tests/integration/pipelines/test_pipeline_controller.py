@@ -258,3 +258,29 @@ def test_cancelling_a_pipeline_cancels_its_running_job_and_the_steps_after_it(
     assert record.step("sleep").state == "CANCELLED"
     assert record.step("after").state == "CANCELLED"
     assert plane.store.get_job(job_id).state.value == "CANCELLED"
+
+
+def test_a_missing_output_or_a_bad_outputs_file_fails_the_step_with_the_reason(
+    plane: Plane, scripts: dict[str, Path], tmp_path: Path
+) -> None:
+    bad_writer = tmp_path / "bad.py"
+    bad_writer.write_text(
+        "import os\nopen(os.path.join(os.environ['TYARD_RUN_DIR'], 'outputs.json'), 'w')"
+        ".write('[1]')\n"
+    )
+    pid = plane.run(
+        {
+            "name": "holes",
+            "steps": [
+                step("train", scripts["write.py"], "loss=1", cache=False),
+                step("eval", scripts["write.py"], "${{ steps.train.outputs.model }}"),
+                step("bad", bad_writer, cache=False),
+            ],
+        }
+    )
+    record = plane.until(pid, {"SUCCEEDED", "FAILED"})
+    assert record.state == "FAILED"
+    ev, bad = record.step("eval"), record.step("bad")
+    assert ev.state == "FAILED" and ev.job_id is None
+    assert "step train has no output 'model'" in ev.reason and "loss" in ev.reason
+    assert bad.state == "FAILED" and "it is not a JSON object" in bad.reason

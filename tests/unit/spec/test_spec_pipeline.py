@@ -179,7 +179,7 @@ def test_a_resolved_job_carries_values_inputs_and_a_hash_of_what_changes_its_res
     assert first.name == "p-b" and first.team == "default"
     values[("params", "lr")] = 0.2
     second, other = resolve_job(spec, spec.step("b"), lambda p: values[p])
-    assert other != digest
+    assert other != digest and second.command[-1] == "0.2"
     values[("params", "lr")] = 0.1
     assert resolve_job(spec, spec.step("b"), lambda p: values[p])[1] == digest
 
