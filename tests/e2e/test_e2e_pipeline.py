@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,43 @@ def test_a_bad_pipeline_file_is_refused_before_anything_runs(
     unknown = tyard("pipeline", "run", str(EXAMPLE), "--param", "lr=1", env=env)
     assert unknown.returncode == 2 and "unknown parameter 'lr'" in unknown.stderr
     assert control_plane.client().pipelines() == []
+
+
+def test_a_pipeline_carries_on_after_the_control_plane_is_sigkilled_mid_step(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    client = control_plane.start()
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "time.sleep(float(sys.argv[1]))\n"
+        "out = os.path.join(os.environ['TYARD_RUN_DIR'], 'outputs.json')\n"
+        "json.dump({'value': sys.argv[2]}, open(out, 'w'))\n"
+    )
+    job = {"launcher": "python", "workdir": str(tmp_path), "restart": {"max_restarts": 0}}
+    spec = {
+        "name": "restartable",
+        "steps": [
+            {"name": "first", "job": {**job, "command": ["step.py", "6", "one"]}},
+            {"name": "second",
+             "job": {**job, "command": ["step.py", "0", "${{ steps.first.outputs.value }}-two"]}},
+        ],
+    }  # fmt: skip
+    pid = client.run_pipeline(spec)["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        first = client.pipeline(pid)["steps"][0]
+        if first["job_id"] and client.job(first["job_id"])["state"] == "RUNNING":
+            break
+        assert time.monotonic() < deadline, first
+        time.sleep(0.2)
+    control_plane.kill()  # SIGKILL while the first step's job runs
+    client = control_plane.start()
+    deadline = time.monotonic() + 90
+    while (record := client.pipeline(pid))["state"] == "RUNNING":
+        assert time.monotonic() < deadline, record
+        time.sleep(0.3)
+    assert record["state"] == "SUCCEEDED", record
+    assert [len(s["job_ids"]) for s in record["steps"]] == [1, 1]
+    assert record["steps"][1]["outputs"]["value"] == "one-two"
+    assert client.jobs()["total"] == 2

@@ -321,48 +321,31 @@ def _find_cycle(deps: Mapping[str, list[str]]) -> list[str] | None:
 def _check_steps(spec: PipelineSpec) -> list[FieldIssue]:
     """Expressions parse and read known things; each job is a valid JobSpec."""
     issues: list[FieldIssue] = []
-    deps = spec.dependencies()
     for i, step in enumerate(spec.steps):
-        upstream = _upstream(step.name, deps)
         for path, text in _strings(step):
             for match in TEMPLATE_RE.finditer(text):
-                issues += _check_expr(spec, match.group(1), f"steps.{i}.{path}", upstream)
+                issues += _check_expr(spec, match.group(1), f"steps.{i}.{path}")
         if step.if_ is not None:
             whole = TEMPLATE_RE.fullmatch(step.if_.strip())
-            issues += _check_expr(
-                spec, whole.group(1) if whole else step.if_, f"steps.{i}.if", upstream
-            )
+            issues += _check_expr(spec, whole.group(1) if whole else step.if_, f"steps.{i}.if")
         issues += _check_job(spec, step, i)
     return issues
 
 
-def _upstream(name: str, deps: Mapping[str, list[str]]) -> set[str]:
-    out: set[str] = set()
-    todo = list(deps.get(name, []))
-    while todo:
-        node = todo.pop()
-        if node not in out:
-            out.add(node)
-            todo += deps.get(node, [])
-    return out
-
-
-def _check_expr(spec: PipelineSpec, text: str, path: str, upstream: set[str]) -> list[FieldIssue]:
+def _check_expr(spec: PipelineSpec, text: str, path: str) -> list[FieldIssue]:
     try:
         expr = parse_expr(text)
     except ExprError as exc:
         return [FieldIssue(path, f"bad expression {text.strip()!r}: {exc}", "fix the syntax")]
     issues = []
     for ref in expr.refs:
-        problem = _ref_problem(spec, ref.parts, upstream)
+        problem = _ref_problem(spec, ref.parts)
         if problem:
             issues.append(FieldIssue(path, problem[0], problem[1]))
     return issues
 
 
-def _ref_problem(
-    spec: PipelineSpec, parts: tuple[str, ...], upstream: set[str]
-) -> tuple[str, str] | None:
+def _ref_problem(spec: PipelineSpec, parts: tuple[str, ...]) -> tuple[str, str] | None:
     name = ".".join(parts)
     if parts[0] == "params":
         if len(parts) != 2:
@@ -377,9 +360,7 @@ def _ref_problem(
     if parts[0] == "steps":
         if len(parts) != 4 or parts[2] != "outputs":
             return f"{name!r} is not a step output", "write steps.STEP.outputs.KEY"
-        if parts[1] not in upstream:
-            return f"{name!r} reads a step that does not run before it", f"add {parts[1]} to needs"
-        return None
+        return None  # the step exists (checked with the graph) and runs before this one
     return f"unknown name {name!r}", "use params.NAME or steps.STEP.outputs.KEY"
 
 
