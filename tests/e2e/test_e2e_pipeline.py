@@ -127,3 +127,39 @@ def test_a_pipeline_carries_on_after_the_control_plane_is_sigkilled_mid_step(
     assert [len(s["job_ids"]) for s in record["steps"]] == [1, 1]
     assert record["steps"][1]["outputs"]["value"] == "one-two"
     assert client.jobs()["total"] == 2
+
+
+def test_tyard_pipeline_cancel_stops_the_running_step_and_the_rest(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    client = control_plane.start()
+    env = {"TYARD_SERVER": control_plane.url, "TYARD_HOME": str(control_plane.home)}
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(120)\n")
+    spec = tmp_path / "long.yaml"
+    spec.write_text(
+        "name: long\n"
+        "steps:\n"
+        "  - {name: sleep, job: {launcher: python, command: [sleep.py]}}\n"
+        "  - {name: after, needs: [sleep], job: {launcher: python, command: [sleep.py]}}\n"
+    )
+    started = tyard("pipeline", "run", str(spec), "--json", env=env)
+    assert started.returncode == 0, started.stderr
+    pid = json.loads(started.stdout)["id"]
+    deadline = time.monotonic() + 60
+    while (
+        not (job_id := client.pipeline(pid)["steps"][0]["job_id"])
+        or client.job(job_id)["state"] != "RUNNING"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    cancelled = tyard("pipeline", "cancel", str(pid), "--json", env=env)
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["cancel_requested"]
+    deadline = time.monotonic() + 60
+    while (record := client.pipeline(pid))["state"] == "RUNNING":
+        assert time.monotonic() < deadline, record
+        time.sleep(0.3)
+    assert record["state"] == "CANCELLED"
+    assert [s["state"] for s in record["steps"]] == ["CANCELLED", "CANCELLED"]
+    assert client.job(job_id)["state"] == "CANCELLED"
+    again = tyard("pipeline", "cancel", str(pid), env=env)
+    assert again.returncode == 2 and "already ended" in again.stderr
