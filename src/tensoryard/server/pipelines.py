@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tensoryard.errors import Conflict, SpecError, TensoryardError
+from tensoryard.errors import Conflict, SpecError
 from tensoryard.pipelines.outputs import read_outputs_file
 from tensoryard.spec.expr import ExprError, Value
 from tensoryard.spec.pipeline import PipelineSpec, StepSpec, chain_hash, resolve_job
@@ -90,7 +90,7 @@ class PipelineAdvancer:
                 changes += self._advance_one(record)
             except Conflict as exc:  # another advancer moved first: the next pass re-reads
                 log.info("pipeline %d: %s", record.id, exc)
-            except TensoryardError:
+            except Exception:  # one bad pipeline must not stop the others, nor the jobs
                 log.exception("pipeline %d could not be advanced", record.id)
         return changes
 
