@@ -220,6 +220,31 @@ class Client:
         """Change `gpu_quota`, `cpu_quota` or `description` (None clears a quota)."""
         return dict(self._json("PATCH", f"{API}/teams/{name}", json=changes))
 
+    # ---- pipelines ----------------------------------------------------------------------------
+
+    def run_pipeline(
+        self, spec: dict[str, Any], params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Start a pipeline run (spec as a mapping, parameter values over its defaults)."""
+        body = {"spec": spec, "params": params or {}}
+        return dict(self._json("POST", f"{API}/pipelines", json=body))
+
+    def pipelines(
+        self, *, team: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if team:
+            params["team"] = team
+        if state:
+            params["state"] = state
+        return list(self._json("GET", f"{API}/pipelines", params=params))
+
+    def pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/pipelines/{pipeline_id}"))
+
+    def cancel_pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        return dict(self._json("POST", f"{API}/pipelines/{pipeline_id}/cancel"))
+
     # ---- identity and access ------------------------------------------------------------------
 
     def me(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, sim
+from tensoryard.cli import access, cluster, data, demo, jobs, pipelines, sim
 
 app = typer.Typer(
     name="tyard",
@@ -15,7 +15,15 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (jobs, access, demo, sim, data, cluster):
+for module in (
+    jobs,
+    access,
+    demo,
+    sim,
+    data,
+    cluster,
+    pipelines,
+):
     module.register(app)
 
 

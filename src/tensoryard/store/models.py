@@ -42,6 +42,8 @@ __all__ = [
     "JobToken",
     "Membership",
     "Metric",
+    "Pipeline",
+    "PipelineStep",
     "Team",
     "UTCDateTime",
     "User",
@@ -327,3 +329,61 @@ class SchedulerState(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime]
+
+
+PIPELINE_STATE_VALUES = "'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'"
+STEP_STATE_VALUES = "'WAITING', 'RUNNING', 'SUCCEEDED', 'CACHED', 'SKIPPED', 'FAILED', 'CANCELLED'"
+
+
+class Pipeline(Base):
+    """One run of a PipelineSpec with its parameters; its steps are rows of pipeline_steps."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({PIPELINE_STATE_VALUES})", name="state"),
+        Index(None, "state"),
+        Index(None, "team"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    team: Mapped[str] = mapped_column(String(NAME_LEN), ForeignKey("teams.name"))
+    user: Mapped[str] = mapped_column("user_name", String(USER_LEN))
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    spec: Mapped[dict[str, Any]]
+    params: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class PipelineStep(Base):
+    """A step of a pipeline run: its state, the job it submitted (per try), inputs and outputs."""
+
+    __tablename__ = "pipeline_steps"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({STEP_STATE_VALUES})", name="state"),
+        Index(None, "input_hash"),
+        Index(None, "job_id"),
+    )
+
+    pipeline_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    tries: Mapped[int] = mapped_column(Integer)
+    """Jobs submitted for this step so far (a retry submits a new job)."""
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="SET NULL"))
+    job_ids: Mapped[list[int]] = mapped_column(JSON)
+    input_hash: Mapped[str] = mapped_column(String(64))
+    cached_from: Mapped[str] = mapped_column(String(64))
+    """'PIPELINE/STEP' whose outputs a CACHED step reuses ('' otherwise)."""
+    outputs: Mapped[dict[str, Any]]
+    reason: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
