@@ -18,7 +18,11 @@ and not rewritten since (the storage's own modified time is compared, so clock s
 this machine and S3 does not matter). Roots are the manifests the caller keeps (the model registry's),
 manifests younger than the grace period and the chunks claimed by unexpired upload leases. An
 upload re-reads the condemned list with every batch and rewrites a condemned chunk instead of
-relying on it. This holds as long as one batch of an upload takes less than the grace period.
+relying on it, and before it writes its manifest it checks that every chunk it names is still
+stored (pushing a file again if a GC pass took one of its chunks). This holds as long as one
+batch of an upload takes less than the grace period; the one window left is a GC pass that
+deletes a chunk between an upload's last check and its manifest write, which needs a chunk
+condemned a grace period ago that the upload claimed within its last batch.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ Progress = Callable[[int, int], None]
 MANIFEST_VERSION = 1
 CONDEMNED_KEY = "gc/condemned.json"
 _HASH_LEN = 64
+_COMMIT_TRIES = 3
 
 
 def _utcnow() -> datetime:
@@ -214,6 +219,20 @@ class ArtifactStore:
                     self._push_file(pool, rel, path, size, lease, counters, total, progress)
                     for rel, path, size in files
                 ]
+                for _ in range(_COMMIT_TRIES):
+                    lost = self._files_missing_chunks(pool, entries)
+                    if not lost:
+                        break
+                    for i in lost:  # a GC pass raced us: write those files' chunks again
+                        rel, path, size = files[i]
+                        entries[i] = self._push_file(
+                            pool, rel, path, size, lease, counters, total, None
+                        )
+                else:
+                    raise DataError(
+                        f"chunks of {source} kept vanishing while it was pushed to "
+                        f"{self.blobs.url} (fix: raise gc_grace_s, or stop the GC and retry)"
+                    )
             manifest = Manifest.build(entries)
             self.blobs.put(_manifest_key(manifest.digest), _dumps(manifest.body()))
         finally:
@@ -279,6 +298,17 @@ class ArtifactStore:
         if progress is not None:
             progress(counters["done"], total)
         return FileEntry(path=rel, size=size, chunks=tuple(refs))
+
+    def _files_missing_chunks(
+        self, pool: ThreadPoolExecutor, entries: list[FileEntry]
+    ) -> list[int]:
+        """Indexes of files with a chunk no longer stored (the last check before commit)."""
+        hashes = sorted({c.hash for e in entries for c in e.chunks})
+        present = dict(zip(hashes, pool.map(self._present, hashes), strict=True))
+        return [i for i, e in enumerate(entries) if not all(present[c.hash] for c in e.chunks)]
+
+    def _present(self, digest: str) -> bool:
+        return self.blobs.info(_chunk_key(digest)) is not None
 
     def _store_chunk(self, data: bytes, condemned: frozenset[str]) -> tuple[str, int, bool]:
         digest = blake3(data).hexdigest()
