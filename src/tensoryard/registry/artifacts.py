@@ -13,15 +13,15 @@ how an interrupted upload resumes and how a checkpoint that changed by 10% store
 bytes. Pulling verifies every chunk's hash and names the corrupted one.
 
 Garbage collection is two-phase, so it is safe while uploads run: a pass *condemns* unreferenced
-chunks, and only a later pass at least ``gc_grace_s`` after deletes those still unreferenced
-and not rewritten since (the storage's own modified time is compared, so clock skew between
-this machine and S3 does not matter). Roots are the manifests the caller keeps (the model registry's),
-manifests younger than the grace period and the chunks claimed by unexpired upload leases. An
-upload re-reads the condemned list with every batch and rewrites a condemned chunk instead of
-relying on it, and before it writes its manifest it checks that every chunk it names is still
-stored (pushing a file again if a GC pass took one of its chunks). This holds as long as one
-batch of an upload takes less than the grace period; the one window left is a GC pass that
-deletes a chunk between an upload's last check and its manifest write, which needs a chunk
+chunks, and only a later pass at least ``gc_grace_s`` after deletes those still unreferenced and
+not rewritten since (the storage's own modified time is compared, so clock skew between this
+machine and S3 does not matter). Roots are the manifests the caller keeps (the model
+registry's), manifests younger than the grace period and the chunks claimed by unexpired upload
+leases. An upload re-reads the condemned list with every batch and rewrites a condemned chunk
+instead of relying on it, and before it writes its manifest it checks that every chunk it names
+is still stored (pushing a file again if a GC pass took one of its chunks). This holds as long
+as one batch of an upload takes less than the grace period; the one window left is a GC pass
+that deletes a chunk between an upload's last check and its manifest write, which needs a chunk
 condemned a grace period ago that the upload claimed within its last batch.
 """
 
@@ -196,8 +196,6 @@ class ArtifactStore:
         self.blobs = blobs
         self.config = config or ArtifactConfig()
         self._clock = clock
-        avg = self.config.avg_chunk
-        self._chunker_args = {"min_size": max(64, avg // 4), "max_size": avg * 4}
 
     # -- push --------------------------------------------------------------------------------
 
@@ -280,7 +278,8 @@ class ArtifactStore:
                 if progress is not None:
                     progress(counters["done"], total)
 
-        chunker = FastCDC(self.config.avg_chunk, **self._chunker_args)
+        avg = self.config.avg_chunk
+        chunker = FastCDC(avg, min_size=max(64, avg // 4), max_size=avg * 4)
         try:
             with open(path, "rb") as f:
                 for chunk in chunker.cut_stream(f):

@@ -9,6 +9,7 @@ installed boto3); every other protocol goes through fsspec.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -124,10 +125,8 @@ class FsspecBlobs:
             yield self._blob_info(key.lstrip("/"), raw)
 
     def delete(self, key: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(key))
-        except FileNotFoundError:
-            pass
 
     @staticmethod
     def _blob_info(key: str, raw: dict[str, Any]) -> BlobInfo:

@@ -370,9 +370,7 @@ class ModelVersion(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     format: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(String(16))
-    job_id: Mapped[int | None] = mapped_column(
-        Integer, ForeignKey("jobs.id", ondelete="SET NULL")
-    )
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="SET NULL"))
     checkpoint_step: Mapped[int | None] = mapped_column(Integer)
     spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     code_revision: Mapped[str] = mapped_column(String(128))

@@ -33,7 +33,7 @@ def _free_port() -> int:
 def endpoint() -> Iterator[str]:
     exe = Path(sys.executable).with_name("moto_server")
     if not exe.exists():
-        pytest.skip(f"moto_server not installed next to {sys.executable} (pip install moto[server])")
+        pytest.skip(f"moto_server not installed next to {sys.executable} (pip moto[server])")
     port = _free_port()
     proc = subprocess.Popen(
         [str(exe), "-H", "127.0.0.1", "-p", str(port)],
@@ -60,9 +60,7 @@ def store(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> ArtifactStore:
     bucket = f"art-{time.monotonic_ns()}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
     blobs = S3Blobs(f"s3://{bucket}/team-a", endpoint_url=endpoint)
-    return ArtifactStore(
-        blobs, config=ArtifactConfig(avg_chunk=16 * 1024, workers=4, gc_grace_s=0)
-    )
+    return ArtifactStore(blobs, config=ArtifactConfig(avg_chunk=16 * 1024, workers=4, gc_grace_s=0))
 
 
 def _files(root: Path) -> None:
