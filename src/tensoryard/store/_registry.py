@@ -426,13 +426,12 @@ def _version_record_any(s: Session, v: ModelVersion) -> ModelVersionRecord:
 
 
 def _version_record(s: Session, v: ModelVersion, team: str, model: str) -> ModelVersionRecord:
-    tags = dict(
-        s.execute(
-            select(ModelTag.key, ModelTag.value)
-            .where(ModelTag.version_id == v.id)
-            .order_by(ModelTag.key)
-        ).tuples()
-    )
+    rows = s.execute(
+        select(ModelTag.key, ModelTag.value)
+        .where(ModelTag.version_id == v.id)
+        .order_by(ModelTag.key)
+    ).all()
+    tags = {str(k): str(value) for k, value in rows}
     aliases = tuple(
         s.scalars(
             select(ModelAlias.alias).where(ModelAlias.version_id == v.id).order_by(ModelAlias.alias)
