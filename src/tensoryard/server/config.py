@@ -83,6 +83,9 @@ class ServerConfig:
 
     rate_limit_burst: int = 200
     """Requests one token may make at once before the per-second rate applies (429 beyond)."""
+    artifacts_url: str | None = None
+    """Where model artifacts live: a directory or fsspec URL, or s3://bucket/prefix; None
+    means `home/artifacts`. Clients push there directly (`GET /api/v1/artifacts` names it)."""
 
     @property
     def token_path(self) -> Path:
@@ -101,6 +104,10 @@ class ServerConfig:
     @property
     def runs_dir(self) -> Path:
         return self.home / "runs"
+
+    @property
+    def artifact_store_url(self) -> str:
+        return self.artifacts_url or str(self.home / "artifacts")
 
     @property
     def database_url(self) -> str:
