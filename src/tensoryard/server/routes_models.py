@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, Field
@@ -92,6 +92,7 @@ class RegisterIn(BaseModel):
     job_id: int | None = Field(None, ge=1, le=INT32)
     step: int | None = Field(None, ge=0, le=INT32, description="Checkpoint step (job_id).")
     format: str | None = Field(None, max_length=32)
+    source: Literal["files", "hf-import"] = Field("files", description="For `artifact` only.")
     code_revision: str = Field("", max_length=128)
     data_manifest: str = Field("", max_length=128)
     parent: str | None = Field(None, max_length=140, description="VERSION or MODEL:VERSION.")
@@ -166,6 +167,7 @@ def add_model_routes(app: FastAPI, *, registry: ModelRegistry, guard: Guard, pre
         fields = body.model_dump(exclude={"artifact", "job_id", "step"}, exclude_defaults=True)
         audit = guard.context(request, who)
         if body.job_id is not None and body.artifact is None:
+            fields.pop("source", None)  # a promoted checkpoint's source is "checkpoint"
             version = registry.register_checkpoint(
                 team,
                 name,
