@@ -7,7 +7,7 @@ Layout under the store's root (any :class:`~tensoryard.registry.blobs.BlobStore`
     leases/<id>.json          an upload in progress: expiry and the chunks it relies on
     gc/condemned.json         chunks found unreferenced by a GC pass, and when
 
-Pushing streams each file through FastCDC (``pyfastcdc``), so a file is never read whole; chunks
+Pushing maps each file and cuts it with FastCDC (``pyfastcdc``), so a file is never read whole; chunks
 are hashed and written by a thread pool, and a chunk that is already stored is skipped, which is
 how an interrupted upload resumes and how a checkpoint that changed by 10% stores about 10% new
 bytes. Pulling verifies every chunk's hash and names the corrupted one.
@@ -281,12 +281,12 @@ class ArtifactStore:
         avg = self.config.avg_chunk
         chunker = FastCDC(avg, min_size=max(64, avg // 4), max_size=avg * 4)
         try:
-            with open(path, "rb") as f:
-                for chunk in chunker.cut_stream(f):
-                    data = bytes(chunk.data)  # the view dies with the next chunk
-                    window.append(pool.submit(self._store_chunk, data, condemned))
-                    while len(window) > 2 * self.config.workers:
-                        collect()
+            # cut_file maps the file: chunks are views of the page cache, never a copy of the
+            # whole file in memory, and each view lives until its chunk is written.
+            for chunk in chunker.cut_file(str(path)) if size else ():
+                window.append(pool.submit(self._store_chunk, chunk.data, condemned))
+                while len(window) > 2 * self.config.workers:
+                    collect()
             while window:
                 collect()
         except BaseException:
@@ -309,7 +309,9 @@ class ArtifactStore:
     def _present(self, digest: str) -> bool:
         return self.blobs.info(_chunk_key(digest)) is not None
 
-    def _store_chunk(self, data: bytes, condemned: frozenset[str]) -> tuple[str, int, bool]:
+    def _store_chunk(
+        self, data: memoryview, condemned: frozenset[str]
+    ) -> tuple[str, int, bool]:
         digest = blake3(data).hexdigest()
         key = _chunk_key(digest)
         if digest not in condemned and self.blobs.info(key) is not None:

@@ -37,7 +37,7 @@ class BlobStore(Protocol):
 
     url: str
 
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes | memoryview) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -82,7 +82,7 @@ class FsspecBlobs:
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}"
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         try:
             if self.local:
@@ -92,7 +92,7 @@ class FsspecBlobs:
                     f.write(data)
                 os.replace(tmp, path)
             else:
-                self.fs.pipe_file(path, data)
+                self.fs.pipe_file(path, bytes(data))
         except OSError as exc:
             raise DataError(
                 f"cannot write {key} to artifact store {self.url}: {exc} "
@@ -172,9 +172,10 @@ class S3Blobs:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            body = data if isinstance(data, bytes) else bytes(data)
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
         except self._errors as exc:
             raise DataError(
                 f"cannot write {key} to {self.url}: {exc} (fix: check the bucket and "
