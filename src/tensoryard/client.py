@@ -291,7 +291,6 @@ class Client:
         except httpx.TransportError as exc:
             raise ClientError(0, f"audit export from {self.url} broke: {exc}") from exc
 
-
     # ---- model registry -----------------------------------------------------------------------
 
     def artifacts_url(self) -> str:
@@ -339,6 +338,7 @@ class Client:
         """Versions by ``job_id``, ``data_manifest`` or ``artifact`` (lineage, the other way)."""
         params = {k: v for k, v in query.items() if v is not None}
         return list(self._json("GET", f"{API}/model-versions", params=params))
+
 
 def _error_of(response: httpx.Response) -> ClientError:
     try:

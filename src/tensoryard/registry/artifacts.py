@@ -7,10 +7,10 @@ Layout under the store's root (any :class:`~tensoryard.registry.blobs.BlobStore`
     leases/<id>.json          an upload in progress: expiry and the chunks it relies on
     gc/condemned.json         chunks found unreferenced by a GC pass, and when
 
-Pushing maps each file and cuts it with FastCDC (``pyfastcdc``), so a file is never read whole; chunks
-are hashed and written by a thread pool, and a chunk that is already stored is skipped, which is
-how an interrupted upload resumes and how a checkpoint that changed by 10% stores about 10% new
-bytes. Pulling verifies every chunk's hash and names the corrupted one.
+Pushing maps each file and cuts it with FastCDC (``pyfastcdc``), so a file is never read whole;
+chunks are hashed and written by a thread pool, and a chunk that is already stored is skipped,
+which is how an interrupted upload resumes and how a checkpoint that changed by 10% stores about
+10% new bytes. Pulling verifies every chunk's hash and names the corrupted one.
 
 Garbage collection is two-phase, so it is safe while uploads run: a pass *condemns* unreferenced
 chunks, and only a later pass at least ``gc_grace_s`` after deletes those still unreferenced and
@@ -309,9 +309,7 @@ class ArtifactStore:
     def _present(self, digest: str) -> bool:
         return self.blobs.info(_chunk_key(digest)) is not None
 
-    def _store_chunk(
-        self, data: memoryview, condemned: frozenset[str]
-    ) -> tuple[str, int, bool]:
+    def _store_chunk(self, data: memoryview, condemned: frozenset[str]) -> tuple[str, int, bool]:
         digest = blake3(data).hexdigest()
         key = _chunk_key(digest)
         if digest not in condemned and self.blobs.info(key) is not None:

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tensoryard.errors import FieldIssue, SpecError
+from tensoryard.errors import DataError, FieldIssue, SpecError
 
 __all__ = ["HF_FILES", "check_hf_layout", "export_hf", "tiny_gpt_config"]
 
@@ -86,6 +86,7 @@ def tiny_gpt_config(state: dict[str, Any], *, n_heads: int) -> dict[str, Any]:
 
 def export_hf(source: Path, dest: Path, *, n_heads: int = 4) -> Path:
     """Write the Hugging Face layout of the checkpoint (or HF directory) at ``source``."""
+    _require("torch", "safetensors", "tokenizers")
     dest.mkdir(parents=True, exist_ok=True)
     if source.is_dir() and (source / "config.json").is_file():
         check_hf_layout(source)
@@ -99,6 +100,17 @@ def export_hf(source: Path, dest: Path, *, n_heads: int = 4) -> Path:
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(dest)
     return dest
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DataError(
+            f"exporting to the Hugging Face layout needs {', '.join(missing)} "
+            "(fix: pip install 'tensoryard[train,data]')"
+        )
 
 
 def _load_state_dict(source: Path) -> dict[str, Any]:
