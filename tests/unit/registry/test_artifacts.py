@@ -213,3 +213,15 @@ def test_gc_running_during_an_upload_never_deletes_what_the_upload_relies_on(
     assert pushed.bytes_new >= len(old.chunk_hashes()) and pushed.chunks_new > 0
     store.pull(pushed.manifest.digest, tmp_path / "out")
     assert (tmp_path / "out" / "w.bin").read_bytes() == new_src.read_bytes()
+
+
+def test_any_fsspec_filesystem_works_as_a_backend(tmp_path: Path) -> None:
+    _random(tmp_path / "src" / "w.bin", 300_000, 11)
+    url = f"memory://tyard-test-{tmp_path.name}"
+    store = ArtifactStore(open_blobs(url), config=ArtifactConfig(avg_chunk=AVG, workers=2))
+
+    pushed = store.push(tmp_path / "src")
+    store.pull(pushed.manifest.digest, tmp_path / "out")
+
+    assert (tmp_path / "out" / "w.bin").read_bytes() == (tmp_path / "src" / "w.bin").read_bytes()
+    assert store.push(tmp_path / "src").bytes_new == 0
