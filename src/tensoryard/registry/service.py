@@ -8,11 +8,13 @@ and all together, so a version is never half-registered.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from tensoryard.errors import FieldIssue, NotFound, SpecError
 from tensoryard.registry.artifacts import ArtifactStore, GcResult
+from tensoryard.registry.retention import RetentionPlan, RetentionPolicy, plan_retention
 from tensoryard.store import AuditContext, ModelVersionRecord, Store
 
 __all__ = ["ModelRegistry", "detect_format", "lineage_from_spec"]
@@ -124,6 +126,38 @@ class ModelRegistry:
             audit=audit,
             **{k: v for k, v in lineage.items() if k != "format"},
         )
+
+    def apply_retention(
+        self, job_id: int, policy: RetentionPolicy, *, dry_run: bool = False
+    ) -> RetentionPlan:
+        """Delete the job's checkpoints the policy does not keep (rows, then directories).
+
+        Steps promoted to a model version and the newest checkpoint are always kept. The rows
+        go first, in one transaction, so the database never points at a deleted directory; a
+        crash before the directories are removed leaves only unreferenced files behind."""
+        checkpoints = self.store.list_checkpoints(job_id)
+        metrics: dict[int, dict[str, float]] = {}
+        for row in self.store.list_metrics(job_id):
+            metrics.setdefault(row.step, {}).update(row.values)
+        pinned = {
+            v.checkpoint_step
+            for v in self.store.find_versions(job_id=job_id)
+            if v.checkpoint_step is not None
+        }
+        plan = plan_retention(checkpoints, metrics, policy, pinned=pinned)
+        if dry_run or not plan.delete:
+            return plan
+        self.store.forget_checkpoints(job_id, [(c.step, c.path) for c in plan.delete])
+        kept_paths = {Path(c.path) for c in plan.keep}
+        for ckpt in plan.delete:
+            path = Path(ckpt.path)
+            if path in kept_paths:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return plan
 
     def gc(self) -> GcResult:
         """One artifact GC pass keeping everything a registered version references."""

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from tensoryard.errors import FieldIssue, NotFound, SpecError
 from tensoryard.spec.job import NAME_PATTERN
-from tensoryard.store.models import Job, Model, ModelAlias, ModelTag, ModelVersion, Team
+from tensoryard.store.models import Checkpoint, Job, Model, ModelAlias, ModelTag, ModelVersion, Team
 from tensoryard.store.records import AuditContext
 
 if TYPE_CHECKING:
@@ -334,6 +334,23 @@ class RegistryMixin:
                 ancestors=tuple(ancestors),
                 children=tuple(_version_record_any(s, k) for k in kids),
             )
+
+    def forget_checkpoints(self, job_id: int, checkpoints: list[tuple[int, str]]) -> int:
+        """Delete the rows of a job's checkpoints given as (step, path); returns how many."""
+        removed = 0
+        with self._tx(f"forget checkpoints of job {job_id}", write=True) as s:
+            for step, path in checkpoints:
+                row = s.scalars(
+                    select(Checkpoint).where(
+                        Checkpoint.job_id == job_id,
+                        Checkpoint.step == step,
+                        Checkpoint.path == path,
+                    )
+                ).first()
+                if row is not None:
+                    s.delete(row)
+                    removed += 1
+        return removed
 
     def registry_artifacts(self) -> set[str]:
         """Every artifact digest a version references: the roots of artifact GC."""

@@ -10,6 +10,7 @@ import torch
 
 from tensoryard.errors import NotFound, SpecError
 from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
+from tensoryard.registry.retention import RetentionPolicy
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.spec.job import JobSpec
 from tensoryard.store import JobRecord, Store
@@ -168,3 +169,22 @@ def test_registry_gc_keeps_registered_artifacts_and_drops_the_rest(
 
     left = {b.key.rsplit("/", 1)[-1] for b in registry.artifacts.blobs.list("chunks/")}
     assert left == registry.artifacts.manifest(kept).chunk_hashes()
+
+
+def test_retention_deletes_unkept_checkpoints_rows_and_directories_but_not_registered_ones(
+    registry: ModelRegistry, store: Store, tmp_path: Path
+) -> None:
+    job = _job(store)
+    losses = {10: 3.0, 20: 1.0, 30: 2.0, 40: 2.5, 50: 2.6}
+    paths = {s: _checkpoint(store, job, tmp_path / "ckpt", s, loss) for s, loss in losses.items()}
+    registry.register_checkpoint("nlp", "m", job.id, created_by="ana", step=10)
+
+    dry = registry.apply_retention(
+        job.id, RetentionPolicy(keep_best=1, metric="loss"), dry_run=True
+    )
+    assert [c.step for c in dry.delete] == [30, 40] and paths[30].exists()
+    plan = registry.apply_retention(job.id, RetentionPolicy(keep_best=1, metric="loss"))
+
+    assert [c.step for c in plan.keep] == [10, 20, 50]  # registered, best, newest
+    assert [c.step for c in store.list_checkpoints(job.id)] == [10, 20, 50]
+    assert [s for s, p in paths.items() if p.exists()] == [10, 20, 50]
