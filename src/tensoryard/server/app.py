@@ -31,6 +31,7 @@ from tensoryard.errors import (
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.service import ModelRegistry
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
@@ -88,6 +89,7 @@ def create_app(
     runs_dir: Path,
     secrets: SecretStore | None = None,
     artifacts: ArtifactStore | None = None,
+    webhooks: WebhookNotifier | None = None,
     registry: CollectorRegistry | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
@@ -389,6 +391,7 @@ def create_app(
         ),
         guard=guard,
         prefix=API,
+        webhooks=webhooks,
     )
     return app
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tensoryard.registry.webhooks import WebhookConfig
 
 __all__ = ["DEFAULT_PORT", "ServerConfig", "default_home"]
 
@@ -86,6 +90,8 @@ class ServerConfig:
     artifacts_url: str | None = None
     """Where model artifacts live: a directory or fsspec URL, or s3://bucket/prefix; None
     means `home/artifacts`. Clients push there directly (`GET /api/v1/artifacts` names it)."""
+    webhooks: tuple[WebhookConfig, ...] = ()
+    """Receivers of model-registry events (HMAC-signed POSTs, retried with backoff)."""
 
     @property
     def token_path(self) -> Path:

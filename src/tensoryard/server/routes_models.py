@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.registry.service import ModelRegistry
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard
 from tensoryard.spec.job import NAME_PATTERN
@@ -115,9 +116,22 @@ class ArtifactsOut(BaseModel):
     url: str = Field(description="The artifact store clients push to before registering.")
 
 
-def add_model_routes(app: FastAPI, *, registry: ModelRegistry, guard: Guard, prefix: str) -> None:
-    """Register /models, /model-versions and /artifacts under `prefix`."""
+def add_model_routes(
+    app: FastAPI,
+    *,
+    registry: ModelRegistry,
+    guard: Guard,
+    prefix: str,
+    webhooks: WebhookNotifier | None = None,
+) -> None:
+    """Register /models, /model-versions and /artifacts under `prefix`; events go to
+    `webhooks` after their transaction committed."""
     store = registry.store
+
+    def notify(event: str, payload: dict[str, Any]) -> None:
+        if webhooks is not None:
+            webhooks.emit(event, payload)
+
     tags: list[str | Enum] = ["models"]
 
     def can_read(request: Request, who: Principal, team: str, obj: str) -> None:
@@ -191,7 +205,9 @@ def add_model_routes(app: FastAPI, *, registry: ModelRegistry, guard: Guard, pre
                     )
                 ]
             )
-        return VersionOut.of(version)
+        out = VersionOut.of(version)
+        notify("model.version.created", out.model_dump(mode="json", exclude={"spec"}))
+        return out
 
     @app.get(f"{prefix}/models/{{team}}/{{name}}/versions/{{ref}}", tags=tags)
     def show_version(
@@ -235,7 +251,12 @@ def add_model_routes(app: FastAPI, *, registry: ModelRegistry, guard: Guard, pre
         store.get_team(team)
         guard.check(request, who, Action.MODEL_WRITE, team=team, obj=f"model/{team}/{name}")
         audit = guard.context(request, who)
-        return VersionOut.of(store.set_alias(team, name, alias, body.version, audit=audit))
+        out = VersionOut.of(store.set_alias(team, name, alias, body.version, audit=audit))
+        notify(
+            "model.alias.moved",
+            {"team": team, "model": name, "alias": alias, "version": out.version},
+        )
+        return out
 
     @app.delete(f"{prefix}/models/{{team}}/{{name}}/aliases/{{alias}}", status_code=204, tags=tags)
     def delete_alias(
@@ -249,6 +270,7 @@ def add_model_routes(app: FastAPI, *, registry: ModelRegistry, guard: Guard, pre
         store.get_team(team)
         guard.check(request, who, Action.MODEL_WRITE, team=team, obj=f"model/{team}/{name}")
         store.delete_alias(team, name, alias, audit=guard.context(request, who))
+        notify("model.alias.deleted", {"team": team, "model": name, "alias": alias})
 
     @app.put(f"{prefix}/models/{{team}}/{{name}}/versions/{{version}}/tags", tags=tags)
     def set_tags(
