@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,28 @@ def test_retention_deletes_unkept_checkpoints_rows_and_directories_but_not_regis
     assert [c.step for c in plan.keep] == [10, 20, 50]  # registered, best, newest
     assert [c.step for c in store.list_checkpoints(job.id)] == [10, 20, 50]
     assert [s for s, p in paths.items() if p.exists()] == [10, 20, 50]
+
+
+def test_concurrent_registrations_get_distinct_consecutive_versions(
+    registry: ModelRegistry, store: Store, tmp_path: Path
+) -> None:
+    store.ensure_team("nlp")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "a.bin").write_bytes(b"a" * 10_000)
+    digest = registry.artifacts.push(tmp_path / "w").manifest.digest
+    registry.register_artifact("nlp", "m", digest, created_by="ana")
+
+    with ThreadPoolExecutor(6) as pool:
+        versions = list(
+            pool.map(
+                lambda i: (
+                    registry.register_artifact(
+                        "nlp", "m", digest, created_by=f"user{i}", aliases=["latest"]
+                    ).version
+                ),
+                range(6),
+            )
+        )
+
+    assert sorted(versions) == [2, 3, 4, 5, 6, 7]
+    assert store.get_model("nlp", "m").aliases["latest"] in versions
