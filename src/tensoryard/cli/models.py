@@ -187,7 +187,14 @@ def register_version(
         str | None, typer.Option("--format", help="Override the detected format.")
     ] = None,
     code_revision: Annotated[str, typer.Option("--code-revision", help="Git commit.")] = "",
-    data_manifest: Annotated[str, typer.Option("--data-manifest", help="Dataset hash.")] = "",
+    data_manifest: Annotated[
+        str,
+        typer.Option(
+            "--data-manifest",
+            help="Dataset hash, or a dataset directory from `tyard data prepare` (its "
+            "manifest.json is hashed).",
+        ),
+    ] = "",
     metric: Annotated[list[str] | None, typer.Option("--metric", help="KEY=NUMBER.")] = None,
     description: Annotated[str, typer.Option("--description")] = "",
     tag: TagOpt = None,
@@ -211,6 +218,10 @@ def register_version(
         "tags": _pairs(tag, "tag"), "aliases": list(alias or []),
     }  # fmt: skip
     with user_errors(), client_for(server, token) as c:
+        if data_manifest and Path(data_manifest).exists():
+            from tensoryard.registry.service import data_manifest_hash
+
+            body["data_manifest"] = data_manifest_hash(Path(data_manifest))
         if path is not None:
             if not path.exists():
                 die(f"{path} does not exist (fix: pass a checkpoint file or directory)")

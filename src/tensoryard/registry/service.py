@@ -12,12 +12,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tensoryard.errors import FieldIssue, NotFound, SpecError
+from blake3 import blake3
+
+from tensoryard.errors import DataError, FieldIssue, NotFound, SpecError
 from tensoryard.registry.artifacts import ArtifactStore, GcResult
 from tensoryard.registry.retention import RetentionPlan, RetentionPolicy, plan_retention
 from tensoryard.store import AuditContext, ModelVersionRecord, Store
 
-__all__ = ["ModelRegistry", "detect_format", "lineage_from_spec"]
+__all__ = ["ModelRegistry", "data_manifest_hash", "detect_format", "lineage_from_spec"]
 
 CODE_REVISION_ENV = "TYARD_CODE_REVISION"
 DATA_MANIFEST_ENV = "TYARD_DATA_MANIFEST"
@@ -42,6 +44,19 @@ def detect_format(path: Path) -> str:
     if "state.pt" in names or suffixes & {".pt", ".pth"}:
         return "state-dict"
     return "files"
+
+
+def data_manifest_hash(path: Path) -> str:
+    """``blake3:<hex>`` of a prepared dataset's manifest.json (``tyard data prepare --out``),
+    the value to record as a version's data manifest."""
+    manifest = path / "manifest.json" if path.is_dir() else path
+    try:
+        return "blake3:" + blake3(manifest.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise DataError(
+            f"cannot read the dataset manifest {manifest}: {exc.strerror} (fix: pass the "
+            "directory written by `tyard data prepare --out`, or the hash itself)"
+        ) from exc
 
 
 def lineage_from_spec(spec: dict[str, Any]) -> dict[str, str]:

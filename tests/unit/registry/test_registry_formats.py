@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tensoryard.errors import SpecError
+from tensoryard.errors import DataError, SpecError
 from tensoryard.registry.hf import check_hf_layout
-from tensoryard.registry.service import detect_format, lineage_from_spec
+from tensoryard.registry.service import data_manifest_hash, detect_format, lineage_from_spec
 
 
 @pytest.mark.parametrize(
@@ -50,3 +50,15 @@ def test_lineage_comes_from_the_job_env() -> None:
     spec = {"env": {"TYARD_CODE_REVISION": "abc", "TYARD_DATA_MANIFEST": "b3:ff"}}
     assert lineage_from_spec(spec) == {"code_revision": "abc", "data_manifest": "b3:ff"}
     assert lineage_from_spec({}) == {"code_revision": "", "data_manifest": ""}
+
+
+def test_a_dataset_directory_is_recorded_by_the_hash_of_its_manifest(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text('{"format": "tensoryard-tokens"}')
+    first = data_manifest_hash(tmp_path / "data")
+    (tmp_path / "data" / "manifest.json").write_text('{"format": "tensoryard-tokens", "x": 1}')
+
+    assert first.startswith("blake3:") and len(first) == len("blake3:") + 64
+    assert data_manifest_hash(tmp_path / "data") != first
+    with pytest.raises(DataError, match="cannot read the dataset manifest"):
+        data_manifest_hash(tmp_path / "nowhere")
