@@ -74,6 +74,15 @@ def server(
             min=1.0,
         ),
     ] = 50.0,
+    artifacts: Annotated[
+        str | None,
+        typer.Option(
+            "--artifacts",
+            envvar="TYARD_ARTIFACTS",
+            help="Artifact store of the model registry: a directory or s3://bucket/prefix "
+            "(default: home/artifacts).",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, local executor.
 
@@ -91,6 +100,7 @@ def server(
         lease_ttl_s=lease_ttl,
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
+        artifacts_url=artifacts,
     )
     with user_errors():
         console.print(

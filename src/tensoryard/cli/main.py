@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, pipelines, sim
+from tensoryard.cli import access, cluster, data, demo, jobs, models, pipelines, sim
 
 app = typer.Typer(
     name="tyard",
@@ -23,6 +23,7 @@ for module in (
     data,
     cluster,
     pipelines,
+    models,
 ):
     module.register(app)
 

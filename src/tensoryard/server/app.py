@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tensoryard import __version__
 from tensoryard.errors import (
     Conflict,
+    DataError,
     ExecutorError,
     FieldIssue,
     Forbidden,
@@ -28,11 +29,15 @@ from tensoryard.errors import (
     Unauthenticated,
 )
 from tensoryard.executors.base import Executor
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.service import ModelRegistry
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_pipelines import add_pipeline_routes
+from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
     AttemptOut,
@@ -84,6 +89,8 @@ def create_app(
     executor: Executor,
     runs_dir: Path,
     secrets: SecretStore | None = None,
+    artifacts: ArtifactStore | None = None,
+    webhooks: WebhookNotifier | None = None,
     registry: CollectorRegistry | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
@@ -379,6 +386,15 @@ def create_app(
         secrets=secrets or SecretStore(runs_dir / "secrets"),
         prefix=API,
     )
+    add_model_routes(
+        app,
+        registry=ModelRegistry(
+            store, artifacts or ArtifactStore(open_blobs(str(runs_dir.parent / "artifacts")))
+        ),
+        guard=guard,
+        prefix=API,
+        webhooks=webhooks,
+    )
     return app
 
 
@@ -429,6 +445,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse(status_code=409, content={"message": str(exc)})
+
+    @app.exception_handler(DataError)
+    async def _data_error(_: Request, exc: DataError) -> JSONResponse:
+        # An artifact or checkpoint that cannot be read or stored (corrupt chunk, bad path).
+        return JSONResponse(status_code=422, content={"message": str(exc)})
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import Executor
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
@@ -47,6 +49,8 @@ class ControlPlane:
             executor=self.executor,
             runs_dir=self.config.runs_dir,
             secrets=self.controller.secrets,
+            artifacts=ArtifactStore(open_blobs(self.config.artifact_store_url)),
+            webhooks=WebhookNotifier(self.config.webhooks) if self.config.webhooks else None,
             registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {

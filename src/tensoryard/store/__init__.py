@@ -5,6 +5,7 @@ transaction returning frozen records. SQLite (``default_sqlite_url(home)``) is t
 default; any ``postgresql+psycopg://`` URL works in production.
 """
 
+from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
 from tensoryard.store.records import (
     TEAM_ROLES,
     TOKEN_SCOPES,
@@ -44,12 +45,15 @@ __all__ = [
     "MemberRecord",
     "MetricRecord",
     "PipelineRecord",
+    "ModelRecord",
+    "ModelVersionRecord",
     "StepProgress",
     "StepRecord",
     "Store",
     "TeamRecord",
     "TokenRecord",
     "UserRecord",
+    "VersionLineage",
     "default_sqlite_url",
     "utcnow",
 ]

@@ -73,6 +73,9 @@ def _filled(path: str) -> str:
         "user": "mo",
         "token_id": "0123456789ab",
         "name": "nlp",
+        "ref": "1",
+        "alias": "production",
+        "version": "1",
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
