@@ -36,8 +36,8 @@ from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
-from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_models import add_model_routes
+from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
     AttemptOut,
