@@ -33,6 +33,8 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
     *((v, "", "services", True) for v in ("get", "list", "create", "delete")),
     *((v, "batch", "jobs", True) for v in ("get", "list", "create", "delete")),
     *((v, "jobset.x-k8s.io", "jobsets", True) for v in ("get", "list", "create", "delete")),
+    ("update", "batch", "jobs/finalizers", True),
+    ("update", "jobset.x-k8s.io", "jobsets/finalizers", True),
 )
 
 
