@@ -162,9 +162,7 @@ def attempt_status(
                 return AttemptStatus(
                     AttemptPhase.CANCELLED, None, "cancelled: every object deleted"
                 )
-            return AttemptStatus(
-                AttemptPhase.STARTING, None, "cancelling: waiting for pods to stop"
-            )
+            return AttemptStatus(AttemptPhase.STARTING)  # its pods are still stopping
         if owner is None:
             return AttemptStatus(
                 AttemptPhase.LOST,
