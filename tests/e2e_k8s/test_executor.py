@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -361,3 +362,39 @@ def test_a_control_plane_restart_mid_run_reattaches_to_the_running_jobset(
     assert any("re-attaching" in m for m in messages), messages
     # The same pods ran to the end: nothing was relaunched.
     assert {p.metadata.uid for p in _pods(core, namespace, job_id, 1)} == pods_before
+
+
+def _server_fails(tmp_path: Path, kubeconfig: Path, namespace: str) -> str:
+    """Start `tyard server --executor kubernetes`; it must exit with an error: its output."""
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import free_port
+
+    home = tmp_path / "refused"
+    args = ["server", "--home", str(home), "--port", str(free_port()), "--executor", "kubernetes"]
+    args += ["--kubeconfig", str(kubeconfig), "--namespace", namespace]
+    out = subprocess.run(
+        [sys.executable, "-m", "tensoryard.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    return (out.stdout + out.stderr).replace("\n", " ")
+
+
+def test_a_control_plane_without_rbac_or_namespace_refuses_to_start_naming_what_is_missing(
+    k8s_env: K8sEnv, api_client: Any, core: Any, namespace: str, tmp_path: Path
+) -> None:
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "bare"}})
+    bare = token_kubeconfig(k8s_env.kubeconfig, api_client, namespace, "bare", tmp_path / "k")
+    message = _server_fails(tmp_path, bare, namespace)
+    assert "the control plane's Kubernetes identity may not get nodes (cluster-wide)" in message
+    assert f"create jobsets.jobset.x-k8s.io in namespace {namespace}" in message
+    assert "fix: apply deploy/kubernetes/rbac.yaml" in message
+
+    message = _server_fails(tmp_path, k8s_env.kubeconfig, "no-such-namespace")
+    assert "namespace 'no-such-namespace' does not exist" in message
+    assert core.list_namespaced_secret(namespace).items == []
