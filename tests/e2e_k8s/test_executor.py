@@ -313,6 +313,14 @@ def test_a_failed_pod_makes_attempt_two_resume_from_the_last_checkpoint(
         f"ty-{job_id}-2",
     ]
     assert len(_running_pods(core, namespace, job_id, 2, 2)) == 2
+    # Attempt 1's surviving rank was stopped (it held GPUs); the failed pod stays for kubectl.
+    wait_until(
+        lambda: (
+            [p.metadata.name for p in _pods(core, namespace, job_id, 1)] == [rank1.metadata.name]
+        ),
+        timeout=30,
+        what="attempt 1's other pod deleted",
+    )
 
 
 def test_an_image_that_cannot_be_pulled_is_a_reason_naming_the_image(
@@ -398,3 +406,30 @@ def test_a_control_plane_without_rbac_or_namespace_refuses_to_start_naming_what_
     message = _server_fails(tmp_path, k8s_env.kubeconfig, "no-such-namespace")
     assert "namespace 'no-such-namespace' does not exist" in message
     assert core.list_namespaced_secret(namespace).items == []
+
+
+def test_a_launch_the_cluster_refuses_leaves_no_secret_behind_and_names_the_cause(
+    api_client: Any, core: Any, namespace: str, identity: Path, switch_nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    switch_nodes(["leaf-a", "leaf-a"])
+    core.create_namespaced_resource_quota(
+        namespace,
+        {
+            "metadata": {"name": "no-jobsets"},
+            "spec": {"hard": {"count/jobsets.jobset.x-k8s.io": "0"}},
+        },
+    )
+    server, client = _start(servers, tmp_path, identity, namespace)
+    job_id = _submit(server, job_spec(tmp_path / "job.yaml"))
+    job = wait_for(client, job_id, {"FAILED"}, timeout=60)
+    assert "Kubernetes refused to create jobsets.jobset.x-k8s.io in namespace" in job["reason"]
+    assert "exceeded quota: no-jobsets" in job["reason"]  # the API server's own words
+    assert "fix: raise the namespace's ResourceQuota" in job["reason"]
+    assert len(client.attempts(job_id)) == 3  # max_restarts=2, every launch refused
+    assert _objects(api_client, namespace, job_id) == {
+        "jobsets": [],
+        "jobs": [],
+        "pods": [],
+        "secrets": [],
+    }

@@ -101,6 +101,11 @@ def _api_message(what: str, exc: Any, kube: Kube) -> str:
         detail = json.loads(exc.body or "{}").get("message") or exc.reason
     except (TypeError, ValueError):
         detail = exc.reason
+    if exc.status == 403 and "exceeded quota" in str(detail):
+        return (
+            f"Kubernetes refused to {what}: {detail} (fix: raise the namespace's ResourceQuota "
+            "or wait for running jobs to end)"
+        )
     if exc.status == 403:
         return (
             f"Kubernetes refused to {what}: {detail} (fix: grant the control plane's identity "

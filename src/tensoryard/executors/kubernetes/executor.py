@@ -210,7 +210,17 @@ class KubernetesExecutor:
         objects = render_attempt(w, self.kind)
         secret = {**objects[0], "stringData": {TOKEN_KEY: token}}
         self._create(h, "secrets", secret)
-        owner = self._create(h, self._resource, objects[1])
+        try:
+            owner = self._create(h, self._resource, objects[1])
+        except ExecutorError:
+            # Refused (a webhook, a quota, RBAC): leave nothing half-created behind.
+            self._ignore_404(
+                f"delete secrets in namespace {h.namespace}",
+                self.kube.core.delete_namespaced_secret,
+                w.token_secret,
+                h.namespace,
+            )
+            raise
         owner_ref = owner_reference(
             objects[1]["apiVersion"], self.kind, w.name, str(get(owner, "metadata", "uid"))
         )
@@ -300,8 +310,22 @@ class KubernetesExecutor:
         )
         if status.finished:
             self._keep_logs(h, pods)
+            if status.phase is AttemptPhase.FAILED:
+                self._stop_rest_of_gang(h)
             self._record(h, status)
         return status
+
+    def _stop_rest_of_gang(self, h: KubernetesHandle) -> None:
+        """A failed attempt's other pods are of no use and hold GPUs the next attempt needs:
+        delete them (with the grace period), keeping the failed pods for `kubectl describe`."""
+        self.kube.call(
+            f"deletecollection pods in namespace {h.namespace}",
+            self.kube.core.delete_collection_namespaced_pod,
+            h.namespace,
+            label_selector=h.selector,
+            field_selector="status.phase!=Failed,status.phase!=Succeeded",
+            grace_period_seconds=max(int(self.grace_s), 0),
+        )
 
     def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
         """After a control-plane restart: the objects are found again by name and label."""
