@@ -112,6 +112,13 @@ def server(
         list[str] | None,
         typer.Option(help="[kubernetes] KEY=VALUE annotation on every pod (repeatable)."),
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            help="[kubernetes] Keep pods, JobSets and nodes in list-then-watch caches "
+            "(--no-watch: LIST calls on every poll)."
+        ),
+    ] = True,
     cancel_grace: Annotated[
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
@@ -138,6 +145,7 @@ def server(
             switch_label=switch_label,
             block_label=block_label,
             pod_annotations=pod_annotation or [],
+            watch=watch,
         )
     config = ServerConfig(
         executor="kubernetes" if executor == "kubernetes" else "local",

@@ -44,6 +44,7 @@ def kubernetes_config(
     switch_label: str = "tensoryard.io/switch",
     block_label: str = "tensoryard.io/block",
     pod_annotations: list[str] | None = None,
+    watch: bool = True,
 ) -> KubernetesConfig:
     """A KubernetesConfig from command-line values (SpecError naming the option)."""
     if workload not in ("auto", "jobset", "job"):
@@ -64,6 +65,7 @@ def kubernetes_config(
         switch_label=switch_label,
         block_label=block_label,
         pod_annotations=_pairs(pod_annotations or [], "--pod-annotation"),
+        watch=watch,
     )
 
 

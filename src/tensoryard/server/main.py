@@ -109,6 +109,9 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         cluster = KubernetesCluster(kube)
         cluster.check_labels()
         executor = KubernetesExecutor(kube, grace_s=config.cancel_grace_s)
+        if config.kubernetes.watch:
+            cluster.start_watches()
+            executor.start_watches()
     except ExecutorError as exc:
         raise ConfigError(f"--executor kubernetes: {exc}") from exc
     return _Backend(executor, cluster.capacity, cluster.check_fits)

@@ -20,6 +20,7 @@ from tensoryard.errors import ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.kubernetes.client import Kube
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
 from tensoryard.executors.kubernetes.status import Obj, alive, get, node_ready, parse_quantity
+from tensoryard.executors.kubernetes.watch import WatchCache
 from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
 
@@ -151,6 +152,9 @@ def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> None:
         )
 
 
+_LIVE = "status.phase!=Succeeded,status.phase!=Failed"
+
+
 def _selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
@@ -166,6 +170,26 @@ class KubernetesCluster:
         self._lock = threading.Lock()
         self._cached: tuple[NodeCapacity, ...] | None = None
         self._at = 0.0
+        self._nodes: WatchCache | None = None
+        self._pods: WatchCache | None = None
+
+    def start_watches(self) -> None:
+        """Keep the selected nodes and every unfinished pod in list-then-watch caches."""
+        k = self.kube
+        self._nodes = WatchCache(
+            k,
+            "nodes",
+            k.core.list_node,
+            label_selector=_selector(dict(k.config.node_selector)) or None,
+        ).start()
+        self._pods = WatchCache(
+            k, "pods (cluster-wide)", k.core.list_pod_for_all_namespaces, field_selector=_LIVE
+        ).start()
+
+    def close(self) -> None:
+        for cache in (self._nodes, self._pods):
+            if cache is not None:
+                cache.stop()
 
     def check_labels(self) -> None:
         """ConfigError-like check at start: the node selector matches some node."""
@@ -205,15 +229,25 @@ class KubernetesCluster:
 
     def _read(self) -> tuple[NodeCapacity, ...]:
         cfg = self.kube.config
-        nodes = self._list_nodes()
-        pods = self.kube.call(
-            "list pods (cluster-wide)",
-            self.kube.core.list_pod_for_all_namespaces,
-            field_selector="status.phase!=Succeeded,status.phase!=Failed",
-        )
+        nodes_cache, pods_cache = self._nodes, self._pods
+        if (
+            nodes_cache is not None
+            and pods_cache is not None
+            and nodes_cache.ready()
+            and pods_cache.ready()
+        ):
+            nodes, pods = nodes_cache.items(), pods_cache.items()
+        else:
+            nodes = self._list_nodes()
+            listed = self.kube.call(
+                "list pods (cluster-wide)",
+                self.kube.core.list_pod_for_all_namespaces,
+                field_selector=_LIVE,
+            )
+            pods = [self.kube.plain(p) for p in listed.items]
         return node_capacities(
             nodes,
-            [self.kube.plain(p) for p in pods.items],
+            pods,
             gpu_resource=cfg.gpu_resource,
             gpu_product_label=cfg.gpu_product_label,
             switch_label=cfg.switch_label,

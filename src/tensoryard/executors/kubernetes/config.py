@@ -57,6 +57,9 @@ class KubernetesConfig:
     """Extra annotations on every pod."""
     request_timeout_s: float = 10.0
     """Connect and read timeout of every API call (an unreachable API server fails fast)."""
+    watch: bool = True
+    """Keep pods, JobSets/Jobs and nodes in list-then-watch caches (410 Gone: relist);
+    False: every poll and every cluster refresh makes LIST calls."""
     capacity_ttl_s: float = 2.0
     """How long one listing of nodes and pods serves the scheduler before it is refreshed."""
     log_tail_lines: int = 500

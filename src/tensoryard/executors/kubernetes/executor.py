@@ -40,6 +40,7 @@ from tensoryard.executors.kubernetes.manifests import (
     render_jobset,
 )
 from tensoryard.executors.kubernetes.status import Obj, attempt_status, get, node_ready, pod_rank
+from tensoryard.executors.kubernetes.watch import WatchCache
 
 __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
 
@@ -171,6 +172,38 @@ class KubernetesExecutor:
         self.config = kube.config
         self.grace_s = grace_s
         self.kind = kind or _choose_kind(kube)
+        self._pod_cache: WatchCache | None = None
+        self._owner_cache: WatchCache | None = None
+
+    def start_watches(self) -> None:
+        """Keep this namespace's tensoryard pods and JobSets/Jobs in list-then-watch caches,
+        so polls cost no API call (without them each poll makes a GET and a LIST)."""
+        k, ns = self.kube, self.config.namespace
+        self._pod_cache = WatchCache(
+            k, f"pods in {ns}", k.core.list_namespaced_pod, ns, label_selector=LABEL_ATTEMPT_KEY
+        ).start()
+        if self.kind == "JobSet":
+            owners = WatchCache(
+                k,
+                f"jobsets in {ns}",
+                k.custom.list_namespaced_custom_object,
+                *_jobset(ns),
+                label_selector=LABEL_ATTEMPT_KEY,
+            )
+        else:
+            owners = WatchCache(
+                k,
+                f"jobs in {ns}",
+                k.batch.list_namespaced_job,
+                ns,
+                label_selector=LABEL_ATTEMPT_KEY,
+            )
+        self._owner_cache = owners.start()
+
+    def close(self) -> None:
+        for cache in (self._pod_cache, self._owner_cache):
+            if cache is not None:
+                cache.stop()
 
     # -- launch -------------------------------------------------------------------------------
 
@@ -298,8 +331,7 @@ class KubernetesExecutor:
         final = self._recorded(h)
         if final is not None:
             return final
-        owner = self._read(self._resource_of(h), h.namespace, h.name)
-        pods = self._pods(h)
+        owner, pods = self._observe(h)
         status = attempt_status(
             h.kind,
             owner,
@@ -335,6 +367,17 @@ class KubernetesExecutor:
         """Node rank -> the kept log of its pod (written when the attempt ends)."""
         h = KubernetesHandle.from_dict(handle)
         return {rank: Path(h.attempt_dir) / f"rank-{rank}.log" for rank in range(h.nodes)}
+
+    def _observe(self, h: KubernetesHandle) -> tuple[Obj | None, list[Obj]]:
+        """The owner and pods of the attempt: from the watch caches when they are healthy and
+        hold the owner; else (just created, gone, or no watch) straight from the API."""
+        pods_cache, owners = self._pod_cache, self._owner_cache
+        if pods_cache is not None and owners is not None and pods_cache.ready() and owners.ready():
+            owner = owners.get(h.name)
+            key = (get(owner, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
+            if owner is not None and key == h.attempt_key:
+                return owner, pods_cache.select(LABEL_ATTEMPT_KEY, h.attempt_key)
+        return self._read(self._resource_of(h), h.namespace, h.name), self._pods(h)
 
     def _resource_of(self, h: KubernetesHandle) -> str:
         return "jobsets.jobset.x-k8s.io" if h.kind == "JobSet" else "jobs.batch"
