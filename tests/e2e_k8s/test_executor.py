@@ -212,6 +212,13 @@ def test_a_job_asking_for_more_gpus_than_any_node_has_is_refused_before_anything
     assert "resources.nodes: 3 nodes with 8 GPUs each, but the cluster has 2" in (
         too_many.stdout + too_many.stderr
     )
+    no_image = job_spec(tmp_path / "c.yaml")
+    no_image.write_text(no_image.read_text().replace("image: registry.invalid", "#"))
+    refused = tyard(server, "submit", str(no_image))
+    assert refused.returncode != 0
+    assert "image: jobs on Kubernetes need an image (fix: set `image:`" in (
+        refused.stdout + refused.stderr
+    )
     assert client.jobs()["items"] == []
     assert core.list_namespaced_secret(namespace, label_selector=LABEL_JOB_ID).items == []
     assert core.list_namespaced_pod(namespace).items == []

@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from tensoryard.errors import ConfigError, ExecutorError
+from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.base import Executor
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
@@ -114,7 +114,14 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
             executor.start_watches()
     except ExecutorError as exc:
         raise ConfigError(f"--executor kubernetes: {exc}") from exc
-    return _Backend(executor, cluster.capacity, cluster.check_fits)
+
+    def fits(spec: JobSpec) -> None:
+        if not (spec.image or config.kubernetes.default_image):
+            fix = "set `image:` to the training image (or start the server with --default-image)"
+            raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
+        cluster.check_fits(spec)
+
+    return _Backend(executor, cluster.capacity, fits)
 
 
 def build_control_plane(config: ServerConfig) -> ControlPlane:
