@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, models, pipelines, sim
+from tensoryard.cli import access, cluster, data, demo, jobs, k8s, models, pipelines, sim
 
 app = typer.Typer(
     name="tyard",
@@ -24,6 +24,7 @@ for module in (
     cluster,
     pipelines,
     models,
+    k8s,
 ):
     module.register(app)
 

@@ -98,10 +98,12 @@ def create_app(
     rate_limit_per_s: float = 50.0,
     rate_limit_burst: int = 200,
     clock: Callable[[], float] = time.monotonic,
+    fits: Callable[[JobSpec], None] = lambda spec: None,
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
     tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
-    limit."""
+    limit; `fits` raises SpecError for a job the cluster could never hold (refused at
+    submission, before anything is stored or created)."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -141,6 +143,7 @@ def create_app(
         spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
+        fits(spec)
         job = store.create_job(
             spec, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
         )
@@ -163,6 +166,14 @@ def create_app(
         for i, raw in enumerate(body.specs):
             try:
                 specs.append(parse_job_spec({**raw, "user": who.name}, source="request"))
+            except SpecError as exc:
+                issues += [
+                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
+                    for x in exc.issues
+                ]
+        for i, spec in enumerate(specs):
+            try:
+                fits(spec)
             except SpecError as exc:
                 issues += [
                     FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from tensoryard.executors.kubernetes.config import KubernetesConfig
 
 if TYPE_CHECKING:
     from tensoryard.registry.webhooks import WebhookConfig
@@ -75,6 +77,12 @@ class ServerConfig:
     job_env_allow: tuple[str, ...] | None = None
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""
+
+    executor: Literal["local", "kubernetes"] = "local"
+    """Where jobs run: processes on this machine, or pods on the cluster of `kubernetes`."""
+
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """The cluster, namespace and pod settings of the Kubernetes executor."""
 
     admin_user: str = "admin"
     """The platform admin made on first start; its token is written to `home/admin.token`."""

@@ -156,6 +156,7 @@ class _Memory:
     poll_failing_since: dict[tuple[int, int], float] = field(default_factory=dict)
     health_checked: dict[tuple[int, int], float] = field(default_factory=dict)
     failures: dict[int, int] = field(default_factory=dict)  # job -> consecutive errors
+    starting_reason: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 class Controller:
@@ -562,6 +563,7 @@ class Controller:
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         if status.phase is AttemptPhase.STARTING:
+            self._note_starting_reason(job, attempt, status.reason)
             return
         if status.phase is AttemptPhase.RUNNING:
             if attempt.state != "running" or job.state is JobState.STARTING:
@@ -604,6 +606,20 @@ class Controller:
             self.policy.observe_finished_job(record, record.run_time_s)
         if to in TERMINAL_STATES:
             self.store.revoke_job_token(job.id)
+
+    def _note_starting_reason(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
+        """What holds a starting attempt up (an image that cannot be pulled, a pod the cluster
+        cannot schedule) becomes an event once per new reason: `tyard describe` shows it."""
+        key = (job.id, attempt.number)
+        if not reason or self._mem.starting_reason.get(key) == reason:
+            return
+        self._mem.starting_reason[key] = reason
+        self.store.add_event(
+            job.id,
+            "warning",
+            f"attempt {attempt.number} not running yet: {reason}",
+            attempt=attempt.number,
+        )
 
     def _next_state(
         self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus
