@@ -40,8 +40,10 @@ if TYPE_CHECKING:
     from tensoryard.runtime import DistContext
 
 __all__ = [
+    "INSTRUCTION_TEMPLATE",
     "Corpus",
     "default_data_dir",
+    "documents",
     "ensure_dataset",
     "prepare_corpus",
     "stdlib_sources",
@@ -74,12 +76,22 @@ class Corpus:
 
     files: tuple[Path, ...]
     max_bytes: int | None = None
+    label: str = "stdlib"
 
     @classmethod
     def stdlib(cls, *, max_bytes: int | None = None) -> Corpus:
         if max_bytes is not None and max_bytes < 2:
             raise DataError(f"--max-bytes {max_bytes}: must be at least 2 (or left out)")
         return cls(tuple(stdlib_sources()), max_bytes)
+
+    @classmethod
+    def from_files(cls, files: Sequence[Path], *, max_bytes: int | None = None) -> Corpus:
+        """Text files (one document each) or instruction sets (``.jsonl`` of
+        ``{"instruction", "response"}``, one document per record; see `documents`)."""
+        missing = [str(f) for f in files if not Path(f).is_file()]
+        if missing:
+            raise DataError(f"--text-file {missing[0]} does not exist (fix: check the path)")
+        return cls(tuple(Path(f).resolve() for f in files), max_bytes, label="text")
 
     @property
     def key(self) -> str:
@@ -95,14 +107,41 @@ class Corpus:
         """(file name, text) of each document, the last one cut so the total is max_bytes."""
         left = self.max_bytes
         for path in self.files:
-            data = path.read_bytes()
-            if left is not None:
-                data = data[:left]
-                left -= len(data)
-            if data:
-                yield path.name, data.decode("utf-8", errors="replace")
-            if left == 0:
-                return
+            for name, data in documents(path):
+                if left is not None:
+                    data = data[:left]
+                    left -= len(data)
+                if data:
+                    yield name, data.decode("utf-8", errors="replace")
+                if left == 0:
+                    return
+
+
+INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n### Response:\n{response}\n"
+"""How an instruction record becomes training text (and evaluation text)."""
+
+
+def documents(path: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, UTF-8 bytes) of each document in a file: the whole file, or for ``.jsonl`` one
+    document per ``{"instruction": ..., "response": ...}`` record."""
+    if path.suffix != ".jsonl":
+        yield path.name, path.read_bytes()
+        return
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = INSTRUCTION_TEMPLATE.format(
+                    instruction=record["instruction"], response=record["response"]
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DataError(
+                    f"{path}:{number} is not an instruction record ({exc}); fix: write "
+                    '{"instruction": "...", "response": "..."} on each line'
+                ) from exc
+            yield f"{path.name}:{number}", text.encode("utf-8")
 
 
 def _write_snapshot(corpus: Corpus, path: Path) -> None:
@@ -136,10 +175,10 @@ def prepare_corpus(corpus: Corpus, data_dir: Path) -> PrepareResult:
         data_dir.mkdir(parents=True, exist_ok=True)
         with _locked(data_dir):
             key = corpus.key
-            snapshot = data_dir / f"stdlib-{key}.jsonl"
+            snapshot = data_dir / f"{corpus.label}-{key}.jsonl"
             if not snapshot.exists():
                 _write_snapshot(corpus, snapshot)
-            return prepare([snapshot], "byte", data_dir / f"stdlib-{key}")
+            return prepare([snapshot], "byte", data_dir / f"{corpus.label}-{key}")
     except OSError as exc:
         raise DataError(
             f"cannot prepare the training data in {data_dir}: {exc.strerror or exc} "

@@ -29,7 +29,7 @@ from model import GPTConfig, TinyGPT
 from torch.nn.parallel import DistributedDataParallel
 
 from tensoryard.data import TorchTokenLoader, build_torch_loader
-from tensoryard.errors import DataError, TensoryardError
+from tensoryard.errors import DataError, RuntimeSetupError, TensoryardError
 from tensoryard.runtime import Session, session
 
 
@@ -52,6 +52,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="where the prepared dataset lives (default: $TYARD_RUN_DIR/../data/tiny-gpt-stdlib)",
+    )
+    p.add_argument(
+        "--text-file",
+        type=Path,
+        action="append",
+        default=None,
+        help="train on this text file (or .jsonl instruction set) instead of the standard "
+        "library; repeatable",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start a fresh run from this checkpoint's model weights (fine-tuning); a resumed "
+        "run ignores it",
     )
     p.add_argument("--checkpoint-interval", type=int, default=None, help="default: from env")
     p.add_argument("--fail-at-step", type=int, default=None, help="fault injection: kill a rank")
@@ -89,7 +104,11 @@ def build_loader(
 ) -> TorchTokenLoader:
     """Prepare the corpus (once per data directory) and open this rank's loader on it."""
     data_dir = args.data_dir or default_data_dir(env)
-    dataset = ensure_dataset(Corpus.stdlib(max_bytes=args.max_bytes), data_dir, sess.dist)
+    if args.text_file:
+        corpus = Corpus.from_files(args.text_file, max_bytes=args.max_bytes)
+    else:
+        corpus = Corpus.stdlib(max_bytes=args.max_bytes)
+    dataset = ensure_dataset(corpus, data_dir, sess.dist)
     return build_torch_loader(
         dataset,
         seq_len=args.seq_len,
@@ -98,6 +117,23 @@ def build_loader(
         world_size=sess.dist.world_size,
         seed=args.seed,
     )
+
+
+def init_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load the model weights of a checkpoint (a ``step-N`` directory or its ``state.pt``);
+    every rank loads the same file, so the replicas stay identical."""
+    file = path / "state.pt" if path.is_dir() else path
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+    except FileNotFoundError as exc:
+        raise RuntimeSetupError(f"--init-from {path}: no checkpoint there") from exc
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise RuntimeSetupError(
+            f"--init-from {path} does not fit this model: {exc} (fix: use the same --d-model, "
+            "--layers, --heads and --seq-len as the run that wrote it)"
+        ) from exc
+    logging.getLogger("tiny_gpt").info("initialised the model from %s", file)
 
 
 def resume_loader(loader: TorchTokenLoader, sess: Session, start: int) -> None:
@@ -130,7 +166,10 @@ def train(args: argparse.Namespace, config: GPTConfig) -> None:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
         )
-        resume_loader(loader, sess, sess.resume(model, optimizer))
+        start = sess.resume(model, optimizer)
+        if start == 0 and args.init_from is not None:
+            init_weights(model, args.init_from)
+        resume_loader(loader, sess, start)
         batches: Iterator[torch.Tensor] = iter(loader)
 
         def extra() -> dict[str, Any]:

@@ -220,6 +220,31 @@ class Client:
         """Change `gpu_quota`, `cpu_quota` or `description` (None clears a quota)."""
         return dict(self._json("PATCH", f"{API}/teams/{name}", json=changes))
 
+    # ---- pipelines ----------------------------------------------------------------------------
+
+    def run_pipeline(
+        self, spec: dict[str, Any], params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Start a pipeline run (spec as a mapping, parameter values over its defaults)."""
+        body = {"spec": spec, "params": params or {}}
+        return dict(self._json("POST", f"{API}/pipelines", json=body))
+
+    def pipelines(
+        self, *, team: str | None = None, state: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if team:
+            params["team"] = team
+        if state:
+            params["state"] = state
+        return list(self._json("GET", f"{API}/pipelines", params=params))
+
+    def pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/pipelines/{pipeline_id}"))
+
+    def cancel_pipeline(self, pipeline_id: int) -> dict[str, Any]:
+        return dict(self._json("POST", f"{API}/pipelines/{pipeline_id}/cancel"))
+
     # ---- identity and access ------------------------------------------------------------------
 
     def me(self) -> dict[str, Any]:
@@ -290,6 +315,54 @@ class Client:
                 yield from response.iter_lines()
         except httpx.TransportError as exc:
             raise ClientError(0, f"audit export from {self.url} broke: {exc}") from exc
+
+    # ---- model registry -----------------------------------------------------------------------
+
+    def artifacts_url(self) -> str:
+        """The artifact store to push to before `register_version(artifact=...)`."""
+        return str(self._json("GET", f"{API}/artifacts")["url"])
+
+    def models(self, team: str | None = None) -> list[dict[str, Any]]:
+        params = {"team": team} if team else {}
+        return list(self._json("GET", f"{API}/models", params=params))
+
+    def model(self, team: str, name: str) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/models/{team}/{name}"))
+
+    def register_version(self, team: str, name: str, **body: Any) -> dict[str, Any]:
+        """Register the next version: ``artifact=DIGEST`` (pushed already) or ``job_id=ID``
+        (and ``step``) to promote a checkpoint; lineage, tags and aliases optional."""
+        payload = {k: v for k, v in body.items() if v is not None}
+        return dict(self._json("POST", f"{API}/models/{team}/{name}/versions", json=payload))
+
+    def model_version(self, team: str, name: str, ref: str | int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/models/{team}/{name}/versions/{ref}"))
+
+    def model_lineage(self, team: str, name: str, ref: str | int) -> dict[str, Any]:
+        return dict(self._json("GET", f"{API}/models/{team}/{name}/versions/{ref}/lineage"))
+
+    def set_model_alias(self, team: str, name: str, alias: str, version: int) -> dict[str, Any]:
+        path = f"{API}/models/{team}/{name}/aliases/{alias}"
+        return dict(self._json("PUT", path, json={"version": version}))
+
+    def delete_model_alias(self, team: str, name: str, alias: str) -> None:
+        self._request("DELETE", f"{API}/models/{team}/{name}/aliases/{alias}")
+
+    def set_model_tags(
+        self,
+        team: str,
+        name: str,
+        version: int,
+        tags: dict[str, str],
+        remove: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        path = f"{API}/models/{team}/{name}/versions/{version}/tags"
+        return dict(self._json("PUT", path, json={"tags": tags, "remove": list(remove)}))
+
+    def find_model_versions(self, **query: Any) -> list[dict[str, Any]]:
+        """Versions by ``job_id``, ``data_manifest`` or ``artifact`` (lineage, the other way)."""
+        params = {k: v for k, v in query.items() if v is not None}
+        return list(self._json("GET", f"{API}/model-versions", params=params))
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from tensoryard.cli._common import (
     ago,
     client_for,
     console,
+    die,
     print_json,
     user_errors,
 )
@@ -74,15 +75,91 @@ def server(
             min=1.0,
         ),
     ] = 50.0,
+    artifacts: Annotated[
+        str | None,
+        typer.Option(
+            "--artifacts",
+            envvar="TYARD_ARTIFACTS",
+            help="Artifact store of the model registry: a directory or s3://bucket/prefix "
+            "(default: home/artifacts).",
+        ),
+    ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(help="Where jobs run: 'local' (this machine) or 'kubernetes'."),
+    ] = "local",
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            help="[kubernetes] Kubeconfig (default $KUBECONFIG, ~/.kube/config, or "
+            "the in-cluster ServiceAccount)."
+        ),
+    ] = None,
+    namespace: Annotated[
+        str, typer.Option(help="[kubernetes] Namespace the jobs' objects are created in.")
+    ] = "default",
+    default_image: Annotated[
+        str | None, typer.Option(help="[kubernetes] Image for jobs whose spec names none.")
+    ] = None,
+    workload: Annotated[
+        str,
+        typer.Option(help="[kubernetes] 'jobset', 'job' (Indexed Job + Service) or 'auto'."),
+    ] = "auto",
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[kubernetes] KEY=VALUE: only nodes with this label are tensoryard's (repeatable)."
+        ),
+    ] = None,
+    switch_label: Annotated[
+        str, typer.Option(help="[kubernetes] Node label naming a node's leaf switch.")
+    ] = "tensoryard.io/switch",
+    block_label: Annotated[
+        str, typer.Option(help="[kubernetes] Node label naming a node's spine block.")
+    ] = "tensoryard.io/block",
+    pod_annotation: Annotated[
+        list[str] | None,
+        typer.Option(help="[kubernetes] KEY=VALUE annotation on every pod (repeatable)."),
+    ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            help="[kubernetes] Keep pods, JobSets and nodes in list-then-watch caches "
+            "(--no-watch: LIST calls on every poll)."
+        ),
+    ] = True,
+    cancel_grace: Annotated[
+        float,
+        typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
+    ] = 10.0,
 ) -> None:
-    """Run the control plane here: REST API, scheduler loop, local executor.
+    """Run the control plane here: REST API, scheduler loop, and the local executor (jobs on
+    this machine) or the Kubernetes executor (`--executor kubernetes`: JobSets on a cluster).
 
     Several replicas may share one PostgreSQL database (and one --home, for the local
     executor's run directories and job-token key): all serve the API, one leads the loop."""
+    from tensoryard.cli.k8s import kubernetes_config
     from tensoryard.server.config import ServerConfig, default_home
     from tensoryard.server.main import run_server
 
+    if executor not in ("local", "kubernetes"):
+        die(f"--executor {executor!r}: use 'local' or 'kubernetes'")
+    with user_errors():
+        k8s = kubernetes_config(
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            default_image=default_image,
+            workload=workload,
+            node_selector=node_selector or [],
+            switch_label=switch_label,
+            block_label=block_label,
+            pod_annotations=pod_annotation or [],
+            watch=watch,
+        )
     config = ServerConfig(
+        executor="kubernetes" if executor == "kubernetes" else "local",
+        kubernetes=k8s,
+        cancel_grace_s=cancel_grace,
         home=home or default_home(),
         db_url=db_url,
         host=host,
@@ -91,6 +168,7 @@ def server(
         lease_ttl_s=lease_ttl,
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
+        artifacts_url=artifacts,
     )
     with user_errors():
         console.print(

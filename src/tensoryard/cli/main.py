@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, serving, sim
+from tensoryard.cli import access, cluster, data, demo, jobs, k8s, models, pipelines, serving, sim
 
 app = typer.Typer(
     name="tyard",
@@ -15,7 +15,18 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (jobs, access, demo, sim, data, cluster, serving):
+for module in (
+    jobs,
+    access,
+    demo,
+    sim,
+    data,
+    cluster,
+    pipelines,
+    models,
+    k8s,
+    serving,
+):
     module.register(app)
 
 

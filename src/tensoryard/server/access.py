@@ -53,6 +53,8 @@ class Action(StrEnum):
     METRICS_READ = "metrics.read"
     SECRET_READ = "secret.read"
     SECRET_MANAGE = "secret.set"
+    MODEL_READ = "model.read"
+    MODEL_WRITE = "model.write"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ RULES: dict[Action, Rule] = {
     Action.SECRET_READ: Rule("read", "list this team's secret names", role="member"),
     Action.SECRET_MANAGE: Rule("write", "set or delete this team's secrets", role="team-admin"),
     Action.AUDIT_READ: Rule("admin", "read the audit log"),
+    Action.MODEL_READ: Rule("read", "see this team's models", role="viewer"),
+    Action.MODEL_WRITE: Rule("write", "register versions and move aliases", role="member"),
 }
 
 

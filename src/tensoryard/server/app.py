@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from tensoryard import __version__
 from tensoryard.errors import (
     Conflict,
+    DataError,
     ExecutorError,
     FieldIssue,
     Forbidden,
@@ -28,10 +29,15 @@ from tensoryard.errors import (
     Unauthenticated,
 )
 from tensoryard.executors.base import Executor
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.service import ModelRegistry
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
+from tensoryard.server.routes_models import add_model_routes
+from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
     AttemptOut,
@@ -83,6 +89,8 @@ def create_app(
     executor: Executor,
     runs_dir: Path,
     secrets: SecretStore | None = None,
+    artifacts: ArtifactStore | None = None,
+    webhooks: WebhookNotifier | None = None,
     registry: CollectorRegistry | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
@@ -90,11 +98,14 @@ def create_app(
     rate_limit_per_s: float = 50.0,
     rate_limit_burst: int = 200,
     clock: Callable[[], float] = time.monotonic,
+    fits: Callable[[JobSpec], None] = lambda spec: None,
     extra_routes: Callable[[FastAPI, Guard], None] | None = None,
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
     tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
-    limit; `extra_routes(app, guard)` mounts optional parts (model serving)."""
+    limit; `fits` raises SpecError for a job the cluster could never hold (refused at
+    submission, before anything is stored or created); `extra_routes(app, guard)` mounts
+    optional parts (model serving)."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -134,6 +145,7 @@ def create_app(
         spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
+        fits(spec)
         job = store.create_job(
             spec, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
         )
@@ -156,6 +168,14 @@ def create_app(
         for i, raw in enumerate(body.specs):
             try:
                 specs.append(parse_job_spec({**raw, "user": who.name}, source="request"))
+            except SpecError as exc:
+                issues += [
+                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
+                    for x in exc.issues
+                ]
+        for i, spec in enumerate(specs):
+            try:
+                fits(spec)
             except SpecError as exc:
                 issues += [
                     FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
@@ -371,12 +391,22 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
+    add_pipeline_routes(app, store=store, guard=guard, prefix=API, kick=kick)
     add_secret_routes(
         app,
         store=store,
         guard=guard,
         secrets=secrets or SecretStore(runs_dir / "secrets"),
         prefix=API,
+    )
+    add_model_routes(
+        app,
+        registry=ModelRegistry(
+            store, artifacts or ArtifactStore(open_blobs(str(runs_dir.parent / "artifacts")))
+        ),
+        guard=guard,
+        prefix=API,
+        webhooks=webhooks,
     )
     if extra_routes is not None:
         extra_routes(app, guard)
@@ -430,6 +460,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse(status_code=409, content={"message": str(exc)})
+
+    @app.exception_handler(DataError)
+    async def _data_error(_: Request, exc: DataError) -> JSONResponse:
+        # An artifact or checkpoint that cannot be read or stored (corrupt chunk, bad path).
+        return JSONResponse(status_code=422, content={"message": str(exc)})
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:

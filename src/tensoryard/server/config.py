@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from tensoryard.executors.kubernetes.config import KubernetesConfig
+
+if TYPE_CHECKING:
+    from tensoryard.registry.webhooks import WebhookConfig
 
 __all__ = ["DEFAULT_PORT", "ServerConfig", "default_home"]
 
@@ -72,6 +78,12 @@ class ServerConfig:
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""
 
+    executor: Literal["local", "kubernetes"] = "local"
+    """Where jobs run: processes on this machine, or pods on the cluster of `kubernetes`."""
+
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """The cluster, namespace and pod settings of the Kubernetes executor."""
+
     admin_user: str = "admin"
     """The platform admin made on first start; its token is written to `home/admin.token`."""
 
@@ -83,6 +95,11 @@ class ServerConfig:
 
     rate_limit_burst: int = 200
     """Requests one token may make at once before the per-second rate applies (429 beyond)."""
+    artifacts_url: str | None = None
+    """Where model artifacts live: a directory or fsspec URL, or s3://bucket/prefix; None
+    means `home/artifacts`. Clients push there directly (`GET /api/v1/artifacts` names it)."""
+    webhooks: tuple[WebhookConfig, ...] = ()
+    """Receivers of model-registry events (HMAC-signed POSTs, retried with backoff)."""
 
     @property
     def token_path(self) -> Path:
@@ -101,6 +118,10 @@ class ServerConfig:
     @property
     def runs_dir(self) -> Path:
         return self.home / "runs"
+
+    @property
+    def artifact_store_url(self) -> str:
+        return self.artifacts_url or str(self.home / "artifacts")
 
     @property
     def database_url(self) -> str:

@@ -40,6 +40,7 @@ from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.metrics import LoopMetrics
+from tensoryard.server.pipelines import PipelineAdvancer
 from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
@@ -67,6 +68,7 @@ _ETA_SLACK_S = 60.0
 _FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a change was missed
 _SLOW_CYCLE_S = 1.0  # a cycle slower than this is logged with its phases
 _PENDING_WRITES_PER_CYCLE = 500
+_PIPELINES_EVERY_S = 1.0  # pipelines are advanced at least this often (API on another replica)
 
 
 def _utc(ts: float) -> datetime:
@@ -154,6 +156,7 @@ class _Memory:
     poll_failing_since: dict[tuple[int, int], float] = field(default_factory=dict)
     health_checked: dict[tuple[int, int], float] = field(default_factory=dict)
     failures: dict[int, int] = field(default_factory=dict)  # job -> consecutive errors
+    starting_reason: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 class Controller:
@@ -205,6 +208,9 @@ class Controller:
         self._flight_lock = threading.Lock()
         workers = config.launch_workers
         self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
+        self.pipelines = PipelineAdvancer(store, runs_dir=config.runs_dir)
+        self._pipelines_due = True
+        self._last_pipelines = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -214,6 +220,7 @@ class Controller:
 
     def kick(self) -> None:
         """Run the next cycle now (after a submit or cancel) instead of at the next tick."""
+        self._pipelines_due = True
         self._wake.set()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -266,6 +273,7 @@ class Controller:
         self._pending_info = {}
         self._since = None
         self._dirty = True
+        self._pipelines_due = True
         self._load_scheduler_state()
         for job, attempt in self.store.stray_attempts():
             self._guarded(job.id, self._close_stray, job, attempt)
@@ -325,9 +333,14 @@ class Controller:
         with self._lock:
             now = self.clock()
             timer = _PhaseTimer()
-            # 0. Read what changed since the last cycle into the index.
+            # 0a. Read what changed since the last cycle into the index.
             with timer("refresh"):
                 self._refresh()
+            # 0b. Advance pipelines when a job changed, on a kick, or every second: record
+            #     finished steps, submit the jobs of ready ones (stored like any job; the next
+            #     cycle's refresh picks them up for scheduling).
+            with timer("pipelines"):
+                self._advance_pipelines(now)
             # 1. Cancel requests for jobs that never started end at once.
             with timer("cancel"):
                 self._cancel_pending()
@@ -350,6 +363,17 @@ class Controller:
                 log.warning("slow control cycle (%d unfinished jobs): %s", len(self._jobs), timer)
 
     # 0 ------------------------------------------------------------------------------------
+    def _advance_pipelines(self, now: float) -> None:
+        if not self._pipelines_due and 0 <= now - self._last_pipelines < _PIPELINES_EVERY_S:
+            return  # an idle cycle costs no pipeline query
+        self._pipelines_due, self._last_pipelines = False, now
+        try:
+            if self.pipelines.advance():
+                self._wake.set()  # a step's job was just stored: schedule it without a tick
+        except StoreError:  # the database hiccuped: jobs go on, the next pass retries
+            self._pipelines_due = True
+            log.exception("advancing pipelines failed")
+
     def _refresh(self) -> None:
         since = None if self._since is None else self._since - _CHANGE_OVERLAP
         known = self._jobs.jobs
@@ -357,6 +381,8 @@ class Controller:
         if full:
             self._last_full_check = self.clock()
         changed, now = self.store.jobs_changed_since(since, known=known, unfinished=full)
+        if changed:
+            self._pipelines_due = True  # a step's job may have ended
         for job in changed:
             old = self._jobs.get(job.id)
             if (
@@ -537,6 +563,7 @@ class Controller:
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         if status.phase is AttemptPhase.STARTING:
+            self._note_starting_reason(job, attempt, status.reason)
             return
         if status.phase is AttemptPhase.RUNNING:
             if attempt.state != "running" or job.state is JobState.STARTING:
@@ -579,6 +606,20 @@ class Controller:
             self.policy.observe_finished_job(record, record.run_time_s)
         if to in TERMINAL_STATES:
             self.store.revoke_job_token(job.id)
+
+    def _note_starting_reason(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
+        """What holds a starting attempt up (an image that cannot be pulled, a pod the cluster
+        cannot schedule) becomes an event once per new reason: `tyard describe` shows it."""
+        key = (job.id, attempt.number)
+        if not reason or self._mem.starting_reason.get(key) == reason:
+            return
+        self._mem.starting_reason[key] = reason
+        self.store.add_event(
+            job.id,
+            "warning",
+            f"attempt {attempt.number} not running yet: {reason}",
+            attempt=attempt.number,
+        )
 
     def _next_state(
         self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus

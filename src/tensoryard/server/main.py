@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from tensoryard.errors import ConfigError
+from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.base import Executor
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
@@ -25,6 +27,7 @@ from tensoryard.server.controller import Controller
 from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.serving.plane import ServingPlane
+from tensoryard.spec.job import JobSpec
 from tensoryard.store import Store
 from tensoryard.store._db import safe_url
 
@@ -41,6 +44,7 @@ class ControlPlane:
     controller: Controller
     admin_token: str
     registry: CollectorRegistry
+    fits: Callable[[JobSpec], None] = lambda spec: None
     serving: ServingPlane | None = None
 
     def app(self) -> FastAPI:
@@ -49,6 +53,8 @@ class ControlPlane:
             executor=self.executor,
             runs_dir=self.config.runs_dir,
             secrets=self.controller.secrets,
+            artifacts=ArtifactStore(open_blobs(self.config.artifact_store_url)),
+            webhooks=WebhookNotifier(self.config.webhooks) if self.config.webhooks else None,
             registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {
@@ -58,6 +64,7 @@ class ControlPlane:
             max_body_bytes=self.config.max_body_bytes,
             rate_limit_per_s=self.config.rate_limit_per_s,
             rate_limit_burst=self.config.rate_limit_burst,
+            fits=self.fits,
             extra_routes=self.serving.mount if self.serving is not None else None,
         )
 
@@ -79,39 +86,79 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
     )
 
 
-def build_control_plane(config: ServerConfig) -> ControlPlane:
-    """Open the store (migrating it), make the platform admin and its token file (first start
-    only), build executor and controller."""
+@dataclass
+class _Backend:
+    executor: Executor
+    capacity: Callable[[], tuple[NodeCapacity, ...]]
+    fits: Callable[[JobSpec], None]
+
+
+def _local_backend(config: ServerConfig) -> _Backend:
     from tensoryard.executors.local import LocalExecutor
     from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
 
+    executor = LocalExecutor(
+        env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
+        run_as_submitter=config.run_jobs_as_submitter,
+    )
+    nodes = _local_capacity(config)
+    return _Backend(executor, lambda: nodes, lambda spec: None)
+
+
+def _kubernetes_backend(config: ServerConfig) -> _Backend:
+    """Connect and check (reachable, namespace, RBAC, nodes) before anything is created."""
+    from tensoryard.executors.kubernetes.client import connect
+    from tensoryard.executors.kubernetes.cluster import KubernetesCluster
+    from tensoryard.executors.kubernetes.executor import KubernetesExecutor
+
+    try:
+        kube = connect(config.kubernetes)
+        cluster = KubernetesCluster(kube)
+        cluster.check_labels()
+        executor = KubernetesExecutor(kube, grace_s=config.cancel_grace_s)
+        if config.kubernetes.watch:
+            cluster.start_watches()
+            executor.start_watches()
+    except ExecutorError as exc:
+        raise ConfigError(f"--executor kubernetes: {exc}") from exc
+
+    def fits(spec: JobSpec) -> None:
+        if not (spec.image or config.kubernetes.default_image):
+            fix = "set `image:` to the training image (or start the server with --default-image)"
+            raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
+        cluster.check_fits(spec)
+
+    return _Backend(executor, cluster.capacity, fits)
+
+
+def build_control_plane(config: ServerConfig) -> ControlPlane:
+    """Open the store (migrating it), make the platform admin and its token file (first start
+    only), build executor and controller."""
+    backend = _kubernetes_backend(config) if config.executor == "kubernetes" else None
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(config.database_url)
     store.ensure_team("default", description="created on first start")
     token = bootstrap_admin(store, config.token_path, user=config.admin_user)
     job_key = ensure_secret(config.job_key_path)
-    executor = LocalExecutor(
-        env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
-        run_as_submitter=config.run_jobs_as_submitter,
-    )
-    nodes = _local_capacity(config)
+    backend = backend or _local_backend(config)
+    executor, capacity = backend.executor, backend.capacity
     registry = CollectorRegistry(auto_describe=True)
     registry.register(
-        StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in nodes))
+        StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in capacity()))
     )
     controller = Controller(
         store=store,
         executor=executor,
         policy=CorePolicy(),
-        capacity=lambda: nodes,
+        capacity=capacity,
         config=config,
         job_key=job_key,
         holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
         metrics=LoopMetrics(registry),
     )
     serving = ServingPlane.build(store, registry, log_dir=config.home / "serving")
-    return ControlPlane(config, store, executor, controller, token, registry, serving)
+    return ControlPlane(config, store, executor, controller, token, registry, backend.fits, serving)
 
 
 def _check_port_free(host: str, port: int) -> None:

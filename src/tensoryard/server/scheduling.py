@@ -65,6 +65,10 @@ class NodeCapacity:
     memory_bytes: int
     gpu_indices: tuple[int, ...] = ()
     gpu_model: str | None = None
+    switch: str = ""  # leaf switch ("" unknown); topology-aware placement groups by it
+    block: str = ""  # spine block above the switch
+    cordoned: bool = False  # takes no new jobs (cordoned, not ready, tainted)
+    unavailable_gpus: tuple[int, ...] = ()  # held by workloads tensoryard did not start
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,10 @@ def _node(n: NodeCapacity) -> Node:
         gpus_total=len(n.gpu_indices),
         cpu_total=n.cpu_slots,
         mem_total=n.memory_bytes,
-        unavailable_gpus=(),
+        switch=n.switch,
+        block=n.block,
+        cordoned=n.cordoned,
+        unavailable_gpus=n.unavailable_gpus,
     )
 
 

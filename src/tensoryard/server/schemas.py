@@ -24,8 +24,11 @@ __all__ = [
     "MemberIn",
     "MemberOut",
     "MetricOut",
+    "PipelineIn",
+    "PipelineOut",
     "ReportIn",
     "ReportOut",
+    "StepOut",
     "SubmitIn",
     "SummaryOut",
     "TeamIn",
@@ -313,3 +316,64 @@ class AuditOut(_FromRecord):
     outcome: str
     source_ip: str
     detail: str
+
+
+class PipelineIn(BaseModel):
+    """A pipeline run: the PipelineSpec as a mapping and parameter values (over defaults)."""
+
+    spec: dict[str, Any] = Field(..., description="A PipelineSpec, as in a pipeline YAML file.")
+    params: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, description="Parameter values; unknown names are refused."
+    )
+
+
+class StepOut(BaseModel):
+    """One step of a pipeline run."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    state: str
+    tries: int
+    job_id: int | None
+    job_ids: list[int]
+    input_hash: str
+    cached_from: str
+    outputs: dict[str, Any]
+    reason: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class PipelineOut(BaseModel):
+    """A pipeline run, its steps in run order; step job `env` values are shown as `***`."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    team: str
+    user: str
+    state: str
+    spec: dict[str, Any]
+    params: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool
+    reason: str
+    steps: list[StepOut]
+
+    @field_validator("spec")
+    @classmethod
+    def _redact(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        steps = spec.get("steps")
+        if not isinstance(steps, list):
+            return spec
+        redacted = [
+            {**s, "job": redact_spec(s["job"])}
+            if isinstance(s, dict) and isinstance(s.get("job"), dict)
+            else s
+            for s in steps
+        ]
+        return {**spec, "steps": redacted}

@@ -5,6 +5,7 @@ transaction returning frozen records. SQLite (``default_sqlite_url(home)``) is t
 default; any ``postgresql+psycopg://`` URL works in production.
 """
 
+from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
 from tensoryard.store.records import (
     TEAM_ROLES,
     TOKEN_SCOPES,
@@ -19,7 +20,9 @@ from tensoryard.store.records import (
     JobTokenGrant,
     MemberRecord,
     MetricRecord,
+    PipelineRecord,
     StepProgress,
+    StepRecord,
     TeamRecord,
     TokenRecord,
     UserRecord,
@@ -41,11 +44,16 @@ __all__ = [
     "JobTokenGrant",
     "MemberRecord",
     "MetricRecord",
+    "ModelRecord",
+    "ModelVersionRecord",
+    "PipelineRecord",
     "StepProgress",
+    "StepRecord",
     "Store",
     "TeamRecord",
     "TokenRecord",
     "UserRecord",
+    "VersionLineage",
     "default_sqlite_url",
     "utcnow",
 ]

@@ -44,6 +44,12 @@ __all__ = [
     "JobToken",
     "Membership",
     "Metric",
+    "Model",
+    "ModelAlias",
+    "ModelTag",
+    "ModelVersion",
+    "Pipeline",
+    "PipelineStep",
     "Team",
     "UTCDateTime",
     "User",
@@ -328,6 +334,143 @@ class SchedulerState(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime]
+
+
+PIPELINE_STATE_VALUES = "'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'"
+STEP_STATE_VALUES = "'WAITING', 'RUNNING', 'SUCCEEDED', 'CACHED', 'SKIPPED', 'FAILED', 'CANCELLED'"
+
+
+class Pipeline(Base):
+    """One run of a PipelineSpec with its parameters; its steps are rows of pipeline_steps."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({PIPELINE_STATE_VALUES})", name="state"),
+        Index(None, "state"),
+        Index(None, "team"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    team: Mapped[str] = mapped_column(String(NAME_LEN), ForeignKey("teams.name"))
+    user: Mapped[str] = mapped_column("user_name", String(USER_LEN))
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    spec: Mapped[dict[str, Any]]
+    params: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class PipelineStep(Base):
+    """A step of a pipeline run: its state, the job it submitted (per try), inputs and outputs."""
+
+    __tablename__ = "pipeline_steps"
+    __table_args__ = (
+        CheckConstraint(f"state IN ({STEP_STATE_VALUES})", name="state"),
+        Index(None, "input_hash"),
+        Index(None, "job_id"),
+    )
+
+    pipeline_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    tries: Mapped[int] = mapped_column(Integer)
+    """Jobs submitted for this step so far (a retry submits a new job)."""
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="SET NULL"))
+    job_ids: Mapped[list[int]] = mapped_column(JSON)
+    input_hash: Mapped[str] = mapped_column(String(64))
+    cached_from: Mapped[str] = mapped_column(String(64))
+    """'PIPELINE/STEP' whose outputs a CACHED step reuses ('' otherwise)."""
+    outputs: Mapped[dict[str, Any]]
+    reason: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Model(Base):
+    """A registered model of a team: a name whose versions are immutable artifacts."""
+
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("team", "name"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    team: Mapped[str] = mapped_column(
+        String(NAME_LEN), ForeignKey("teams.name", ondelete="CASCADE")
+    )
+    name: Mapped[str] = mapped_column(String(NAME_LEN))
+    description: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(USER_LEN))
+
+
+class ModelVersion(Base):
+    """One immutable version: an artifact manifest plus its lineage (job, data, parent)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("model_id", "version"),
+        Index(None, "job_id"),
+        Index(None, "data_manifest"),
+        Index(None, "parent_id"),
+        Index(None, "artifact"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(Integer, ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    artifact: Mapped[str] = mapped_column(String(64))
+    """BLAKE3 digest of the artifact manifest in the artifact store."""
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="SET NULL"))
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    code_revision: Mapped[str] = mapped_column(String(128))
+    data_manifest: Mapped[str] = mapped_column(String(128))
+    parent_id: Mapped[int | None] = mapped_column(
+        Integer, ForeignKey("model_versions.id", ondelete="SET NULL")
+    )
+    metrics: Mapped[dict[str, Any]]
+    description: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(USER_LEN))
+
+
+class ModelTag(Base):
+    """A key=value tag on a model version (mutable, unlike the version itself)."""
+
+    __tablename__ = "model_tags"
+    __table_args__ = (Index(None, "key"),)
+
+    version_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("model_versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class ModelAlias(Base):
+    """A movable name (`production`, `candidate`...) pointing at one version of a model."""
+
+    __tablename__ = "model_aliases"
+
+    model_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    version_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("model_versions.id", ondelete="CASCADE")
+    )
     updated_at: Mapped[datetime]
 
 

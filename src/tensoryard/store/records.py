@@ -9,6 +9,8 @@ from typing import Any
 from tensoryard.spec.states import JobState
 
 __all__ = [
+    "PIPELINE_TERMINAL",
+    "STEP_TERMINAL",
     "TEAM_ROLES",
     "TOKEN_SCOPES",
     "AttemptRecord",
@@ -22,7 +24,9 @@ __all__ = [
     "JobTokenGrant",
     "MemberRecord",
     "MetricRecord",
+    "PipelineRecord",
     "StepProgress",
+    "StepRecord",
     "TeamRecord",
     "TokenRecord",
     "UserRecord",
@@ -222,3 +226,54 @@ class AuditRecord:
     outcome: str  # ok | denied | error
     source_ip: str
     detail: str
+
+
+PIPELINE_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+STEP_TERMINAL = frozenset({"SUCCEEDED", "CACHED", "SKIPPED", "FAILED", "CANCELLED"})
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step of a pipeline run: WAITING, RUNNING, SUCCEEDED, CACHED (outputs reused from
+    ``cached_from``), SKIPPED (its condition was false or a need was skipped), FAILED or
+    CANCELLED; the job it runs now and every job it submitted."""
+
+    pipeline_id: int
+    name: str
+    position: int
+    state: str
+    tries: int
+    job_id: int | None
+    job_ids: tuple[int, ...]
+    input_hash: str
+    cached_from: str
+    outputs: dict[str, Any]
+    reason: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    """A pipeline run: spec, parameters, state (RUNNING or terminal) and its steps in run
+    order."""
+
+    id: int
+    name: str
+    team: str
+    user: str
+    state: str
+    spec: dict[str, Any]
+    params: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool
+    reason: str
+    steps: tuple[StepRecord, ...]
+
+    def step(self, name: str) -> StepRecord:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)

@@ -29,6 +29,8 @@ from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._identity import IdentityMixin
 from tensoryard.store._inputs import JOB_FIELDS
+from tensoryard.store._pipelines import PipelineMixin
+from tensoryard.store._registry import RegistryMixin
 from tensoryard.store._serving import ServingMixin
 from tensoryard.store.models import (
     Attempt,
@@ -72,7 +74,7 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, ServingMixin):
+class Store(IdentityMixin, PipelineMixin, RegistryMixin, ServingMixin):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then

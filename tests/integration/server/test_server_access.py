@@ -66,7 +66,17 @@ def world(tmp_path: Path, migrated_sqlite_url: str) -> Iterator[World]:
 
 
 def _filled(path: str) -> str:
-    values = {"job_id": "1", "team": "nlp", "user": "mo", "token_id": "0123456789ab", "name": "nlp"}
+    values = {
+        "job_id": "1",
+        "pipeline_id": "1",
+        "team": "nlp",
+        "user": "mo",
+        "token_id": "0123456789ab",
+        "name": "nlp",
+        "ref": "1",
+        "alias": "production",
+        "version": "1",
+    }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
 

@@ -91,6 +91,10 @@ class AttemptWorkload:
     """A PersistentVolumeClaim to mount at `pvc_mount_path` (checkpoints, datasets)."""
     pvc_mount_path: str = "/mnt/shared"
     rendezvous_port: int = 29500
+    termination_grace_s: int = 30
+    """Seconds a pod gets between SIGTERM and SIGKILL when deleted (to write a checkpoint)."""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Extra annotations on every pod (e.g. for a cluster's admission or monitoring)."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -105,6 +109,7 @@ class AttemptWorkload:
         _check(self.attempt >= 1, "attempt", "must be at least 1")
         _check(self.nodes >= 1, "nodes", "must be at least 1")
         _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
+        _check(self.termination_grace_s >= 0, "termination_grace_s", "must be 0 or more")
         _check(bool(self.command), "command", "must name a program to run")
         _check(
             not self.node_names or len(self.node_names) == self.nodes,
@@ -221,6 +226,7 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": w.pvc_name}})
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": w.termination_grace_s,
         "containers": [
             {
                 "name": CONTAINER,
@@ -240,7 +246,8 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
         spec["priorityClassName"] = w.priority_class
     if w.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in w.image_pull_secrets]
-    return {"metadata": {"labels": w.labels(), "annotations": dict(w.labels())}, "spec": spec}
+    annotations = {**w.pod_annotations, **w.labels()}
+    return {"metadata": {"labels": w.labels(), "annotations": annotations}, "spec": spec}
 
 
 def _job_spec(w: AttemptWorkload, pod_template: dict[str, Any]) -> dict[str, Any]:

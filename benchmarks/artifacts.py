@@ -1,0 +1,363 @@
+"""Artifact store and registry benchmark: tensoryard next to a plain copy and MLflow, one run.
+
+For a checkpoint-like file set (half safetensors shards with several float32 tensors, half a
+``torch.distributed.checkpoint`` directory; ``--size-mb``, default 2048):
+
+1. registration throughput: `ModelRegistry.register_artifact` after an `ArtifactStore.push`
+   into a fresh local store, next to a plain ``shutil.copytree`` of the same bytes (goal >= 80%)
+   and next to MLflow 3 ``log_artifacts`` into its local file store;
+2. the same to S3 (``moto_server`` on loopback): tensoryard's S3 backend next to MLflow's;
+3. a second checkpoint with 10% of its bytes changed in place, and one with 10% inserted:
+   new bytes stored as a fraction of the checkpoint (goal <= 15% each);
+4. restore throughput (`pull`, every chunk verified) next to the copy.
+
+MLflow runs in its own venv (``benchmarks/.venvs/mlflow``, made on first use; its pyarrow pin
+would downgrade the project's). Everything reads from the page cache and writes to the same disk;
+absolute numbers drift on these shared 2-core machines, the ratios are the result.
+
+    python benchmarks/artifacts.py --json benchmarks/out/artifacts.json [--size-mb 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensoryard.registry import ArtifactStore, S3Blobs, open_blobs
+from tensoryard.registry.service import ModelRegistry
+from tensoryard.store import Store, default_sqlite_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line
+
+NAME = "artifacts"
+HERE = Path(__file__).resolve().parent
+MLFLOW_VENV = HERE / ".venvs" / "mlflow"
+GOALS = {"register_vs_copy_ratio": 0.8, "new_bytes_fraction": 0.15}
+MB = 1 << 20
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+# -- the checkpoint ---------------------------------------------------------------------------
+
+
+def make_checkpoint(root: Path, size_mb: int, seed: int = 0) -> int:
+    """Half safetensors shards, half a torch.distributed.checkpoint directory; returns bytes."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    half = size_mb * MB // 2
+    shard_bytes = min(256 * MB, half)
+    done, shard = 0, 0
+    while done < half:
+        n = min(shard_bytes, half - done) // 4
+        tensors = {
+            f"layers.{shard}.{name}": rng.standard_normal(n // 4, np.float32)
+            for name in ("q", "k", "v", "mlp")
+        }
+        (root / "safetensors").mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(root / "safetensors" / f"model-{shard:05d}.safetensors"))
+        done += n * 4
+        shard += 1
+    state = {}
+    per = max(1, half // 8)
+    for i in range(8):
+        state[f"block{i}.weight"] = torch.from_numpy(rng.standard_normal(per // 4, np.float32))
+    dcp.save(state, checkpoint_id=str(root / "dcp"))
+    return tree_bytes(root)
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def files_of(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def change_in_place(src: Path, dst: Path, fraction: float, seed: int) -> None:
+    """Copy, then overwrite a contiguous `fraction` of each large file (middle) with new bytes."""
+    shutil.copytree(src, dst)
+    rng = np.random.default_rng(seed)
+    for path in files_of(dst):
+        size = path.stat().st_size
+        if size < MB:
+            continue
+        length = int(size * fraction)
+        with open(path, "r+b") as f:
+            f.seek(size // 3)
+            f.write(rng.integers(0, 256, length, np.uint8).tobytes())
+
+
+def insert_bytes(src: Path, dst: Path, fraction: float, seed: int) -> None:
+    """Copy, inserting `fraction` of each large file's size (new bytes) at its middle; streamed."""
+    rng = np.random.default_rng(seed)
+    for path in files_of(src):
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size = path.stat().st_size
+        if size < MB:
+            shutil.copy2(path, target)
+            continue
+        with open(path, "rb") as fin, open(target, "wb") as fout:
+            _copy_n(fin, fout, size // 3)
+            fout.write(rng.integers(0, 256, int(size * fraction), np.uint8).tobytes())
+            shutil.copyfileobj(fin, fout, 8 * MB)
+
+
+def _copy_n(fin: Any, fout: Any, n: int) -> None:
+    while n > 0:
+        block = fin.read(min(8 * MB, n))
+        fout.write(block)
+        n -= len(block)
+
+
+# -- contenders --------------------------------------------------------------------------------
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    started = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - started, out
+
+
+def plain_copy(src: Path, dst: Path) -> float:
+    seconds, _ = timed(lambda: shutil.copytree(src, dst))
+    return seconds
+
+
+def tensoryard_register(src: Path, store_url: str, work: Path, **s3: Any) -> tuple[float, Any]:
+    artifacts = ArtifactStore(
+        S3Blobs(store_url, **s3) if store_url.startswith("s3://") else open_blobs(store_url)
+    )
+    with Store.open(default_sqlite_url(work)) as db:
+        db.ensure_team("bench")
+        registry = ModelRegistry(db, artifacts)
+
+        def register() -> Any:
+            pushed = artifacts.push(src)
+            registry.register_artifact("bench", "ckpt", pushed.manifest.digest, created_by="bench")
+            return pushed
+
+        return timed(register)
+
+
+def ensure_mlflow() -> Path | None:
+    python = MLFLOW_VENV / "bin" / "python"
+    if not python.exists():
+        print("creating the MLflow venv (benchmarks/.venvs/mlflow)...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(MLFLOW_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "mlflow", "boto3"], check=True)
+    ok = subprocess.run([str(python), "-c", "import mlflow"], capture_output=True)
+    return python if ok.returncode == 0 else None
+
+
+def mlflow_log(
+    python: Path, src: Path, tracking: Path, s3: str | None, env: dict[str, str]
+) -> dict[str, Any]:
+    cmd = [
+        str(python),
+        str(HERE / "_mlflow_worker.py"),
+        "--tracking",
+        str(tracking),
+        "--src",
+        str(src),
+    ]
+    if s3:
+        cmd += ["--s3", s3]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, **env}, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"mlflow worker failed: {out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    exe = Path(sys.executable).with_name("moto_server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run(size_mb: int, work: Path, skip_s3: bool) -> dict[str, Any]:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    src = work / "ckpt"
+    total = make_checkpoint(src, size_mb)
+    print(f"checkpoint: {total / MB:.0f} MiB in {len(files_of(src))} files", file=sys.stderr)
+    res: dict[str, Any] = {"size_bytes": total, "files": len(files_of(src))}
+
+    copy_s = plain_copy(src, work / "copy")
+    shutil.rmtree(work / "copy")
+    store_url = str(work / "store")
+    reg_s, pushed = tensoryard_register(src, store_url, work)
+    res["copy_mb_s"] = total / MB / copy_s
+    res["register_mb_s"] = total / MB / reg_s
+    res["register_vs_copy_ratio"] = copy_s / reg_s
+    print(
+        f"copy {res['copy_mb_s']:.0f} MB/s, tensoryard register {res['register_mb_s']:.0f} MB/s",
+        file=sys.stderr,
+    )
+
+    python = ensure_mlflow()
+    if python is not None:
+        ml = mlflow_log(python, src, work / "mlruns", None, {})
+        shutil.rmtree(work / "mlruns")
+        res["mlflow_version"] = ml["mlflow"]
+        res["mlflow_local_mb_s"] = total / MB / ml["seconds"]
+        res["register_vs_mlflow_local_ratio"] = ml["seconds"] / reg_s
+        print(f"mlflow local {res['mlflow_local_mb_s']:.0f} MB/s", file=sys.stderr)
+    else:
+        res["mlflow_error"] = "mlflow did not install into benchmarks/.venvs/mlflow"
+
+    artifacts = ArtifactStore(open_blobs(store_url))
+    restore_s, _ = timed(lambda: artifacts.pull(pushed.manifest.digest, work / "restored"))
+    shutil.rmtree(work / "restored")
+    res["restore_mb_s"] = total / MB / restore_s
+    res["restore_vs_copy_ratio"] = copy_s / restore_s
+
+    change_in_place(src, work / "inplace", 0.10, seed=1)
+    second = artifacts.push(work / "inplace")
+    res["new_bytes_fraction_inplace"] = second.bytes_new / second.bytes_total
+    shutil.rmtree(work / "inplace")
+    insert_bytes(src, work / "insert", 0.10, seed=2)
+    third = artifacts.push(work / "insert")
+    res["new_bytes_fraction_insert"] = third.bytes_new / third.bytes_total
+    shutil.rmtree(work / "insert")
+    print(
+        f"new bytes: in place {res['new_bytes_fraction_inplace']:.3f}, "
+        f"insert {res['new_bytes_fraction_insert']:.3f}",
+        file=sys.stderr,
+    )
+    shutil.rmtree(work / "store")
+
+    if not skip_s3:
+        for key, value in S3_ENV.items():
+            os.environ.setdefault(key, value)
+        with moto_server() as endpoint:
+            import boto3
+
+            s3 = boto3.client("s3", endpoint_url=endpoint)
+            s3.create_bucket(Bucket="tyard-bench")
+            s3_s, _ = tensoryard_register(
+                src, "s3://tyard-bench/store", work / "db-s3", endpoint_url=endpoint
+            )
+            res["register_s3_mb_s"] = total / MB / s3_s
+            if python is not None:
+                s3.create_bucket(Bucket="mlflow-bench")
+                env = {**S3_ENV, "MLFLOW_S3_ENDPOINT_URL": endpoint}
+                ml = mlflow_log(python, src, work / "mlruns-s3", "s3://mlflow-bench/artifacts", env)
+                res["mlflow_s3_mb_s"] = total / MB / ml["seconds"]
+                res["register_vs_mlflow_s3_ratio"] = ml["seconds"] / s3_s
+        print(
+            f"S3 (moto): tensoryard {res['register_s3_mb_s']:.0f} MB/s, "
+            f"mlflow {res.get('mlflow_s3_mb_s', 0):.0f} MB/s",
+            file=sys.stderr,
+        )
+    shutil.rmtree(work)
+    return res
+
+
+def summary(res: dict[str, Any], size_mb: int) -> tuple[str, str]:
+    parts = [
+        f"{size_mb} MiB (half safetensors, half DCP): register {res['register_mb_s']:.0f} MB/s = "
+        f"{res['register_vs_copy_ratio']:.2f}x plain copy ({res['copy_mb_s']:.0f} MB/s)",
+    ]
+    if "mlflow_local_mb_s" in res:
+        parts.append(
+            f"{res['register_vs_mlflow_local_ratio']:.2f}x MLflow {res['mlflow_version']} "
+            f"local ({res['mlflow_local_mb_s']:.0f} MB/s)"
+        )
+    if "register_s3_mb_s" in res:
+        s3 = f"moto S3: {res['register_s3_mb_s']:.0f} MB/s"
+        if "mlflow_s3_mb_s" in res:
+            ratio = res["register_vs_mlflow_s3_ratio"]
+            s3 += f" = {ratio:.2f}x MLflow ({res['mlflow_s3_mb_s']:.0f} MB/s)"
+        parts.append(s3)
+    parts.append(
+        f"new bytes 10% in place {res['new_bytes_fraction_inplace']:.1%}, "
+        f"10% inserted {res['new_bytes_fraction_insert']:.1%}"
+    )
+    parts.append(
+        f"restore {res['restore_mb_s']:.0f} MB/s = {res['restore_vs_copy_ratio']:.2f}x copy "
+        "(every chunk verified)"
+    )
+    ratio_met = res["register_vs_copy_ratio"] >= GOALS["register_vs_copy_ratio"]
+    dedup_met = (
+        max(res["new_bytes_fraction_inplace"], res["new_bytes_fraction_insert"])
+        <= GOALS["new_bytes_fraction"]
+    )
+    met = (
+        f">=80% of copy: {'met' if ratio_met else 'not met'}; "
+        f"<=15% new bytes: {'met' if dedup_met else 'not met'}"
+    )
+    return "; ".join(parts), met
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--size-mb", type=int, default=2048, help="checkpoint size (default 2048)")
+    p.add_argument("--work", type=Path, default=HERE / ".data" / "artifacts", help="scratch dir")
+    p.add_argument("--skip-s3", action="store_true", help="leave out the moto S3 comparison")
+    p.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
+    args = p.parse_args(argv)
+    res = run(args.size_mb, args.work, args.skip_s3)
+    text, met = summary(res, args.size_mb)
+    print(json.dumps(res, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    if not args.no_results:
+        cmd = (
+            "python benchmarks/artifacts.py --json benchmarks/out/artifacts.json "
+            f"--size-mb {args.size_mb}"
+        )
+        goal = "register >= 80% of plain copy; <= 15% new bytes for 10% changed / inserted"
+        write_results_line(NAME, cmd, text, goal, met)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Launch on Kubernetes: tensoryard's control plane next to `kubectl apply` of the same JobSets.
+
+On the test control plane (scripts/k8s-testenv: real kube-apiserver, kube-scheduler, Job and
+JobSet controllers; kwok simulates the GPU nodes and completes each pod 1-5 s after it runs),
+with N fake nodes x 8 GPUs, the same mix of gang sizes is run twice, in one run:
+
+- kubectl: every job's token Secret and JobSet, rendered exactly as the executor renders them
+  (without node affinity: kube-scheduler places), created with one `kubectl apply -f`;
+- tensoryard: the jobs submitted through the REST API (batch endpoint) to a control plane with
+  the Kubernetes executor (in this process, on its own namespace and the same nodes), which
+  places them with its own scheduler and creates the objects.
+
+Measured for each: seconds from the first submission until every job's pods have all been seen
+Running (a watch records the first time each pod runs), and for tensoryard the API calls its
+executor and cluster view made per job (watch streams not counted), and whether any pod was
+bound to a node other than the one tensoryard chose. Goal: tensoryard's time <= 1.2 x
+kubectl's, and no pod bound elsewhere.
+
+    python benchmarks/k8s_launch.py --json benchmarks/out/k8s_launch.json          # 128 x 1000
+    python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --json /tmp/k8s.json     # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line  # noqa: E402
+
+from tensoryard.executors.kubernetes.manifests import (  # noqa: E402
+    LABEL_JOB_ID,
+    AttemptWorkload,
+    render_jobset,
+)
+
+NAME = "k8s_launch"
+GOAL_RATIO = 1.2
+POOL = "tensoryard.io/bench-pool"
+IMAGE = "registry.invalid/tensoryard/trainer:bench"
+GANGS = ((1, 0.5), (2, 0.25), (4, 0.15), (8, 0.10))  # nodes per job, share of jobs
+
+
+def gang_sizes(jobs: int, seed: int = 7) -> list[int]:
+    rng = random.Random(seed)
+    sizes, weights = zip(*GANGS, strict=True)
+    return rng.choices(sizes, weights=weights, k=jobs)
+
+
+@contextmanager
+def test_cluster(kubeconfig: Path | None) -> Iterator[Path]:
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    script = REPO / "scripts" / "k8s-testenv"
+    with tempfile.TemporaryDirectory(prefix="k8s-bench-") as tmp:
+        env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_base())}
+        subprocess.run([script, "up", "--dir", tmp], env=env, check=True, capture_output=True)
+        try:
+            yield Path(tmp) / "kubeconfig"
+        finally:
+            subprocess.run([script, "down", "--dir", tmp], env=env, capture_output=True)
+
+
+def _free_base() -> int:
+    for _ in range(50):
+        base = random.randrange(20000, 59000)
+        try:
+            for port in range(base, base + 9):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
+def make_nodes(core: Any, count: int, pool: str) -> list[str]:
+    names = [f"bench-{pool}-{i}" for i in range(count)]
+    resources = {"cpu": "224", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    for i, name in enumerate(names):
+        core.create_node(
+            {
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                        "tensoryard.io/switch": f"leaf-{i // 8}",
+                        POOL: pool,
+                    },
+                },
+                "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+                "status": {"capacity": resources, "allocatable": resources},
+            }
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready = [
+            n
+            for n in core.list_node(label_selector=f"{POOL}={pool}").items
+            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        ]
+        if len(ready) == count:
+            return names
+        time.sleep(0.5)
+    raise RuntimeError("kwok did not make the nodes Ready")
+
+
+class RunningWatch:
+    """Records the first time each pod of a namespace is seen Running, per job label."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.first_running: dict[str, float] = {}
+        self.pods_of: dict[str, set[str]] = {}
+        self.node_of: dict[str, str] = {}
+        self.allowed: dict[str, list[str]] = {}
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import client, watch
+
+        core = client.CoreV1Api(self.api)
+        while not self._stop:
+            w = watch.Watch()
+            for event in w.stream(
+                core.list_namespaced_pod, self.namespace, label_selector=LABEL_JOB_ID,
+                timeout_seconds=30,
+            ):  # fmt: skip
+                pod = event["raw_object"]
+                name = pod["metadata"]["name"]
+                job = pod["metadata"]["labels"][LABEL_JOB_ID]
+                self.pods_of.setdefault(job, set()).add(name)
+                if pod.get("status", {}).get("phase") in ("Running", "Succeeded"):
+                    self.first_running.setdefault(name, time.monotonic())
+                    self.node_of[name] = pod["spec"].get("nodeName", "")
+                    self.allowed[name] = _affinity_nodes(pod)
+                if self._stop:
+                    w.stop()
+
+    def started(self, expected: dict[str, int]) -> int:
+        """How many jobs have had all `expected[job]` pods running."""
+        return sum(
+            1
+            for job, n in expected.items()
+            if sum(1 for p in self.pods_of.get(job, ()) if p in self.first_running) >= n
+        )
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def _affinity_nodes(pod: dict[str, Any]) -> list[str]:
+    try:
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        return list(terms[0]["matchExpressions"][0]["values"])
+    except (KeyError, IndexError, TypeError):
+        return []
+
+
+def wait_started(watcher: RunningWatch, expected: dict[str, int], timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while watcher.started(expected) < len(expected):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"only {watcher.started(expected)} of {len(expected)} jobs started in {timeout}s"
+            )
+        time.sleep(0.2)
+    return max(watcher.first_running.values())
+
+
+def run_kubectl(api: Any, kubeconfig: Path, sizes: list[int], timeout: float) -> dict[str, Any]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    ns = f"bench-kubectl-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": ns}})
+    docs: list[dict[str, Any]] = []
+    expected: dict[str, int] = {}
+    for i, nodes in enumerate(sizes, start=1):
+        w = AttemptWorkload(
+            job_id=str(i),
+            attempt=1,
+            attempt_key=f"j{i}-a1-kubectl",
+            image=IMAGE,
+            command=["python", "train.py"],
+            namespace=ns,
+            token_secret=f"ty-{i}-1-token",
+            nodes=nodes,
+            gpus_per_node=8,
+        )
+        meta = {"name": w.token_secret, "namespace": ns, "labels": w.labels()}
+        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": meta,
+                     "stringData": {"token": "t"}})  # fmt: skip
+        docs.append(render_jobset(w))
+        expected[str(i)] = nodes
+    path = Path(tempfile.mkdtemp()) / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    watcher = RunningWatch(api, ns)
+    time.sleep(1)
+    start = time.monotonic()
+    subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    applied = time.monotonic() - start
+    last = wait_started(watcher, expected, timeout)
+    watcher.stop()
+    core.delete_namespace(ns, propagation_policy="Background")
+    return {"seconds": round(last - start, 2), "apply_seconds": round(applied, 2)}
+
+
+def run_tensoryard(
+    api: Any, kubeconfig: Path, sizes: list[int], pool: str, timeout: float
+) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+    from kubernetes import client
+
+    from tensoryard.executors.kubernetes.config import KubernetesConfig
+    from tensoryard.server.config import ServerConfig
+    from tensoryard.server.main import build_control_plane
+
+    core = client.CoreV1Api(api)
+    ns = f"bench-tyard-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": ns}})
+    time.sleep(2)  # the namespace's default ServiceAccount
+    home = Path(tempfile.mkdtemp(prefix="tyard-k8s-bench-"))
+    config = ServerConfig(
+        home=home,
+        executor="kubernetes",
+        kubernetes=KubernetesConfig(
+            kubeconfig=kubeconfig,
+            namespace=ns,
+            node_selector={POOL: pool},
+            default_image=IMAGE,
+        ),
+        cancel_grace_s=0,
+    )
+    plane = build_control_plane(config)
+    kube = plane.executor.kube  # type: ignore[attr-defined]
+    watcher = RunningWatch(api, ns)
+    plane.controller.start()
+    http = TestClient(plane.app(), headers={"Authorization": f"Bearer {plane.admin_token}"})
+    specs = [
+        {
+            "name": f"bench-{i}",
+            "command": ["python", "train.py"],
+            "resources": {"nodes": n, "gpus_per_node": 8},
+            "restart": {"max_restarts": 0},
+        }
+        for i, n in enumerate(sizes)
+    ]
+    time.sleep(1)
+    calls_before = kube.calls
+    start = time.monotonic()
+    ids: list[int] = []
+    for chunk in range(0, len(specs), 1000):
+        answer = http.post("/api/v1/jobs/batch", json={"specs": specs[chunk : chunk + 1000]})
+        answer.raise_for_status()
+        ids += [int(i) for i in answer.json()["ids"]]
+    expected = {str(job_id): n for job_id, n in zip(ids, sizes, strict=True)}
+    try:
+        last = wait_started(watcher, expected, timeout)
+    finally:
+        watcher.stop()
+        plane.controller.stop()
+        plane.executor.close()  # type: ignore[attr-defined]
+        plane.store.close()
+    calls = kube.calls - calls_before
+    misplaced = [
+        p
+        for p, node in watcher.node_of.items()
+        if watcher.allowed.get(p) and node not in watcher.allowed[p]
+    ]
+    core.delete_namespace(ns, propagation_policy="Background")
+    return {
+        "seconds": round(last - start, 2),
+        "api_calls": calls,
+        "api_calls_per_job": round(calls / len(sizes), 2),
+        "pods_checked": len(watcher.node_of),
+        "pods_bound_elsewhere": len(misplaced),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
+    parser.add_argument("--nodes", type=int, default=128, help="Fake 8-GPU nodes.")
+    parser.add_argument("--jobs", type=int, default=1000, help="Jobs of mixed gang sizes.")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="A running test cluster (default: start one)."
+    )
+    parser.add_argument("--timeout", type=float, default=1800, help="Seconds per side.")
+    args = parser.parse_args()
+
+    from kubernetes import client, config
+
+    sizes = gang_sizes(args.jobs)
+    with test_cluster(args.kubeconfig) as kubeconfig:
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+        core = client.CoreV1Api(api)
+        pool = secrets.token_hex(3)
+        nodes = make_nodes(core, args.nodes, pool)
+        try:
+            kubectl = run_kubectl(api, kubeconfig, sizes, args.timeout)
+            time.sleep(5)
+            tyard = run_tensoryard(api, kubeconfig, sizes, pool, args.timeout)
+        finally:
+            for name in nodes:
+                core.delete_node(name)
+    ratio = tyard["seconds"] / kubectl["seconds"]
+    result = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * 8,
+        "jobs": args.jobs,
+        "gang_sizes": {str(n): sizes.count(n) for n, _ in GANGS},
+        "kubectl": kubectl,
+        "tensoryard": tyard,
+        "ratio_tensoryard_to_kubectl": round(ratio, 3),
+        "goal_ratio": GOAL_RATIO,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    met = ratio <= GOAL_RATIO and tyard["pods_bound_elsewhere"] == 0
+    cmd = f"python benchmarks/k8s_launch.py --nodes {args.nodes} --jobs {args.jobs} --json PATH"
+    text = (
+        f"{args.jobs} jobs on {args.nodes}x8 fake GPUs: all pods running after "
+        f"{tyard['seconds']:.1f}s (tensoryard) vs {kubectl['seconds']:.1f}s (kubectl apply), "
+        f"ratio {ratio:.2f}; {tyard['api_calls_per_job']:.1f} API calls/job; "
+        f"{tyard['pods_bound_elsewhere']} of {tyard['pods_checked']} pods bound elsewhere"
+    )
+    write_results_line(
+        NAME, cmd, text, f"ratio <= {GOAL_RATIO}, 0 pods elsewhere", "yes" if met else "no"
+    )
+
+
+if __name__ == "__main__":
+    main()

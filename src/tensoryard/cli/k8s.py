@@ -1,0 +1,139 @@
+"""`tyard k8s render`: the Kubernetes objects the executor would create for a job spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tensoryard.cli._common import console, die, user_errors
+from tensoryard.errors import FieldIssue, SpecError
+from tensoryard.executors.kubernetes.config import KubernetesConfig
+
+__all__ = ["kubernetes_config", "register"]
+
+k8s_app = typer.Typer(
+    name="k8s",
+    help="The Kubernetes executor: see what it creates for a job.",
+    no_args_is_help=True,
+)
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    out = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise SpecError(
+                [FieldIssue(option, f"{value!r} is not KEY=VALUE", f"write it like {option} a=b")],
+                source="command line",
+            )
+        out[key] = val
+    return out
+
+
+def kubernetes_config(
+    *,
+    kubeconfig: Path | None = None,
+    namespace: str = "default",
+    default_image: str | None = None,
+    workload: str = "auto",
+    node_selector: list[str] | None = None,
+    switch_label: str = "tensoryard.io/switch",
+    block_label: str = "tensoryard.io/block",
+    pod_annotations: list[str] | None = None,
+    watch: bool = True,
+) -> KubernetesConfig:
+    """A KubernetesConfig from command-line values (SpecError naming the option)."""
+    if workload not in ("auto", "jobset", "job"):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "--workload", f"{workload!r} is not a workload kind", "use auto, jobset or job"
+                )
+            ],
+            source="command line",
+        )
+    return KubernetesConfig(
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        default_image=default_image,
+        workload=workload,  # type: ignore[arg-type]  # checked above
+        node_selector=_pairs(node_selector or [], "--node-selector"),
+        switch_label=switch_label,
+        block_label=block_label,
+        pod_annotations=_pairs(pod_annotations or [], "--pod-annotation"),
+        watch=watch,
+    )
+
+
+def _dump(objects: list[dict[str, Any]], output: str) -> str:
+    if output == "json":
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2)
+    import yaml
+
+    return yaml.safe_dump_all(objects, sort_keys=False).rstrip()
+
+
+@k8s_app.command()
+def render(
+    file: Annotated[Path, typer.Argument(help="JobSpec YAML file.", show_default=False)],
+    output: Annotated[str, typer.Option("-o", "--output", help="yaml or json.")] = "yaml",
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A node the placement chose (repeatable; one per spec node). "
+            "Default: none, so no node affinity is rendered."
+        ),
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="Namespace of the objects.")] = "default",
+    workload: Annotated[
+        str, typer.Option(help="jobset or job (Indexed Job + Service).")
+    ] = "jobset",
+    default_image: Annotated[
+        str | None, typer.Option(help="Image when the spec names none.")
+    ] = None,
+    job_id: Annotated[int, typer.Option(help="Job id to render with.")] = 1,
+    attempt: Annotated[int, typer.Option(help="Attempt number to render with.", min=1)] = 1,
+) -> None:
+    """Print exactly the objects `launch` creates for JOB.yaml (Secret, then JobSet, or Job
+    and headless Service), without contacting a cluster. The job token's value, the owner
+    references (they need the created owner's uid) and the TYARD_* values that name the
+    server are placeholders."""
+    from tensoryard.executors.base import LaunchRequest
+    from tensoryard.executors.kubernetes.executor import render_attempt, workload_for
+    from tensoryard.spec.job import load_job_spec
+
+    if output not in ("yaml", "json"):
+        die(f"-o {output!r}: use yaml or json")
+    if workload not in ("jobset", "job"):
+        die(f"--workload {workload!r}: use jobset or job")
+    with user_errors():
+        spec = load_job_spec(file)
+        config = KubernetesConfig(namespace=namespace, default_image=default_image)
+        key = f"j{job_id}-a{attempt}-render"
+        request = LaunchRequest(
+            job_id=str(job_id),
+            attempt=attempt,
+            spec=spec,
+            run_dir=Path("."),
+            env={
+                "TYARD_JOB_ID": str(job_id),
+                "TYARD_ATTEMPT": str(attempt),
+                "TYARD_SERVER_URL": "<the server's report URL>",
+                "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
+                "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+            },
+            placement={n: [] for n in node or []},
+            attempt_key=key,
+        )
+        objects = render_attempt(
+            workload_for(request, config), "JobSet" if workload == "jobset" else "Job"
+        )
+    console.print(_dump(objects, output), highlight=False, markup=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(k8s_app)

@@ -1,0 +1,66 @@
+"""Settings of the Kubernetes executor and of the cluster view built from Node objects.
+
+Plain data (no client import), so the server config and the CLI can hold it cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tensoryard.executors.kubernetes.manifests import GPU_RESOURCE
+
+__all__ = ["GPU_PRODUCT_LABEL", "KubernetesConfig", "WorkloadKind"]
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by GPU Feature Discovery (GPU Operator)
+
+WorkloadKind = Literal["auto", "jobset", "job"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesConfig:
+    """Where and how attempts run on a Kubernetes cluster. Every field has a default."""
+
+    kubeconfig: Path | None = None
+    """Kubeconfig file; None: $KUBECONFIG or ~/.kube/config, else the in-cluster identity."""
+    context: str | None = None
+    """Kubeconfig context; None: its current context."""
+    namespace: str = "default"
+    """Namespace of every object the executor creates (it must exist)."""
+    workload: WorkloadKind = "auto"
+    """"jobset" (JobSet CRD), "job" (Indexed Job + headless Service), or "auto": JobSet when
+    its CRD is installed."""
+    default_image: str | None = None
+    """Image for jobs whose spec names none (`image:`); None: such jobs are refused at launch."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Only nodes with these labels are tensoryard's to schedule on (empty: every node)."""
+    switch_label: str = "tensoryard.io/switch"
+    """Node label naming the leaf switch a node hangs off (topology-aware placement)."""
+    block_label: str = "tensoryard.io/block"
+    """Node label naming the spine block above the switch."""
+    gpu_product_label: str = GPU_PRODUCT_LABEL
+    """Node label naming the GPU model (GPU Feature Discovery's)."""
+    gpu_resource: str = GPU_RESOURCE
+    tolerations: Sequence[Mapping[str, Any]] = (
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+    )
+    """Tolerations of every pod; taints they tolerate do not hide a node from the scheduler."""
+    priority_class: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    pvc_name: str | None = None
+    """PersistentVolumeClaim mounted at `pvc_mount_path` (checkpoints, run dirs)."""
+    pvc_mount_path: str = "/mnt/shared"
+    shm_size: str = "64Gi"
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Extra annotations on every pod."""
+    request_timeout_s: float = 10.0
+    """Connect and read timeout of every API call (an unreachable API server fails fast)."""
+    watch: bool = True
+    """Keep pods, JobSets/Jobs and nodes in list-then-watch caches (410 Gone: relist);
+    False: every poll and every cluster refresh makes LIST calls."""
+    capacity_ttl_s: float = 2.0
+    """How long one listing of nodes and pods serves the scheduler before it is refreshed."""
+    log_tail_lines: int = 500
+    """Lines of each pod's log kept in the run dir when an attempt ends."""

@@ -1,0 +1,583 @@
+"""KubernetesExecutor: each attempt is a JobSet (or an Indexed Job plus a headless Service).
+
+    launch:  Secret (job token) ─> JobSet | Job (+ Service owned by the Job) ─> Secret owned
+             by the JobSet/Job, so deleting the JobSet/Job deletes everything of the attempt
+    poll:    read the JobSet/Job by name, list its pods by the attempt-key label ─> status
+    cancel:  delete the pods with the grace period (SIGTERM; the runtime checkpoints), then the
+             JobSet/Job in the foreground (it goes once its pods are gone)
+
+Every object carries the labels tensoryard.io/job-id, /attempt and /attempt-key, so `launch`
+is idempotent by attempt key (AlreadyExists with the same key means already launched) and
+`terminate`/`reattach` find the objects from the stored handle alone. The platform's scheduler
+chose the nodes; the pods carry node affinity to exactly those. The JobSet's own restarts are
+off: attempt N+1 is new objects, resumed from the last checkpoint by the platform.
+
+When an attempt ends, the last lines of each pod's log are kept in the run dir
+(`attempt-N/rank-K.log`) so `tyard logs` works after the pods are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tensoryard.errors import ExecutorError
+from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
+from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError
+from tensoryard.executors.kubernetes.config import KubernetesConfig
+from tensoryard.executors.kubernetes.manifests import (
+    LABEL_ATTEMPT_KEY,
+    RESERVED_ENV,
+    TOKEN_KEY,
+    AttemptWorkload,
+    owner_reference,
+    render_headless_service,
+    render_indexed_job,
+    render_jobset,
+)
+from tensoryard.executors.kubernetes.status import Obj, attempt_status, get, node_ready, pod_rank
+from tensoryard.executors.kubernetes.watch import WatchCache
+
+__all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
+
+_HANDLE_VERSION = 1
+_JOBSET_API = f"{JOBSET[0]}/{JOBSET[1]}"
+
+
+@dataclass(frozen=True)
+class KubernetesHandle:
+    """What the control plane stores for a Kubernetes attempt (as a JSON-able dict)."""
+
+    job_id: str
+    attempt: int
+    attempt_key: str
+    namespace: str
+    name: str
+    kind: str  # "JobSet" or "Job"
+    nodes: int
+    attempt_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"executor": "kubernetes", "version": _HANDLE_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KubernetesHandle:
+        if data.get("executor") != "kubernetes":
+            raise ExecutorError(
+                f"handle belongs to executor {data.get('executor')!r}, not 'kubernetes'"
+            )
+        try:
+            return cls(
+                job_id=str(data["job_id"]),
+                attempt=int(data["attempt"]),
+                attempt_key=str(data["attempt_key"]),
+                namespace=str(data["namespace"]),
+                name=str(data["name"]),
+                kind=str(data["kind"]),
+                nodes=int(data["nodes"]),
+                attempt_dir=str(data["attempt_dir"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExecutorError(f"malformed kubernetes handle ({exc!r}): {dict(data)}") from exc
+
+    @property
+    def selector(self) -> str:
+        return f"{LABEL_ATTEMPT_KEY}={self.attempt_key}"
+
+    @property
+    def secret(self) -> str:
+        return f"{self.name}-token"
+
+
+def workload_for(
+    request: LaunchRequest, config: KubernetesConfig, *, grace_s: float = 30.0
+) -> AttemptWorkload:
+    """The AttemptWorkload of a launch request (ExecutorError when it cannot run here)."""
+    spec = request.spec
+    image = spec.image or config.default_image
+    if not image:
+        raise ExecutorError(
+            f"job {request.job_id} names no container image (fix: set `image:` in the job spec, "
+            "or start the server with --default-image)"
+        )
+    env = {**spec.env, **request.env}
+    env = {k: v for k, v in env.items() if k not in RESERVED_ENV}
+    return AttemptWorkload(
+        job_id=str(request.job_id),
+        attempt=request.attempt,
+        attempt_key=request.attempt_key,
+        image=image,
+        command=list(spec.command),
+        namespace=config.namespace,
+        env=env,
+        token_secret=f"ty-{_slug(request.job_id)}-{request.attempt}-token",
+        nodes=spec.resources.nodes,
+        gpus_per_node=spec.resources.gpus_per_node,
+        node_names=sorted(request.placement),
+        tolerations=tuple(config.tolerations),
+        priority_class=config.priority_class,
+        image_pull_secrets=tuple(config.image_pull_secrets),
+        shm_size=config.shm_size,
+        pvc_name=config.pvc_name,
+        pvc_mount_path=config.pvc_mount_path,
+        termination_grace_s=max(int(grace_s), 0),
+        pod_annotations=dict(config.pod_annotations),
+    )
+
+
+def _slug(job_id: str) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", str(job_id).lower()).strip("-")
+
+
+def render_attempt(w: AttemptWorkload, kind: str) -> list[dict[str, Any]]:
+    """Every object the executor creates for `w`, in creation order. The Secret's data is a
+    placeholder here; owner references are added once the owner exists (its uid)."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": w.token_secret,
+            "namespace": w.namespace,
+            "labels": w.labels(),
+            "annotations": dict(w.labels()),
+        },
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: "<the job token, derived at launch>"},
+    }
+    if kind == "JobSet":
+        return [secret, render_jobset(w)]
+    return [secret, render_indexed_job(w), render_headless_service(w)]
+
+
+class KubernetesExecutor:
+    """Runs attempts as JobSets or Indexed Jobs in one namespace (see the module docstring).
+
+    Args:
+        kube: a connected client (`client.connect`), which also carries the config.
+        kind: "JobSet" or "Job"; None: from `config.workload` ("auto": JobSet when its CRD
+            is installed).
+        grace_s: terminationGracePeriodSeconds of the pods (the server's cancel grace).
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, kube: Kube, *, kind: str | None = None, grace_s: float = 30.0) -> None:
+        self.kube = kube
+        self.config = kube.config
+        self.grace_s = grace_s
+        self.kind = kind or _choose_kind(kube)
+        self._pod_cache: WatchCache | None = None
+        self._owner_cache: WatchCache | None = None
+
+    def start_watches(self) -> None:
+        """Keep this namespace's tensoryard pods and JobSets/Jobs in list-then-watch caches,
+        so polls cost no API call (without them each poll makes a GET and a LIST)."""
+        k, ns = self.kube, self.config.namespace
+        self._pod_cache = WatchCache(
+            k, f"pods in {ns}", k.core.list_namespaced_pod, ns, label_selector=LABEL_ATTEMPT_KEY
+        ).start()
+        if self.kind == "JobSet":
+            owners = WatchCache(
+                k,
+                f"jobsets in {ns}",
+                k.custom.list_namespaced_custom_object,
+                *_jobset(ns),
+                label_selector=LABEL_ATTEMPT_KEY,
+            )
+        else:
+            owners = WatchCache(
+                k,
+                f"jobs in {ns}",
+                k.batch.list_namespaced_job,
+                ns,
+                label_selector=LABEL_ATTEMPT_KEY,
+            )
+        self._owner_cache = owners.start()
+
+    def close(self) -> None:
+        for cache in (self._pod_cache, self._owner_cache):
+            if cache is not None:
+                cache.stop()
+
+    # -- launch -------------------------------------------------------------------------------
+
+    def prepare(self, request: LaunchRequest) -> dict[str, Any]:
+        """The handle, computed without side effects (recorded before anything is created)."""
+        w = workload_for(request, self.config, grace_s=self.grace_s)
+        return self._handle(request, w).to_dict()
+
+    def _handle(self, request: LaunchRequest, w: AttemptWorkload) -> KubernetesHandle:
+        attempt_dir = Path(request.run_dir).resolve() / f"attempt-{request.attempt}"
+        return KubernetesHandle(
+            job_id=w.job_id,
+            attempt=w.attempt,
+            attempt_key=w.attempt_key,
+            namespace=w.namespace,
+            name=w.name,
+            kind=self.kind,
+            nodes=w.nodes,
+            attempt_dir=str(attempt_dir),
+        )
+
+    def render(self, request: LaunchRequest) -> list[dict[str, Any]]:
+        """What `launch` would create for `request` (for `tyard k8s render`)."""
+        return render_attempt(workload_for(request, self.config, grace_s=self.grace_s), self.kind)
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Create Secret, JobSet (or Job + Service), then make the Secret owned by it.
+
+        Idempotent by attempt key: an object that already exists with this key is taken as
+        created by an earlier call; one with another key is an error (nothing is touched)."""
+        if not request.attempt_key:
+            raise ExecutorError("the Kubernetes executor needs the request's attempt_key")
+        w = workload_for(request, self.config, grace_s=self.grace_s)
+        h = self._handle(request, w)
+        Path(h.attempt_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        token = request.env.get("TYARD_JOB_TOKEN", "")
+        objects = render_attempt(w, self.kind)
+        secret = {**objects[0], "stringData": {TOKEN_KEY: token}}
+        self._create(h, "secrets", secret)
+        try:
+            owner = self._create(h, self._resource, objects[1])
+        except ExecutorError:
+            # Refused (a webhook, a quota, RBAC): leave nothing half-created behind.
+            self._ignore_404(
+                f"delete secrets in namespace {h.namespace}",
+                self.kube.core.delete_namespaced_secret,
+                w.token_secret,
+                h.namespace,
+            )
+            raise
+        owner_ref = owner_reference(
+            objects[1]["apiVersion"], self.kind, w.name, str(get(owner, "metadata", "uid"))
+        )
+        if self.kind == "Job":
+            service = objects[2]
+            service["metadata"]["ownerReferences"] = [owner_ref]
+            self._create(h, "services", service)
+        self.kube.call(
+            f"patch secrets in namespace {h.namespace}",
+            self.kube.core.patch_namespaced_secret,
+            w.token_secret,
+            h.namespace,
+            {"metadata": {"ownerReferences": [owner_ref]}},
+        )
+        return h.to_dict()
+
+    @property
+    def _resource(self) -> str:
+        return "jobsets.jobset.x-k8s.io" if self.kind == "JobSet" else "jobs.batch"
+
+    def _create(self, h: KubernetesHandle, resource: str, body: dict[str, Any]) -> Obj:
+        """Create `body`; AlreadyExists with this attempt's key returns the existing object."""
+        name = body["metadata"]["name"]
+        what = f"create {resource} in namespace {h.namespace}"
+        try:
+            return self._call_create(resource, h.namespace, body, what)
+        except KubeApiError as exc:
+            if exc.status != 409:
+                raise
+        existing = self._read(resource, h.namespace, name)
+        key = (get(existing, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
+        if existing is None or key != h.attempt_key:
+            raise ExecutorError(
+                f"{resource} {h.namespace}/{name} already exists for attempt key {key!r}, not "
+                f"{h.attempt_key!r} (fix: delete it, `kubectl delete {resource} -n "
+                f"{h.namespace} {name}`, if no tensoryard job owns it)"
+            )
+        return existing
+
+    def _call_create(self, resource: str, ns: str, body: dict[str, Any], what: str) -> Obj:
+        k = self.kube
+        if resource == "secrets":
+            return _obj(k.plain(k.call(what, k.core.create_namespaced_secret, ns, body)))
+        if resource == "services":
+            return _obj(k.plain(k.call(what, k.core.create_namespaced_service, ns, body)))
+        if resource == "jobs.batch":
+            return _obj(k.plain(k.call(what, k.batch.create_namespaced_job, ns, body)))
+        return _obj(k.call(what, k.custom.create_namespaced_custom_object, *_jobset(ns), body))
+
+    def _read(self, resource: str, ns: str, name: str) -> Obj | None:
+        """The object, or None when it does not exist."""
+        k = self.kube
+        what = f"get {resource} in namespace {ns}"
+        try:
+            if resource == "secrets":
+                return _obj(k.plain(k.call(what, k.core.read_namespaced_secret, name, ns)))
+            if resource == "services":
+                return _obj(k.plain(k.call(what, k.core.read_namespaced_service, name, ns)))
+            if resource == "jobs.batch":
+                return _obj(k.plain(k.call(what, k.batch.read_namespaced_job, name, ns)))
+            return dict(k.call(what, k.custom.get_namespaced_custom_object, *_jobset(ns), name))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- watch --------------------------------------------------------------------------------
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        """The attempt's phase from its JobSet/Job and pods (found by the attempt-key label).
+
+        Once it has ended the outcome is written to the attempt dir (with the pods' last log
+        lines), so later polls answer from there even when the objects are gone."""
+        h = KubernetesHandle.from_dict(handle)
+        final = self._recorded(h)
+        if final is not None:
+            return final
+        owner, pods = self._observe(h)
+        status = attempt_status(
+            h.kind,
+            owner,
+            pods,
+            nodes=h.nodes,
+            cancelled=self._cancel_file(h).exists(),
+            not_ready_nodes=self._not_ready(pods),
+        )
+        if status.finished:
+            self._keep_logs(h, pods)
+            if status.phase is AttemptPhase.FAILED:
+                self._stop_rest_of_gang(h)
+            self._record(h, status)
+        return status
+
+    def _stop_rest_of_gang(self, h: KubernetesHandle) -> None:
+        """A failed attempt's other pods are of no use and hold GPUs the next attempt needs:
+        delete them (with the grace period), keeping the failed pods for `kubectl describe`."""
+        self.kube.call(
+            f"deletecollection pods in namespace {h.namespace}",
+            self.kube.core.delete_collection_namespaced_pod,
+            h.namespace,
+            label_selector=h.selector,
+            field_selector="status.phase!=Failed,status.phase!=Succeeded",
+            grace_period_seconds=max(int(self.grace_s), 0),
+        )
+
+    def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
+        """After a control-plane restart: the objects are found again by name and label."""
+        return self.poll(handle)
+
+    def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
+        """Node rank -> the kept log of its pod (written when the attempt ends)."""
+        h = KubernetesHandle.from_dict(handle)
+        return {rank: Path(h.attempt_dir) / f"rank-{rank}.log" for rank in range(h.nodes)}
+
+    def _observe(self, h: KubernetesHandle) -> tuple[Obj | None, list[Obj]]:
+        """The owner and pods of the attempt: from the watch caches when they are healthy and
+        hold the owner; else (just created, gone, or no watch) straight from the API."""
+        pods_cache, owners = self._pod_cache, self._owner_cache
+        if pods_cache is not None and owners is not None and pods_cache.ready() and owners.ready():
+            owner = owners.get(h.name)
+            key = (get(owner, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
+            if owner is not None and key == h.attempt_key:
+                return owner, pods_cache.select(LABEL_ATTEMPT_KEY, h.attempt_key)
+        return self._read(self._resource_of(h), h.namespace, h.name), self._pods(h)
+
+    def _resource_of(self, h: KubernetesHandle) -> str:
+        return "jobsets.jobset.x-k8s.io" if h.kind == "JobSet" else "jobs.batch"
+
+    def _pods(self, h: KubernetesHandle) -> list[Obj]:
+        result = self.kube.call(
+            f"list pods in namespace {h.namespace}",
+            self.kube.core.list_namespaced_pod,
+            h.namespace,
+            label_selector=h.selector,
+        )
+        return [self.kube.plain(p) for p in result.items]
+
+    def _not_ready(self, pods: list[Obj]) -> set[str]:
+        """Nodes under running pods whose pods are not Ready (then the node is read)."""
+        suspects = {
+            str(get(p, "spec", "nodeName"))
+            for p in pods
+            if get(p, "status", "phase") == "Running"
+            and not any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in get(p, "status", "conditions") or []
+            )
+        }
+        down = set()
+        for name in suspects:
+            try:
+                node = self.kube.call("get nodes", self.kube.core.read_node, name)
+            except KubeApiError as exc:
+                if exc.status == 404:
+                    down.add(name)
+                    continue
+                raise
+            if not node_ready(self.kube.plain(node)):
+                down.add(name)
+        return down
+
+    def _keep_logs(self, h: KubernetesHandle, pods: list[Obj]) -> None:
+        """The last lines of each pod's log into attempt-N/rank-K.log (never overwritten)."""
+        for pod in pods:
+            rank = pod_rank(pod)
+            path = Path(h.attempt_dir) / f"rank-{rank}.log"
+            if rank < 0 or path.exists():
+                continue
+            name = str(get(pod, "metadata", "name"))
+            try:
+                text = self.kube.call(
+                    f"get pods/log in namespace {h.namespace}",
+                    self.kube.core.read_namespaced_pod_log,
+                    name,
+                    h.namespace,
+                    tail_lines=self.config.log_tail_lines,
+                )
+            except ExecutorError as exc:
+                text = f"[tensoryard] the log of pod {name} could not be read: {exc}\n"
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.write_text(str(text), encoding="utf-8")
+
+    # -- the outcome record (attempt-N/exit.json) ---------------------------------------------
+
+    def _exit_file(self, h: KubernetesHandle) -> Path:
+        return Path(h.attempt_dir) / "exit.json"
+
+    def _cancel_file(self, h: KubernetesHandle) -> Path:
+        return Path(h.attempt_dir) / "cancel.json"
+
+    def _record(self, h: KubernetesHandle, status: AttemptStatus) -> None:
+        path = self._exit_file(h)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data = {
+            "phase": status.phase.value,
+            "exit_code": status.exit_code,
+            "reason": status.reason,
+            "failed_ranks": list(status.failed_ranks),
+            "at": time.time(),
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    def _recorded(self, h: KubernetesHandle) -> AttemptStatus | None:
+        try:
+            data = json.loads(self._exit_file(h).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return AttemptStatus(
+            AttemptPhase(data["phase"]),
+            data.get("exit_code"),
+            str(data.get("reason", "")),
+            tuple(data.get("failed_ranks", ())),
+        )
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
+        """Delete the pods with `grace_s` (SIGTERM now, SIGKILL by the kubelet after it), then
+        the JobSet/Job in the foreground. Idempotent; later polls say CANCELLED once every
+        object is gone."""
+        h = KubernetesHandle.from_dict(handle)
+        if self._exit_file(h).exists():
+            return
+        marker = self._cancel_file(h)
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            marker.write_text(json.dumps({"grace_s": grace_s, "at": time.time()}) + "\n")
+        grace = max(int(grace_s), 0)
+        self._delete_pods(h, grace)
+        self._delete_owner(h, grace, "Foreground")
+
+    def terminate(self, handle: dict[str, Any]) -> int:
+        """Delete every object of the attempt now (found by its key); how many pods ran."""
+        h = KubernetesHandle.from_dict(handle)
+        pods = [p for p in self._pods(h) if get(p, "status", "phase") in ("Pending", "Running")]
+        self._delete_owner(h, 0, "Background")
+        self._delete_pods(h, 0)
+        k, ns, sel = self.kube, h.namespace, h.selector
+        for name in self._names(
+            f"list services in namespace {ns}", k.core.list_namespaced_service, ns, sel
+        ):
+            self._ignore_404(
+                f"delete services in namespace {ns}", k.core.delete_namespaced_service, name, ns
+            )
+        for name in self._names(
+            f"list secrets in namespace {ns}", k.core.list_namespaced_secret, ns, sel
+        ):
+            self._ignore_404(
+                f"delete secrets in namespace {ns}", k.core.delete_namespaced_secret, name, ns
+            )
+        return len(pods)
+
+    def _names(self, what: str, fn: Any, ns: str, selector: str) -> list[str]:
+        return [
+            o.metadata.name for o in self.kube.call(what, fn, ns, label_selector=selector).items
+        ]
+
+    def _delete_pods(self, h: KubernetesHandle, grace: int) -> None:
+        self.kube.call(
+            f"deletecollection pods in namespace {h.namespace}",
+            self.kube.core.delete_collection_namespaced_pod,
+            h.namespace,
+            label_selector=h.selector,
+            grace_period_seconds=grace,
+        )
+
+    def _delete_owner(self, h: KubernetesHandle, grace: int, propagation: str) -> None:
+        k, ns = self.kube, h.namespace
+        body = {"gracePeriodSeconds": grace, "propagationPolicy": propagation}
+        if h.kind == "JobSet":
+            self._ignore_404(
+                f"delete jobsets.jobset.x-k8s.io in namespace {ns}",
+                k.custom.delete_namespaced_custom_object,
+                *_jobset(ns),
+                h.name,
+                body=body,
+            )
+        else:
+            self._ignore_404(
+                f"delete jobs.batch in namespace {ns}",
+                k.batch.delete_namespaced_job,
+                h.name,
+                ns,
+                body=body,
+            )
+
+    def _ignore_404(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.kube.call(what, fn, *args, **kwargs)
+        except KubeApiError as exc:
+            if exc.status != 404:
+                raise
+
+
+def _obj(value: Any) -> Obj:
+    if not isinstance(value, Mapping):
+        raise ExecutorError(f"the API server answered {type(value).__name__}, not an object")
+    return value
+
+
+def _jobset(namespace: str) -> tuple[str, str, str, str]:
+    group, version, plural = JOBSET
+    return group, version, namespace, plural
+
+
+def _choose_kind(kube: Kube) -> str:
+    """JobSet or Job from the config; "auto" asks the API server whether JobSet is served."""
+    if kube.config.workload == "jobset":
+        return "JobSet"
+    if kube.config.workload == "job":
+        return "Job"
+    from kubernetes import client
+
+    try:
+        kube.call(
+            "get the JobSet API group",
+            client.CustomObjectsApi(kube.api).get_api_resources,
+            JOBSET[0],
+            JOBSET[1],
+        )
+    except KubeApiError as exc:
+        if exc.status == 404:
+            return "Job"
+        raise
+    return "JobSet"

@@ -1,0 +1,316 @@
+"""The pipeline advancer: one pass over every RUNNING pipeline, called by the control loop.
+
+It holds no state between passes: everything it needs is in the pipeline and step rows, so a
+restarted control plane (or a new leader) carries on where the last one stopped. Each change
+is one compare-and-set transaction on a step (``Store.submit_step`` inserts the step's job in
+the same transaction that moves the step to RUNNING), so a pass repeated after a crash, or
+run twice by mistake, never submits a step twice. Per pipeline, in step order:
+
+1. a RUNNING step whose job ended: SUCCEEDED with its outputs, WAITING again for a retry, or
+   FAILED / CANCELLED (a cancel request is passed on to running jobs first);
+2. on a cancel request, WAITING steps are CANCELLED;
+3. a WAITING step whose needs all ended: CANCELLED when a need failed, SKIPPED when a need was
+   skipped or its `if` is false, CACHED when an earlier step of the team had the same input
+   hash (outputs reused, reason shown), else its job is submitted;
+4. when every step ended, the pipeline ends: CANCELLED on request, FAILED when a step failed or
+   was cancelled, else SUCCEEDED.
+
+Step kinds other than ``job`` (a future ``register`` step) plug in at `_STEP_RUNNERS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tensoryard.errors import Conflict, SpecError
+from tensoryard.pipelines.outputs import read_outputs_file
+from tensoryard.spec.expr import ExprError, Value
+from tensoryard.spec.pipeline import PipelineSpec, StepSpec, chain_hash, resolve_job
+from tensoryard.spec.states import TERMINAL_STATES, JobState
+from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
+from tensoryard.store.records import STEP_TERMINAL
+
+__all__ = ["PipelineAdvancer", "collect_outputs"]
+
+log = logging.getLogger("tensoryard.pipelines")
+
+DONE_OK = frozenset({"SUCCEEDED", "CACHED"})
+
+
+@dataclass
+class _Run:
+    """One pipeline during one pass: its spec and the freshest record of each step."""
+
+    record: PipelineRecord
+    spec: PipelineSpec
+    steps: dict[str, StepRecord]
+
+    def resolver(self) -> Callable[[tuple[str, ...]], Value]:
+        def resolve(parts: tuple[str, ...]) -> Value:
+            if parts[0] == "params" and len(parts) == 2:
+                if parts[1] not in self.record.params:
+                    raise ExprError(f"params.{parts[1]} is not set")
+                value = self.record.params[parts[1]]
+                return value if isinstance(value, str | int | float | bool) else None
+            if parts[0] == "steps" and len(parts) == 4 and parts[2] == "outputs":
+                step = self.steps.get(parts[1])
+                if step is None or step.state not in DONE_OK:
+                    raise ExprError(f"steps.{parts[1]} has not succeeded")
+                if parts[3] not in step.outputs:
+                    known = ", ".join(sorted(step.outputs)) or "none"
+                    raise ExprError(
+                        f"step {parts[1]} has no output {parts[3]!r} (its outputs: {known})"
+                    )
+                value = step.outputs[parts[3]]
+                return value if isinstance(value, str | int | float | bool) else None
+            raise ExprError(f"unknown name {'.'.join(parts)!r}")
+
+        return resolve
+
+
+class PipelineAdvancer:
+    """Moves pipelines forward; `advance()` is one pass (idempotent, safe to repeat)."""
+
+    def __init__(self, store: Store, *, runs_dir: Path) -> None:
+        self.store = store
+        self.runs_dir = runs_dir
+        self._specs: dict[int, PipelineSpec] = {}
+
+    def advance(self) -> int:
+        """One pass over every RUNNING pipeline; returns how many changes it made."""
+        changes = 0
+        for record in self.store.running_pipelines():
+            try:
+                changes += self._advance_one(record)
+            except Conflict as exc:  # another advancer moved first: the next pass re-reads
+                log.info("pipeline %d: %s", record.id, exc)
+            except Exception:  # one bad pipeline must not stop the others, nor the jobs
+                log.exception("pipeline %d could not be advanced", record.id)
+        return changes
+
+    def _spec(self, record: PipelineRecord) -> PipelineSpec:
+        spec = self._specs.get(record.id)
+        if spec is None:
+            spec = PipelineSpec.model_validate(record.spec)
+            self._specs[record.id] = spec
+        return spec
+
+    def _advance_one(self, record: PipelineRecord) -> int:
+        try:
+            spec = self._spec(record)
+        except ValidationError as exc:
+            self.store.finish_pipeline(record.id, "FAILED", f"stored spec is invalid: {exc}")
+            return 1
+        run = _Run(record, spec, {s.name: s for s in record.steps})
+        before = dict(run.steps)
+        for name in spec.order():
+            step = spec.step(name)
+            # 1. a running step's job
+            if run.steps[name].state == "RUNNING":
+                self._watch(run, step)
+            # 2. cancel what has not started
+            if record.cancel_requested and run.steps[name].state == "WAITING":
+                self._set(run, name, "CANCELLED", "the pipeline was cancelled before it ran")
+            # 3. start what is ready
+            if run.steps[name].state == "WAITING":
+                self._start_if_ready(run, step)
+        changes = sum(1 for n, s in run.steps.items() if s != before[n])
+        # 4. end the pipeline when every step ended
+        if all(s.state in STEP_TERMINAL for s in run.steps.values()):
+            self._finish(run)
+            changes += 1
+        return changes
+
+    # 1 ------------------------------------------------------------------------------------
+    def _watch(self, run: _Run, step: StepSpec) -> None:
+        current = run.steps[step.name]
+        if current.job_id is None:  # the job row was deleted under us
+            self._set(run, step.name, "FAILED", "its job no longer exists", expected="RUNNING")
+            return
+        job = self.store.get_job(current.job_id)
+        if job.state not in TERMINAL_STATES:
+            if run.record.cancel_requested and not job.cancel_requested:
+                self.store.request_cancel(job.id)
+            return
+        if job.state is JobState.SUCCEEDED:
+            try:
+                outputs = collect_outputs(self.store, job)
+            except SpecError as exc:
+                self._set(run, step.name, "FAILED", f"job {job.id} succeeded but {exc}")
+                return
+            self._set(
+                run,
+                step.name,
+                "SUCCEEDED",
+                f"job {job.id} succeeded",
+                outputs=outputs,
+            )
+            return
+        if job.state is JobState.FAILED:
+            if current.tries <= step.retries and not run.record.cancel_requested:
+                self._set(
+                    run,
+                    step.name,
+                    "WAITING",
+                    f"try {current.tries} (job {job.id}) failed: {job.reason}; retrying "
+                    f"({current.tries} of {step.retries} retries used)",
+                )
+                return
+            tries = f" after {current.tries} tries" if current.tries > 1 else ""
+            self._set(run, step.name, "FAILED", f"job {job.id} failed{tries}: {job.reason}")
+            return
+        why = "the pipeline was cancelled" if run.record.cancel_requested else job.reason
+        self._set(run, step.name, "CANCELLED", f"job {job.id} was cancelled: {why}")
+
+    # 3 ------------------------------------------------------------------------------------
+    def _start_if_ready(self, run: _Run, step: StepSpec) -> None:
+        needs = run.spec.dependencies()[step.name]
+        states = {n: run.steps[n].state for n in needs}
+        broken = [n for n, s in states.items() if s in ("FAILED", "CANCELLED")]
+        if broken:
+            self._set(run, step.name, "CANCELLED", f"not run: {broken[0]} {states[broken[0]]}")
+            return
+        skipped = [n for n, s in states.items() if s == "SKIPPED"]
+        if skipped:
+            self._set(run, step.name, "SKIPPED", f"{skipped[0]} was skipped")
+            return
+        if any(s not in DONE_OK for s in states.values()):
+            return  # still waiting
+        resolve = run.resolver()
+        condition = step.condition()
+        if condition is not None:
+            try:
+                holds = condition.evaluate(resolve)
+            except ExprError as exc:
+                self._set(
+                    run, step.name, "FAILED", f"cannot evaluate `if: {condition.text}`: {exc}"
+                )
+                return
+            if not holds:
+                values = ", ".join(f"{r} = {_value(resolve, r.parts)}" for r in condition.refs)
+                detail = f" ({values})" if values else ""
+                self._set(run, step.name, "SKIPPED", f"`if: {condition.text}` is false{detail}")
+                return
+        _STEP_RUNNERS[step.kind](self, run, step)
+
+    def _run_job_step(self, run: _Run, step: StepSpec) -> None:
+        current = run.steps[step.name]
+        source = f"pipeline {run.record.id} step {step.name}"
+        try:
+            job, own = resolve_job(run.spec, step, run.resolver(), source=source)
+        except (ExprError, SpecError) as exc:
+            self._set(run, step.name, "FAILED", f"cannot build its job: {exc}")
+            return
+        # The needs' hashes are part of a step's inputs: a step after a recomputed step is
+        # recomputed too, even when it reads its files without a ${{ }} reference.
+        needs = run.spec.dependencies()[step.name]
+        digest = chain_hash(own, [run.steps[n].input_hash for n in sorted(needs)])
+        if step.cache and current.tries == 0:
+            hit = self._cache_hit(run, step, digest)
+            if hit is not None:
+                return
+        reason = f"submitted try {current.tries + 1}" if current.tries else "submitted"
+        run.steps[step.name] = self.store.submit_step(
+            run.record.id,
+            step.name,
+            expected_tries=current.tries,
+            job=job,
+            input_hash=digest,
+            run_dir_root=self.runs_dir,
+            reason=reason,
+        )
+
+    def _cache_hit(self, run: _Run, step: StepSpec, digest: str) -> StepRecord | None:
+        found = self.store.find_cached_step(run.record.team, digest)
+        if found is None:
+            return None
+        checkpoint = found.outputs.get("checkpoint")
+        if isinstance(checkpoint, str) and checkpoint and not Path(checkpoint).exists():
+            return None  # its checkpoint is gone: run it again
+        origin = f"{found.pipeline_id}/{found.name}"
+        return self._set(
+            run,
+            step.name,
+            "CACHED",
+            f"inputs unchanged (hash {digest[:12]}): reusing the outputs of pipeline "
+            f"{found.pipeline_id} step {found.name} (job {found.job_id})",
+            outputs=found.outputs,
+            input_hash=digest,
+            cached_from=origin,
+        )
+
+    # 4 ------------------------------------------------------------------------------------
+    def _finish(self, run: _Run) -> None:
+        states = {n: s.state for n, s in run.steps.items()}
+        bad = [n for n, s in states.items() if s in ("FAILED", "CANCELLED")]
+        if run.record.cancel_requested:
+            state, reason = "CANCELLED", "cancelled by request"
+        elif bad:
+            state = "FAILED"
+            reason = f"step {bad[0]} {states[bad[0]]}: {run.steps[bad[0]].reason}"
+        else:
+            done = sum(1 for s in states.values() if s in DONE_OK)
+            reason = f"{done} step(s) done, {len(states) - done} skipped"
+            state = "SUCCEEDED"
+        self.store.finish_pipeline(run.record.id, state, reason)
+        self._specs.pop(run.record.id, None)
+
+    # --------------------------------------------------------------------------------------
+    def _set(
+        self,
+        run: _Run,
+        name: str,
+        state: str,
+        reason: str,
+        *,
+        expected: str | None = None,
+        **fields: Any,
+    ) -> StepRecord:
+        current = run.steps[name]
+        record = self.store.set_step(
+            run.record.id,
+            name,
+            expected=[expected or current.state],
+            state=state,
+            reason=reason,
+            **fields,
+        )
+        run.steps[name] = record
+        return record
+
+
+_STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, _Run, StepSpec], None]] = {
+    "job": PipelineAdvancer._run_job_step,
+}
+"""Step kind -> how a ready step runs. A `register` kind (model registry) plugs in here."""
+
+
+def _value(resolve: Callable[[tuple[str, ...]], Value], parts: tuple[str, ...]) -> str:
+    try:
+        return repr(resolve(parts))
+    except ExprError:
+        return "?"
+
+
+def collect_outputs(store: Store, job: JobRecord) -> dict[str, Any]:
+    """A finished job's outputs (see `tensoryard.pipelines.outputs`); SpecError when its
+    outputs file is invalid."""
+    outputs: dict[str, Any] = {"job_id": job.id, "run_dir": job.run_dir}
+    checkpoint = store.latest_checkpoint(job.id)
+    if checkpoint is not None:
+        outputs["checkpoint"] = checkpoint.path
+    if job.attempts:
+        rows = store.list_metrics(job.id, attempt=job.attempts)
+        for row in rows:
+            outputs.update({k: v for k, v in row.values.items()})
+        if rows:
+            outputs["step"] = rows[-1].step
+    if job.run_dir:
+        outputs.update(read_outputs_file(Path(job.run_dir)))
+    return outputs

@@ -1,0 +1,79 @@
+"""Every object the Kubernetes executor creates, validated offline against the Kubernetes 1.36
+OpenAPI schemas (`kubernetes-validate`, strict: an unknown field is an error, since the API
+server would silently drop it). The JobSet itself is checked against its CRD schema in
+test_kubernetes_manifests.py; its Job and pod templates are checked here as a Job and a Pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensoryard.executors.base import LaunchRequest
+from tensoryard.executors.kubernetes.config import KubernetesConfig
+from tensoryard.executors.kubernetes.executor import render_attempt, workload_for
+from tensoryard.executors.kubernetes.manifests import owner_reference
+from tensoryard.spec.job import parse_job_spec
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)"
+)
+VERSION = "1.36.0"  # the test control plane's release (scripts/k8s-testenv)
+
+
+def request(**spec: Any) -> LaunchRequest:
+    fields = {
+        "name": "pretrain",
+        "image": "ghcr.io/example/trainer:1.0",
+        "command": ["python", "train.py"],
+        "env": {"WANDB_MODE": "offline"},
+        "resources": {"nodes": 2, "gpus_per_node": 8},
+        **spec,
+    }
+    return LaunchRequest(
+        job_id="42",
+        attempt=3,
+        spec=parse_job_spec(fields),
+        run_dir=Path("/runs/job-42"),
+        env={"TYARD_JOB_ID": "42", "TYARD_JOB_TOKEN": "secret", "TYARD_RUN_DIR": "/runs/job-42"},
+        placement={"gpu-a": [], "gpu-b": []},
+        attempt_key="j42-a3-0123456789ab",
+    )
+
+
+CONFIG = KubernetesConfig(
+    namespace="ml",
+    priority_class="training",
+    image_pull_secrets=("registry",),
+    pvc_name="shared",
+    pod_annotations={"example.com/team": "llm"},
+)
+
+
+def validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, VERSION, strict=True)
+
+
+def test_the_indexed_job_service_and_secret_are_valid_kubernetes_objects() -> None:
+    secret, job, service = render_attempt(workload_for(request(), CONFIG), "Job")
+    service["metadata"]["ownerReferences"] = [
+        owner_reference("batch/v1", "Job", job["metadata"]["name"], "0000-uid")
+    ]
+    for obj in (secret, job, service):
+        validate(obj)
+
+
+def test_the_jobset_templates_are_a_valid_job_and_pod() -> None:
+    _, jobset = render_attempt(workload_for(request(), CONFIG), "JobSet")
+    job_template = jobset["spec"]["replicatedJobs"][0]["template"]
+    validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, **job_template})
+    pod_template = job_template["spec"]["template"]
+    validate({"apiVersion": "v1", "kind": "Pod", **pod_template, "metadata": {"name": "x"}})
+
+
+def test_the_validator_does_catch_a_misspelt_field() -> None:
+    _, job, _ = render_attempt(workload_for(request(), CONFIG), "Job")
+    job["spec"]["template"]["spec"]["tolerationz"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(job)
