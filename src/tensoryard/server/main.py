@@ -157,7 +157,12 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
         metrics=LoopMetrics(registry),
     )
-    serving = ServingPlane.build(store, registry, log_dir=config.home / "serving")
+    serving = ServingPlane.build(
+        store,
+        registry,
+        log_dir=config.home / "serving",
+        artifacts=ArtifactStore(open_blobs(config.artifact_store_url)),
+    )
     return ControlPlane(config, store, executor, controller, token, registry, backend.fits, serving)
 
 

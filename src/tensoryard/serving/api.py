@@ -20,6 +20,7 @@ from tensoryard.server.guard import Guard
 from tensoryard.serving.engine import ENGINES, parse_engine_options
 from tensoryard.serving.replicas import ReplicaManager
 from tensoryard.serving.source import parse_model_source
+from tensoryard.serving.weights import RegistryWeights
 from tensoryard.store import Store
 
 __all__ = ["DeploymentIn", "DeploymentOut", "add_deployment_routes"]
@@ -79,7 +80,7 @@ class DeploymentOut(BaseModel):
 
 
 def add_deployment_routes(
-    app: FastAPI, *, store: Store, guard: Guard, manager: ReplicaManager
+    app: FastAPI, *, store: Store, guard: Guard, manager: ReplicaManager, weights: RegistryWeights
 ) -> None:
     def out(name: str) -> DeploymentOut:
         d = store.get_deployment(name)
@@ -126,17 +127,17 @@ def add_deployment_routes(
                 [FieldIssue("engine", f"unknown engine {body.engine!r}", f"use one of {ENGINES}")]
             )
         source = parse_model_source(body.model)
+        guard.check(request, who, Action.JOB_SUBMIT, team=body.team, obj=f"team/{body.team}")
+        ref, path = source.ref, str(source.path or "")
         if body.engine == "llama.cpp":
             parse_engine_options(body.options)
-            path = str(source.resolve())
-        else:
-            path = str(source.path or "")
-        guard.check(request, who, Action.JOB_SUBMIT, team=body.team, obj=f"team/{body.team}")
+            resolved = weights.resolve(body.team, source)  # pulls a registry version once
+            ref, path = resolved.ref, str(resolved.path)
         name = body.name or source.default_name()
         store.create_deployment(
             name,
             team=body.team,
-            model_ref=source.ref,
+            model_ref=ref,
             model_path=path,
             engine=body.engine,
             replicas=body.replicas,

