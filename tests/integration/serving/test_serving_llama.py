@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from tensoryard.cli.main import app as cli
 from tensoryard.errors import ConfigError
 from tensoryard.serving.engine import engine_available
 from tensoryard.serving.source import ensure_smollm2
@@ -30,10 +32,16 @@ def smollm2() -> Path:
 
 
 def test_smollm2_answers_streams_with_usage_and_refuses_an_overlong_prompt(
-    serving_plane: Callable[..., Any], smollm2: Path
+    serving_plane: Callable[..., Any], smollm2: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = serving_plane()
-    body = {"model": str(smollm2), "name": "smollm2", "replicas": 1,
+    monkeypatch.setenv("TYARD_SERVER", s.url)
+    monkeypatch.setenv("TYARD_TOKEN", s.token)
+    registered = CliRunner().invoke(
+        cli, ["models", "register", "default/smollm2", str(smollm2), "--alias", "prod", "--json"]
+    )
+    assert registered.exit_code == 0, registered.output
+    body = {"model": "smollm2@prod", "name": "smollm2", "replicas": 1,
             "options": {"n_ctx": 512, "n_threads": 1}}  # fmt: skip
     with s.http() as c:
         made = c.post("/api/v1/deployments", json=body)
