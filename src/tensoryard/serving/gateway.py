@@ -19,10 +19,11 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import BaseModel
 
 from tensoryard.errors import AccessError, Forbidden, NotFound, RateLimited
 from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Guard
+from tensoryard.server.guard import Credentials, Guard
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request
 from tensoryard.serving.replicas import Replica, ReplicaManager
@@ -33,18 +34,44 @@ GATEWAY_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
 _HOLD_S = 300.0  # how long a request may wait for a replica (scale from zero, model load)
 
 
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorOut(BaseModel):
+    """OpenAI's error shape (clients read ``error``)."""
+
+    error: OpenAIErrorDetail
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}},
+    **{
+        code: {"model": OpenAIErrorOut, "description": text}
+        for code, text in (
+            (400, "Malformed request, or a parameter the engine would drop."),
+            (401, "No valid token."),
+            (403, "Not a member of the deployment's team."),
+            (404, "No such deployment (model)."),
+            (429, "Too many requests for this token."),
+            (502, "The engine failed mid-request."),
+            (503, "No replica could take the request."),
+        )
+    },
+}
+
+
 def _error(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content=exc.body())
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(status_code=exc.status, content=exc.body(), headers=headers)
 
 
-async def _principal(guard: Guard, request: Request) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    creds = (
-        HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
-        if scheme.lower() == "bearer" and token
-        else None
-    )
+async def _principal(
+    guard: Guard, request: Request, creds: HTTPAuthorizationCredentials | None
+) -> Principal:
     try:
         return guard.user(request, creds)
     except RateLimited as exc:
@@ -70,10 +97,11 @@ def add_gateway_routes(
             clients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits)
         return clients[loop]
 
-    @app.get("/v1/models", tags=["gateway"])
-    async def models(request: Request) -> Response:
+    @app.get("/v1/models", tags=["gateway"], responses=_RESPONSES, response_model=None)
+    async def models(request: Request, credentials: Credentials) -> Response:
+        """The deployments you may call (OpenAI's model list)."""
         try:
-            who = await _principal(guard, request)
+            who = await _principal(guard, request, credentials)
         except OpenAIError as exc:
             return _error(exc)
         teams = who.visible_teams()
@@ -89,11 +117,13 @@ def add_gateway_routes(
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def generate(
+        request: Request, credentials: HTTPAuthorizationCredentials | None, chat: bool
+    ) -> Response:
         received = time.perf_counter()
         label = "-"
         try:
-            who = await _principal(guard, request)
+            who = await _principal(guard, request, credentials)
             try:
                 raw = await request.json()
             except ValueError as exc:
@@ -263,15 +293,15 @@ def add_gateway_routes(
         metrics.tokens.labels(model, team, user, "prompt").inc(prompt)
         metrics.tokens.labels(model, team, user, "completion").inc(completion)
 
-    @app.post("/v1/completions", tags=["gateway"])
-    async def completions(request: Request) -> Response:
+    @app.post("/v1/completions", tags=["gateway"], responses=_RESPONSES, response_model=None)
+    async def completions(request: Request, credentials: Credentials) -> Response:
         """OpenAI text completions, routed to the deployment named by `model`."""
-        return await generate(request, chat=False)
+        return await generate(request, credentials, chat=False)
 
-    @app.post("/v1/chat/completions", tags=["gateway"])
-    async def chat_completions(request: Request) -> Response:
+    @app.post("/v1/chat/completions", tags=["gateway"], responses=_RESPONSES, response_model=None)
+    async def chat_completions(request: Request, credentials: Credentials) -> Response:
         """OpenAI chat completions, routed to the deployment named by `model`."""
-        return await generate(request, chat=True)
+        return await generate(request, credentials, chat=True)
 
 
 def _has_token(chunk: dict[str, Any]) -> bool:

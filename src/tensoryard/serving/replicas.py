@@ -7,7 +7,8 @@ the processes on this machine, in numbered phases:
 2. per deployment, the target: its replica count, or 0 once idle for ``idle_timeout_s`` (scale
    to zero) until the next request wakes it;
 3. start missing replicas (the row with its port is written before the spawn) and stop surplus;
-4. a process that exited is restarted (its row counts the restart); a starting one becomes ready
+4. a process that exited is restarted after a backoff (0.5 s doubling per restart, at
+   most 30 s; its row counts the restart); a starting one becomes ready
    only when the model answers a one-token generation (not when the port opens).
 
 After a control-plane restart the rows still hold each replica's pid and port: a process that
@@ -32,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from tensoryard.errors import NotFound
-from tensoryard.serving.engine import engine_command, parse_engine_options
+from tensoryard.serving.engine import GATEWAY_OPTIONS, engine_command, parse_engine_options
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
 from tensoryard.store import Store
@@ -43,6 +44,7 @@ __all__ = ["Replica", "ReplicaManager", "free_port"]
 log = logging.getLogger("tensoryard.serving")
 
 CommandFor = Callable[[DeploymentRecord, int], list[str]]
+MAX_BACKOFF_S = 30.0  # a replica that keeps crashing is restarted at most this rarely
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,7 +64,7 @@ def default_command(dep: DeploymentRecord, port: int) -> list[str]:
             "tensoryard.serving.mock_engine",
             "--port",
             str(port),
-            *(f"--{k}={v}" for k, v in dep.options.items()),
+            *(f"--{k}={v}" for k, v in dep.options.items() if k not in GATEWAY_OPTIONS),
         ]
     options = parse_engine_options(dep.options)
     return engine_command(Path(dep.model_path), port, options, alias=dep.name)
@@ -94,6 +96,7 @@ class Replica:
     ready: bool = False
     in_flight: int = 0
     restarts: int = 0
+    retry_at: float | None = None  # set when it exited: restart no earlier than this
 
     @property
     def id(self) -> str:
@@ -328,12 +331,17 @@ class ReplicaManager:
         # 4. crashed -> restart; starting -> ready once it answers
         for r in list(dep.replicas.values()):
             if r.exited():
-                log.warning("replica %s exited; restarting it", r.id)
-                with self._lock:
-                    r.ready = False
-                dep.router.forget(r.id)
-                self.metrics.restarts.labels(rec.name).inc()
-                self._spawn(dep, r.slot, restarts=r.restarts + 1)
+                if r.retry_at is None:  # just noticed: back off before the restart
+                    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** min(r.restarts, 10))
+                    log.warning("replica %s exited; restarting it in %.1f s", r.id, delay)
+                    with self._lock:
+                        r.ready = False
+                        r.retry_at = now + delay
+                    dep.router.forget(r.id)
+                    self.store.put_replica(rec.name, r.slot, port=r.port, state="failed", pid=r.pid)
+                if now >= (r.retry_at or now):
+                    self.metrics.restarts.labels(rec.name).inc()
+                    self._spawn(dep, r.slot, restarts=r.restarts + 1)
             elif not r.ready and self._answers(r.port):
                 with self._lock:
                     r.ready = True

@@ -59,7 +59,7 @@ class ModelSource:
         """A deployment name derived from the source (lowercase, digits, '-')."""
         base = self.path.stem if self.path is not None else str(self.name)
         clean = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")
-        return (clean or "model")[:63]
+        return clean[:63].strip("-") or "model"
 
     def resolve(self) -> Path:
         """The local GGUF file to load; SpecError naming the field and fix when it cannot be
@@ -74,21 +74,30 @@ class ModelSource:
                     )
                 ]
             )
-        if not self.path.is_file():
+        try:
+            with self.path.open("rb") as fh:
+                magic = fh.read(4)
+        except (OSError, ValueError) as exc:  # missing, a directory, unreadable, NUL in name
             raise SpecError(
-                [FieldIssue("model", f"no such file: {self.path}", "pass an existing .gguf file")]
+                [
+                    FieldIssue(
+                        "model",
+                        f"cannot read {self.path}: no such file or not readable "
+                        f"({type(exc).__name__})",
+                        "pass an existing, readable .gguf file",
+                    )
+                ]
+            ) from exc
+        if magic != b"GGUF":
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "model",
+                        f"{self.path} is not a GGUF file",
+                        "convert the model to GGUF (llama.cpp's convert_hf_to_gguf.py)",
+                    )
+                ]
             )
-        with self.path.open("rb") as fh:
-            if fh.read(4) != b"GGUF":
-                raise SpecError(
-                    [
-                        FieldIssue(
-                            "model",
-                            f"{self.path} is not a GGUF file",
-                            "convert the model to GGUF (llama.cpp's convert_hf_to_gguf.py)",
-                        )
-                    ]
-                )
         return self.path.resolve()
 
 
