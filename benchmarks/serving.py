@@ -90,6 +90,8 @@ class Plane:
                 str(self.port),
                 "--log-level",
                 "warning",
+                "--rate-limit",
+                "1000",
             ],
             env=env,
             stdout=self.log,
@@ -336,11 +338,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             2,
         )
 
-        # 3. shared prefix: 4 groups of >= 1,000-token system prompts, questions interleaved
+        # 3. shared prefix: 4 groups of ~1,000-token system prompts (570 words: ~1,015 SmolLM2
+        # tokens), questions interleaved
         groups = [
-            f"System: you are assistant {g}. Knowledge base: " + _words(rng, 900) for g in range(4)
+            f"System: you are assistant {g}. Knowledge base: " + _words(rng, 570) for g in range(4)
         ]
-        per = 2 if quick else 4
+        per = 2 if quick else 3
         shared = [
             groups[g] + f"\nQuestion {q}: {_words(rng, 8)}?\nAnswer:"
             for q in range(per)

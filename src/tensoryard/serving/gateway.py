@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
@@ -72,8 +73,8 @@ def _error(exc: OpenAIError) -> JSONResponse:
 async def _principal(
     guard: Guard, request: Request, creds: HTTPAuthorizationCredentials | None
 ) -> Principal:
-    try:
-        return guard.user(request, creds)
+    try:  # the token lookup is a database read: off the event loop that relays streams
+        return await run_in_threadpool(guard.user, request, creds)
     except RateLimited as exc:
         raise OpenAIError(429, str(exc), type="rate_limit_error", code="rate_limited") from exc
     except AccessError as exc:
@@ -134,7 +135,7 @@ def add_gateway_routes(
                 label = raw["model"][:63]
             req = parse_request(raw, chat=chat)
             dep = _deployment(manager, req.model)
-            try:
+            try:  # pure unless it refuses (then it writes the audit line)
                 guard.check(
                     request, who, Action.JOB_READ, team=dep.team, obj=f"deployment/{dep.name}"
                 )
