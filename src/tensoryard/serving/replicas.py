@@ -44,6 +44,7 @@ __all__ = ["Replica", "ReplicaManager", "free_port"]
 log = logging.getLogger("tensoryard.serving")
 
 CommandFor = Callable[[DeploymentRecord, int], list[str]]
+ADOPT_TIMEOUT_S = 10.0  # a new deployment is adopted within one tick when the supervisor runs
 MAX_BACKOFF_S = 30.0  # a replica that keeps crashing is restarted at most this rarely
 
 
@@ -212,8 +213,11 @@ class ReplicaManager:
                 break
             self.store.get_deployment(name)  # NotFound when it does not exist at all
             self._wake.set()
-            if self.clock() - start > timeout_s:
-                raise TimeoutError(f"deployment {name!r} was not picked up in time")
+            if self.clock() - start > min(timeout_s, ADOPT_TIMEOUT_S):
+                raise TimeoutError(
+                    f"deployment {name!r} was not picked up by the replica supervisor within "
+                    f"{ADOPT_TIMEOUT_S:.0f} s (is it running? see the control plane's log)"
+                )
             await asyncio.sleep(0.02)
         dep = found
         with self._lock:
