@@ -36,6 +36,8 @@ from pydantic import ValidationError
 
 from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.service import ModelRegistry
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
@@ -208,7 +210,11 @@ class Controller:
         self._flight_lock = threading.Lock()
         workers = config.launch_workers
         self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
-        self.pipelines = PipelineAdvancer(store, runs_dir=config.runs_dir)
+        self.pipelines = PipelineAdvancer(
+            store,
+            runs_dir=config.runs_dir,
+            registry=ModelRegistry(store, ArtifactStore(open_blobs(config.artifact_store_url))),
+        )
         self._pipelines_due = True
         self._last_pipelines = 0.0
 
