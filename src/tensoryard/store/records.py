@@ -22,6 +22,8 @@ __all__ = [
     "JobTokenGrant",
     "MemberRecord",
     "MetricRecord",
+    "NodeEventRecord",
+    "NodeRecord",
     "StepProgress",
     "TeamRecord",
     "TokenRecord",
@@ -222,3 +224,27 @@ class AuditRecord:
     outcome: str  # ok | denied | error
     source_ip: str
     detail: str
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node and its health-loop state: ready, cordoned (no new placements) or draining
+    (cordoned, and its running jobs are requeued from their last checkpoint)."""
+
+    name: str
+    state: str
+    reason: str
+    created_at: datetime
+    changed_at: datetime
+
+
+@dataclass(frozen=True)
+class NodeEventRecord:
+    """One line of a node's history."""
+
+    id: int
+    node: str
+    ts: datetime
+    kind: str  # registered | cordon | drain | uncordon
+    actor: str
+    message: str

@@ -28,6 +28,7 @@ from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_
 from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._identity import IdentityMixin
+from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._inputs import JOB_FIELDS
 from tensoryard.store.models import (
     Attempt,
@@ -71,7 +72,7 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin):
+class Store(IdentityMixin, NodesMixin):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then
