@@ -65,6 +65,7 @@ class NodeCapacity:
     memory_bytes: int
     gpu_indices: tuple[int, ...] = ()
     gpu_model: str | None = None
+    state: str = "ready"  # ready | cordoned | draining (the health loop; no new placements)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,8 @@ def _node(n: NodeCapacity) -> Node:
         gpus_total=len(n.gpu_indices),
         cpu_total=n.cpu_slots,
         mem_total=n.memory_bytes,
+        cordoned=n.state == "cordoned",
+        draining=n.state == "draining",
         unavailable_gpus=(),
     )
 

@@ -76,7 +76,11 @@ class NodesMixin:
                 return _record(node), False
             kind = {"ready": "uncordon", "cordoned": "cordon", "draining": "drain"}[state]
             now = self._now()
-            node.state, node.reason, node.changed_at = state, "" if state == "ready" else reason, now
+            node.state, node.reason, node.changed_at = (
+                state,
+                "" if state == "ready" else reason,
+                now,
+            )
             s.add(NodeEvent(node=name, ts=now, kind=kind, actor=actor, message=reason))
             s.flush()
             return _record(node), True

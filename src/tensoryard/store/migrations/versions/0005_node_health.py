@@ -30,9 +30,7 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("changed_at", sa.DateTime(timezone=True), nullable=False),
-        sa.CheckConstraint(
-            "state IN ('ready', 'cordoned', 'draining')", name="ck_nodes_state"
-        ),
+        sa.CheckConstraint("state IN ('ready', 'cordoned', 'draining')", name="ck_nodes_state"),
         sa.PrimaryKeyConstraint("name", name="pk_nodes"),
     )
     op.create_table(
