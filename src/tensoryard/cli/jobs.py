@@ -74,6 +74,15 @@ def server(
             min=1.0,
         ),
     ] = 50.0,
+    local_nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--local-nodes",
+            help="Comma-separated node names that split this machine (CPU and memory shared "
+            "equally), to try multi-node placement and draining on one machine.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, local executor.
 
@@ -91,6 +100,7 @@ def server(
         lease_ttl_s=lease_ttl,
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
+        local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():
         console.print(

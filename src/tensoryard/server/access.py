@@ -53,6 +53,8 @@ class Action(StrEnum):
     METRICS_READ = "metrics.read"
     SECRET_READ = "secret.read"
     SECRET_MANAGE = "secret.set"
+    NODE_READ = "node.read"
+    NODE_MANAGE = "node.manage"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ RULES: dict[Action, Rule] = {
     Action.SECRET_READ: Rule("read", "list this team's secret names", role="member"),
     Action.SECRET_MANAGE: Rule("write", "set or delete this team's secrets", role="team-admin"),
     Action.AUDIT_READ: Rule("admin", "read the audit log"),
+    Action.NODE_READ: Rule("read", "list nodes and their history", anyone=True),
+    Action.NODE_MANAGE: Rule("admin", "cordon, drain or uncordon nodes and report node health"),
 }
 
 

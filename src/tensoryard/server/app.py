@@ -32,6 +32,7 @@ from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
+from tensoryard.server.routes_nodes import add_node_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
     AttemptOut,
@@ -370,6 +371,7 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
+    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick)
     add_secret_routes(
         app,
         store=store,

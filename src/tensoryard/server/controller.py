@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
+from tensoryard.observability.nccl import nccl_debug_env
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
@@ -896,6 +897,11 @@ class Controller:
             "TYARD_SERVER_URL": self.config.report_url,
             "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
         }
+        # NCCL debug log per rank and PyTorch's flight recorder (dumped on a collective
+        # timeout) into the run dir, where the node agent tails them; spec.env overrides.
+        for name, value in nccl_debug_env(run_dir).items():
+            if name not in spec.env:
+                env[name] = value
         return LaunchRequest(
             job_id=str(job.id),
             attempt=number,
@@ -932,6 +938,7 @@ class Controller:
                 job.id, request.env["TYARD_JOB_TOKEN"], attempt=attempt.number
             )
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (Path(job.run_dir) / "nccl").mkdir(exist_ok=True, mode=0o700)  # NCCL makes no dirs
             try:
                 handle = self.executor.launch(request)
             except (ExecutorError, OSError) as exc:

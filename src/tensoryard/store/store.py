@@ -28,8 +28,8 @@ from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_
 from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._identity import IdentityMixin
-from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._inputs import JOB_FIELDS
+from tensoryard.store._nodes import NodesMixin
 from tensoryard.store.models import (
     Attempt,
     Checkpoint,

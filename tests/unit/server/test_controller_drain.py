@@ -167,3 +167,29 @@ def test_an_unknown_node_or_state_is_refused_with_the_fix(world: World) -> None:
     with pytest.raises(SpecError, match="not a node state"):
         world.store.set_node_state("n1", "broken", reason="x", actor="admin")
     assert world.store.get_node("n1").state == "ready"
+
+
+def test_every_launch_gets_nccl_debug_logs_and_the_flight_recorder_in_its_run_dir(
+    world: World,
+) -> None:
+    seen: list[dict[str, str]] = []
+    launch = world.executor.launch
+
+    def recording(request):  # type: ignore[no-untyped-def]
+        seen.append(dict(request.env))
+        return launch(request)
+
+    world.executor.launch = recording  # type: ignore[method-assign]
+    default = world.submit("plain")
+    own = world.submit("own", env={"NCCL_DEBUG": "WARN"})
+    world.cycle(3)
+    run_dir = Path(world.store.get_job(default).run_dir)
+    plain, mine = sorted(seen, key=lambda env: env["TYARD_JOB_ID"])
+    assert plain["NCCL_DEBUG"] == "INFO"
+    assert plain["NCCL_DEBUG_FILE"] == str(run_dir / "nccl" / "nccl-%h-%p.log")
+    assert plain["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert plain["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert plain["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(str(run_dir / "nccl"))
+    assert (run_dir / "nccl").is_dir()  # NCCL does not create directories
+    assert "NCCL_DEBUG" not in mine  # the job's own spec.env wins (applied by the executor)
+    assert int(mine["TYARD_JOB_ID"]) == own
