@@ -25,7 +25,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from tensoryard.errors import TensoryardError
@@ -42,6 +41,7 @@ log = logging.getLogger("tensoryard.agent")
 
 DEFAULT_AGENT_PORT = 9410
 _IB_ACTIVE = "4: ACTIVE"
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what registry.render writes
 
 
 @dataclass(kw_only=True)
@@ -219,7 +219,12 @@ class NodeAgent:
 
     def _new_xids(self) -> list[dict[str, str]]:
         out = []
-        for (gpu, xid), count in sorted(self.gpu.xid_counts().items()):
+        try:
+            counts = self.gpu.xid_counts()
+        except Exception as exc:  # NVML broke in a way the collector did not foresee
+            self.errors.record("gpu", "reading XID events", exc)
+            return []
+        for (gpu, xid), count in sorted(counts.items()):
             if xid in FATAL_XIDS and count > self._reported_xids.get((gpu, xid), 0):
                 self._reported_xids[(gpu, xid)] = count
                 out.append(self._labels("GpuFatalXid", gpu=str(gpu), xid=str(xid)))
@@ -313,7 +318,7 @@ def _handler(agent: NodeAgent) -> type[BaseHTTPRequestHandler]:
                 return
             body = agent.scrape() if self.path.startswith("/metrics") else _INDEX
             self.send_response(200)
-            kind = CONTENT_TYPE_LATEST if self.path.startswith("/metrics") else "text/plain"
+            kind = TEXT_FORMAT if self.path.startswith("/metrics") else "text/plain"
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
