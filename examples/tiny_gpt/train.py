@@ -131,7 +131,7 @@ def train(args: argparse.Namespace, config: GPTConfig) -> None:
             model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1
         )
         resume_loader(loader, sess, sess.resume(model, optimizer))
-        batches: Iterator[torch.Tensor] = iter(loader)
+        batches: Iterator[torch.Tensor] = sess.batches(loader)  # timed: data-loader wait
 
         def extra() -> dict[str, Any]:
             # Read when a checkpoint is written: the samples handed out so far, nothing more.

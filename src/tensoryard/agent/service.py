@@ -32,6 +32,7 @@ from tensoryard.observability.base import Collector, CollectorErrors
 from tensoryard.observability.gpu import FATAL_XIDS, GpuCollector, GpuOwner
 from tensoryard.observability.infiniband import InfinibandCollector
 from tensoryard.observability.nccl import NcclLogCollector, NcclLogSource
+from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource
 from tensoryard.observability.registry import agent_registry, render
 from tensoryard.observability.storage import DiskstatsCollector, MountsCollector
 
@@ -130,6 +131,7 @@ class NodeAgent:
         self.errors = CollectorErrors()
         self._owners: Mapping[int, GpuOwner] = {}
         self._nccl: tuple[NcclLogSource, ...] = ()
+        self._ranks: tuple[RankStatsSource, ...] = ()
         self.gpu = GpuCollector(
             nvml,
             owners=lambda: self._owners,
@@ -142,8 +144,10 @@ class NodeAgent:
             ("mounts", MountsCollector(config.proc_root, errors=self.errors)),
             ("gpu", self.gpu),
             ("nccl", NcclLogCollector(lambda: self._nccl, errors=self.errors)),
+            ("ranks", RankStatsCollector(lambda: self._ranks, errors=self.errors)),
         ]
         guarded: list[Collector] = [_Guarded(n, c, self.errors) for n, c in collectors]
+        self.errors.declare("agent", *(n for n, _ in collectors))
         self.registry = agent_registry([*guarded, self.errors])
         self._reported_xids: dict[tuple[int, int], int] = {}
         self._ib_seen_active: set[str] = set()
@@ -167,7 +171,7 @@ class NodeAgent:
     # ---- the jobs running here --------------------------------------------------------------
 
     def refresh_jobs(self) -> None:
-        """Read the running jobs from the control plane: GPU owners and NCCL log dirs."""
+        """Read the running jobs from the control plane: GPU owners, NCCL log and rank dirs."""
         if self.control_plane is None:
             return
         try:
@@ -177,10 +181,14 @@ class NodeAgent:
             return
         here = [j for j in page.get("items", []) if self.config.node in (j.get("placement") or {})]
         self._owners = gpu_owners(here, self.config.node)
+        with_dir = [j for j in here if j.get("run_dir")]
         self._nccl = tuple(
             NcclLogSource(Path(j["run_dir"]) / "nccl", str(j["id"]), str(j.get("team", "")))
-            for j in here
-            if j.get("run_dir")
+            for j in with_dir
+        )
+        self._ranks = tuple(
+            RankStatsSource(Path(j["run_dir"]) / "ranks", str(j["id"]), str(j.get("team", "")))
+            for j in with_dir
         )
 
     # ---- health -----------------------------------------------------------------------------
