@@ -195,10 +195,18 @@ def test_prometheus_reads_the_jobs_step_metrics_and_runs_every_dashboard_query(s
     assert len(straggler["data"]["result"]) == 2
     assert [n["state"] for n in client.nodes()] == ["ready"]  # XID 13 is not fatal
 
-    served = set(_get(f"{base}/api/v1/label/__name__/values")["data"])
-    failures = []
     exprs = _panel_exprs()
     assert len(exprs) > 40
+    needed = set().union(*(_names(e) for _, e in exprs)) - set(NOT_SERVED_HERE)
+
+    def served_now() -> set[str]:
+        return set(_get(f"{base}/api/v1/label/__name__/values")["data"])
+
+    # Some series start with the first checkpoint or step of a busy machine: give them time.
+    deadline = time.monotonic() + 120
+    while not needed <= (served := served_now()) and time.monotonic() < deadline:
+        time.sleep(1)
+    failures = []
     for where, expr in exprs:
         answer = _query(base, _concrete(expr))
         if answer.get("status") != "success":
