@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, agent, data, demo, jobs, nodes, sim
+from tensoryard.cli import access, agent, data, demo, jobs, nodes, sim, top
 
 app = typer.Typer(
     name="tyard",
@@ -15,7 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (jobs, access, demo, sim, data, nodes, agent):
+for module in (jobs, access, demo, sim, data, nodes, agent, top):
     module.register(app)
 
 

@@ -148,3 +148,46 @@ def test_only_platform_admins_change_nodes_and_bad_input_names_the_fix(live: Liv
     paths = {d["path"] for d in response.json()["detail"]}
     assert {"reason", "drain"} <= paths
     assert store.get_node("n1").state == "ready"
+
+
+def test_top_shows_nodes_teams_and_jobs_once_or_as_json(live: Live, tmp_path: Path) -> None:
+    from tensoryard.spec.job import JobSpec
+    from tensoryard.spec.states import JobState
+
+    store = live.plane.store
+    store.ensure_team("nlp", gpu_quota=8)
+    ids = []
+    for name, team in (("big", "nlp"), ("small", "default"), ("later", "nlp")):
+        spec = JobSpec.model_validate(
+            {
+                "name": name,
+                "team": team,
+                "command": ["x.py"],
+                "launcher": "python",
+                "workdir": str(tmp_path),
+                "resources": {"cpu": 1},
+            }
+        )
+        ids.append(store.create_job(spec, run_dir_root=tmp_path / "runs").id)
+    store.transition(ids[0], JobState.ADMITTED, reason="test", placement={"n1": []})
+    store.set_node_state("n2", "draining", reason="XID 79 on GPU 2", actor="agent")
+
+    code, out = tyard(live, "top", "--json")
+    assert code == 0, out
+    view = json.loads(out)
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert nodes["n1"]["jobs"] == [ids[0]] and nodes["n1"]["cpu_used"] == 1
+    assert (nodes["n2"]["state"], nodes["n2"]["reason"]) == ("draining", "XID 79 on GPU 2")
+    teams = {t["name"]: t for t in view["teams"]}
+    assert (teams["nlp"]["gpu_quota"], teams["nlp"]["running"], teams["nlp"]["pending"]) == (
+        8,
+        1,
+        1,
+    )
+    assert teams["default"]["pending"] == 1
+    assert [j["id"] for j in view["running"]] == [ids[0]]
+    assert sorted(j["id"] for j in view["pending"]) == ids[1:] and view["pending_total"] == 2
+
+    code, out = tyard(live, "top", "--once")
+    assert code == 0, out
+    assert "draining" in out and "XID 79 on GPU 2" in out and "pending (2)" in out
