@@ -320,6 +320,12 @@ class NodeAgent:
 
 def _handler(agent: NodeAgent) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
+
+        def setup(self) -> None:
+            super().setup()  # headers and body are two writes: no Nagle delay between them
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404, "only /metrics is served here")
