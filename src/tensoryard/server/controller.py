@@ -639,6 +639,10 @@ class Controller:
         if now - self._nodes_read >= _NODES_READ_EVERY_S or now < self._nodes_read:
             previous = self._node_states
             self._node_states = {n.name: n for n in self.store.list_nodes()}
+            new = [n.name for n in self.capacity() if n.name not in self._node_states]
+            if new:  # the executor found nodes since the loop took the lead
+                self.store.register_nodes(new)
+                self._node_states = {n.name: n for n in self.store.list_nodes()}
             self._nodes_read = now
             if any(
                 previous.get(n) is None or previous[n].state != r.state

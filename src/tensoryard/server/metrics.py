@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from tensoryard.spec.states import JobState
 from tensoryard.store import JobRecord, Store, TeamRecord
+from tensoryard.store.models import NODE_STATES
 
 __all__ = ["RESTART_REASONS", "LoopMetrics", "StateCollector", "restart_reason"]
 
@@ -188,6 +189,15 @@ class StateCollector(Collector):
         active = self.store.active_jobs()
         yield from self._gpus(records, active)
         yield from self._running(active, now)
+        nodes = GaugeMetricFamily(
+            "tyard_node_state",
+            "1 for the node's cordon state (ready, cordoned, draining), 0 for the others.",
+            labels=["node", "state"],
+        )
+        for node in self.store.list_nodes():
+            for state in NODE_STATES:
+                nodes.add_metric([node.name, state], 1.0 if node.state == state else 0.0)
+        yield nodes
 
     def _gpus(self, teams: list[TeamRecord], active: list[JobRecord]) -> Iterable[Metric]:
         total = float(self.total_gpus())

@@ -191,3 +191,14 @@ def test_top_shows_nodes_teams_and_jobs_once_or_as_json(live: Live, tmp_path: Pa
     code, out = tyard(live, "top", "--once")
     assert code == 0, out
     assert "draining" in out and "XID 79 on GPU 2" in out and "pending (2)" in out
+
+
+def test_the_node_states_are_platform_metrics(live: Live) -> None:
+    live.plane.store.set_node_state("n2", "cordoned", reason="maintenance", actor="admin")
+    response = httpx.get(
+        f"{live.url}/metrics", headers={"Authorization": f"Bearer {live.plane.admin_token}"}
+    )
+    lines = [line for line in response.text.splitlines() if line.startswith("tyard_node_state{")]
+    assert 'tyard_node_state{node="n2",state="cordoned"} 1.0' in lines
+    assert 'tyard_node_state{node="n1",state="ready"} 1.0' in lines
+    assert len(lines) == 6  # two nodes x three states

@@ -193,3 +193,19 @@ def test_every_launch_gets_nccl_debug_logs_and_the_flight_recorder_in_its_run_di
     assert (run_dir / "nccl").is_dir()  # NCCL does not create directories
     assert "NCCL_DEBUG" not in mine  # the job's own spec.env wins (applied by the executor)
     assert int(mine["TYARD_JOB_ID"]) == own
+
+
+def test_a_node_the_executor_finds_later_is_registered_ready(
+    migrated_sqlite_url: str, tmp_path: Path
+) -> None:
+    clock = Clock()
+    store = Store.open(migrated_sqlite_url, clock=clock.dt)
+    nodes = list(NODES[:1])
+    controller = two_node_controller(store, ScriptedExecutor(store), clock)
+    controller.capacity = lambda: tuple(nodes)
+    assert controller.lead()
+    assert [n.name for n in store.list_nodes()] == ["n1"]
+    nodes.append(NODES[1])
+    clock.t += 2
+    controller.cycle()
+    assert [(n.name, n.state) for n in store.list_nodes()] == [("n1", "ready"), ("n2", "ready")]
