@@ -195,8 +195,8 @@ class StateCollector(Collector):
             labels=["node", "state"],
         )
         for node in self.store.list_nodes():
-            for state in NODE_STATES:
-                nodes.add_metric([node.name, state], 1.0 if node.state == state else 0.0)
+            for name in NODE_STATES:
+                nodes.add_metric([node.name, name], 1.0 if node.state == name else 0.0)
         yield nodes
 
     def _gpus(self, teams: list[TeamRecord], active: list[JobRecord]) -> Iterable[Metric]:
