@@ -187,9 +187,9 @@ def test_every_launch_gets_nccl_debug_logs_and_the_flight_recorder_in_its_run_di
     plain, mine = sorted(seen, key=lambda env: env["TYARD_JOB_ID"])
     assert plain["NCCL_DEBUG"] == "INFO"
     assert plain["NCCL_DEBUG_FILE"] == str(run_dir / "nccl" / "nccl-%h-%p.log")
-    assert plain["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert plain["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert plain["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert plain["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(str(run_dir / "nccl"))
+    assert plain["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(run_dir / "nccl"))
     assert (run_dir / "nccl").is_dir()  # NCCL does not create directories
     assert "NCCL_DEBUG" not in mine  # the job's own spec.env wins (applied by the executor)
     assert int(mine["TYARD_JOB_ID"]) == own
