@@ -132,6 +132,15 @@ def server(
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
     ] = 10.0,
+    local_nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--local-nodes",
+            help="Comma-separated node names that split this machine (CPU and memory shared "
+            "equally), to try multi-node placement and draining on one machine.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, and the local executor (jobs on
     this machine) or the Kubernetes executor (`--executor kubernetes`: JobSets on a cluster).
@@ -169,6 +178,7 @@ def server(
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
         artifacts_url=artifacts,
+        local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():
         console.print(

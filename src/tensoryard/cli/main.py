@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, k8s, models, pipelines, sim
+from tensoryard.cli import (
+    access,
+    agent,
+    cluster,
+    data,
+    demo,
+    jobs,
+    k8s,
+    models,
+    nodes,
+    pipelines,
+    sim,
+    top,
+)
 
 app = typer.Typer(
     name="tyard",
@@ -25,6 +38,9 @@ for module in (
     pipelines,
     models,
     k8s,
+    nodes,
+    agent,
+    top,
 ):
     module.register(app)
 

@@ -352,6 +352,12 @@ CONTROL_PLANE = (
         ],
     ),
     MetricDef("tyard_restarts_total", "counter", "Job restarts", ("team", "reason")),
+    MetricDef(
+        "tyard_node_state",
+        "gauge",
+        "1 for the node's cordon state (ready, cordoned, draining), 0 for the others",
+        ("node", "state"),
+    ),
     *_defs(
         "gauge",
         _JOB,

@@ -18,17 +18,20 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo
 from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
 from tensoryard.runtime.goodput import GoodputTracker
+from tensoryard.runtime.rank_stats import RankStats
 from tensoryard.runtime.report import Reporter, ReporterConfig
+
+T = TypeVar("T")
 
 __all__ = ["Session", "session"]
 
@@ -48,8 +51,11 @@ class Session:
         *,
         stop_check_every: int = 10,
         final_checkpoint: bool = True,
+        rank_stats: RankStats | None = None,
     ) -> None:
         self.dist = dist
+        self.rank_stats = rank_stats
+        self._data_wait = 0.0
         self.checkpointer = checkpointer
         self.reporter = reporter
         self.goodput = GoodputTracker()
@@ -93,6 +99,19 @@ class Session:
             self._step_time = step_time
         self.reporter.report(step, step_time_s=step_time, **metrics)
 
+    def batches(self, iterable: Iterable[T]) -> Iterator[T]:
+        """`iterable`'s items, timing how long each step waits for them: this rank's data-loader
+        wait (`tyard_job_data_wait_seconds`) is the time spent here during a step."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_wait += time.perf_counter() - started
+            yield item
+
     def save(
         self,
         step: int,
@@ -121,12 +140,15 @@ class Session:
         try:
             for step in range(start + 1, total_steps + 1):
                 self._step, self._step_time = step, None
+                self._data_wait = 0.0
                 self._step_started = time.perf_counter()
                 yield step
                 elapsed = self._step_time
                 if elapsed is None:
                     elapsed = time.perf_counter() - self._step_started
                 self.goodput.step(step, elapsed)
+                if self.rank_stats is not None:
+                    self.rank_stats.step(step, elapsed, self._data_wait)
                 if self.checkpointer.should_save(step):
                     self.save(step, model, optimizer, extra() if extra else None)
                 if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
@@ -231,4 +253,5 @@ def session(
         reporter,
         stop_check_every=stop_check_every,
         final_checkpoint=final_checkpoint,
+        rank_stats=RankStats(env.get("TYARD_RUN_DIR"), dist.rank, reporter.config.attempt),
     )

@@ -37,6 +37,7 @@ from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
+from tensoryard.server.routes_nodes import add_node_routes
 from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
@@ -390,6 +391,7 @@ def create_app(
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
     add_pipeline_routes(app, store=store, guard=guard, prefix=API, kick=kick)
+    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick)
     add_secret_routes(
         app,
         store=store,

@@ -29,6 +29,7 @@ from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._identity import IdentityMixin
 from tensoryard.store._inputs import JOB_FIELDS
+from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
 from tensoryard.store.models import (
@@ -73,7 +74,7 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, PipelineMixin, RegistryMixin):
+class Store(IdentityMixin, PipelineMixin, RegistryMixin, NodesMixin):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then
