@@ -127,14 +127,17 @@ class Session:
                 if elapsed is None:
                     elapsed = time.perf_counter() - self._step_started
                 self.goodput.step(step, elapsed)
+                self.checkpointer.poll()
                 if self.checkpointer.should_save(step):
                     self.save(step, model, optimizer, extra() if extra else None)
                 if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
                     self._stop(step, model, optimizer, extra)
                     return
+            self.checkpointer.wait()
             last = self.checkpointer.last_saved_step
             if self.final_checkpoint and total_steps > start and last != total_steps:
                 self.save(total_steps, model, optimizer, extra() if extra else None)
+            self.checkpointer.wait()
         finally:
             self._step = None
             self._restore_sigterm(previous)
@@ -146,8 +149,10 @@ class Session:
         optimizer: torch.optim.Optimizer | None,
         extra: Extra | None,
     ) -> None:
+        self.checkpointer.wait()
         if self.checkpointer.last_saved_step != step:
             self.save(step, model, optimizer, extra() if extra else None)
+        self.checkpointer.wait()
         self.stopped = True
         self.reporter.event(f"stopped at step {step} on request (checkpoint written)")
 
