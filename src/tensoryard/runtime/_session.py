@@ -63,6 +63,8 @@ class Session:
         self._step_started = 0.0
         self._step_time: float | None = None
         self._closed = False
+        self.checkpoint_save_s = 0.0  # training blocked by saves in this attempt
+        self.checkpoint_restore_s = 0.0  # loading the checkpoint at the start
         checkpointer.on_saved = self._on_saved
         checkpointer.on_event = reporter.event
 
@@ -77,7 +79,10 @@ class Session:
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Load the latest checkpoint; return the last completed step (0 when fresh)."""
+        started = time.perf_counter()
         step = self.checkpointer.load_latest(model, optimizer)
+        self.checkpoint_restore_s = time.perf_counter() - started
+        self._report_timings()
         self.resumed_from = step
         self._resumed = True
         self.reporter.set_resumed_from(step)
@@ -100,8 +105,27 @@ class Session:
         optimizer: torch.optim.Optimizer | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> CheckpointInfo | None:
-        """Write a checkpoint now (collective)."""
-        return self.checkpointer.save(step, model, optimizer, extra)
+        """Write a checkpoint now (collective); with async saves it returns after the snapshot."""
+        started = time.perf_counter()
+        try:
+            return self.checkpointer.save(step, model, optimizer, extra)
+        finally:
+            self.checkpoint_save_s += time.perf_counter() - started
+            self._report_timings()
+
+    def _wait_for_save(self) -> None:
+        started = time.perf_counter()
+        self.checkpointer.wait()
+        waited = time.perf_counter() - started
+        if waited > 0.001:
+            self.checkpoint_save_s += waited
+            self._report_timings()
+
+    def _report_timings(self) -> None:
+        self.reporter.set_timings(
+            checkpoint_save_s=self.checkpoint_save_s,
+            checkpoint_restore_s=self.checkpoint_restore_s,
+        )
 
     def loop(
         self,
@@ -133,11 +157,11 @@ class Session:
                 if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
                     self._stop(step, model, optimizer, extra)
                     return
-            self.checkpointer.wait()
+            self._wait_for_save()
             last = self.checkpointer.last_saved_step
             if self.final_checkpoint and total_steps > start and last != total_steps:
                 self.save(total_steps, model, optimizer, extra() if extra else None)
-            self.checkpointer.wait()
+            self._wait_for_save()
         finally:
             self._step = None
             self._restore_sigterm(previous)
@@ -149,10 +173,10 @@ class Session:
         optimizer: torch.optim.Optimizer | None,
         extra: Extra | None,
     ) -> None:
-        self.checkpointer.wait()
+        self._wait_for_save()
         if self.checkpointer.last_saved_step != step:
             self.save(step, model, optimizer, extra() if extra else None)
-        self.checkpointer.wait()
+        self._wait_for_save()
         self.stopped = True
         self.reporter.event(f"stopped at step {step} on request (checkpoint written)")
 
