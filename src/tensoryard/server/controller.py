@@ -835,7 +835,9 @@ class Controller:
             return spec.checkpoint.interval
         from tensoryard.server.summary import summarize
 
-        advice = summarize(self.store, job.id, now=datetime.now(UTC)).checkpoint_advice
+        advice = summarize(
+            self.store, job.id, now=datetime.fromtimestamp(self.clock(), UTC)
+        ).checkpoint_advice
         if advice is None or advice.interval_steps is None:
             return spec.checkpoint.interval
         return advice.interval_steps
