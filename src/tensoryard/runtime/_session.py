@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo
+from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo, unwrap_module
 from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
 from tensoryard.runtime.goodput import GoodputTracker
 from tensoryard.runtime.report import Reporter, ReporterConfig
+from tensoryard.runtime.stragglers import ForwardTimer, StragglerDetector
 
 __all__ = ["Session", "session"]
 
@@ -53,6 +54,7 @@ class Session:
         self.checkpointer = checkpointer
         self.reporter = reporter
         self.goodput = GoodputTracker()
+        self.stragglers = StragglerDetector()
         self.stop_check_every = max(1, stop_check_every)
         self.final_checkpoint = final_checkpoint
         self.resumed_from: int | None = None
@@ -142,6 +144,8 @@ class Session:
         """
         start = self.resume(model, optimizer) if not self._resumed else (self.resumed_from or 0)
         previous = self._install_sigterm()
+        # The inner module: DDP's own forward may broadcast buffers (a collective).
+        timer = ForwardTimer(unwrap_module(model)) if self.dist.world_size > 1 else None
         try:
             for step in range(start + 1, total_steps + 1):
                 self._step, self._step_time = step, None
@@ -154,9 +158,12 @@ class Session:
                 self.checkpointer.poll()
                 if self.checkpointer.should_save(step):
                     self.save(step, model, optimizer, extra() if extra else None)
-                if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
-                    self._stop(step, model, optimizer, extra)
-                    return
+                if step % self.stop_check_every == 0:
+                    if timer is not None:
+                        self._check_stragglers(timer)
+                    if self.dist.any_rank(self.stop_requested):
+                        self._stop(step, model, optimizer, extra)
+                        return
             self._wait_for_save()
             last = self.checkpointer.last_saved_step
             if self.final_checkpoint and total_steps > start and last != total_steps:
@@ -165,6 +172,18 @@ class Session:
         finally:
             self._step = None
             self._restore_sigterm(previous)
+            if timer is not None:
+                timer.close()
+
+    def _check_stragglers(self, timer: ForwardTimer) -> None:
+        """Exchange every rank's mean forward time; rank 0 names stragglers in the events."""
+        mean = timer.take()
+        per_rank = self.dist.gather_floats(-1.0 if mean is None else mean)
+        if any(value < 0 for value in per_rank):
+            return  # a rank ran no forward pass of this model in the window
+        for event in self.stragglers.observe(per_rank):
+            if self.dist.is_main:
+                self.reporter.event(event.message, kind="warning")
 
     def _stop(
         self,

@@ -66,7 +66,13 @@ from tensoryard.runtime.layout import (
     sharded_state,
 )
 
-__all__ = ["CheckpointInfo", "Checkpointer", "capture_rng_state", "restore_rng_state"]
+__all__ = [
+    "CheckpointInfo",
+    "Checkpointer",
+    "capture_rng_state",
+    "restore_rng_state",
+    "unwrap_module",
+]
 
 log = logging.getLogger("tensoryard.runtime.checkpoint")
 
@@ -142,7 +148,7 @@ def _serialize(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose state_dict has plain names (no DDP `module.`, no compile wrapper)."""
     while True:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -405,7 +411,7 @@ class Checkpointer:
         state = {
             "format": FORMAT_VERSION,
             "step": step,
-            "model": _unwrap(model).state_dict(),
+            "model": unwrap_module(model).state_dict(),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "extra": dict(extra or {}),
         }
@@ -628,7 +634,7 @@ class Checkpointer:
         state = torch.load(path / "state.pt", map_location=location, weights_only=True)
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
         try:
-            _unwrap(model).load_state_dict(state["model"])
+            unwrap_module(model).load_state_dict(state["model"])
             if optimizer is not None and state["optimizer"] is not None:
                 optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
