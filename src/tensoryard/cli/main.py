@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, data, demo, jobs, sim
+from tensoryard.cli import access, chaos, data, demo, jobs, sim
 
 app = typer.Typer(
     name="tyard",
@@ -15,7 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (jobs, access, demo, sim, data):
+for module in (jobs, access, demo, sim, data, chaos):
     module.register(app)
 
 
