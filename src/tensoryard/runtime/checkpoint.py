@@ -205,6 +205,41 @@ def verify(path: Path) -> dict[str, Any]:
     return dict(meta)
 
 
+class _Staging:
+    """CPU buffers for async snapshots, reused from one save to the next.
+
+    Copying into memory that is already mapped is several times faster than allocating fresh
+    tensors (no page faults), and it is safe because the previous save has finished writing
+    (at most one in flight) before the next snapshot is taken."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, obj: Any, path: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            source = obj.detach()
+            buffer = self._buffers.get(path)
+            if (
+                buffer is None
+                or buffer.shape != source.shape
+                or buffer.dtype != source.dtype
+                or buffer.layout != source.layout
+                or not source.is_contiguous()
+            ):
+                buffer = source.to("cpu", copy=True)
+                self._buffers[path] = buffer
+            else:
+                buffer.copy_(source)
+            return buffer
+        if isinstance(obj, Mapping):
+            return {key: self.copy(value, f"{path}/{key}") for key, value in obj.items()}
+        if isinstance(obj, list):
+            return [self.copy(value, f"{path}/{i}") for i, value in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(self.copy(value, f"{path}/{i}") for i, value in enumerate(obj))
+        return obj
+
+
 def _cpu_copy(obj: Any) -> Any:
     """A deep copy with every tensor cloned to the CPU: the snapshot an async save writes."""
     if isinstance(obj, torch.Tensor):
@@ -304,6 +339,7 @@ class Checkpointer:
         self.loaded_extra: dict[str, Any] = {}
         self._pending: _Save | None = None
         self._async_group: Any = None
+        self._staging = _Staging()
 
     def should_save(self, step: int) -> bool:
         """True every `interval` steps."""
@@ -416,7 +452,7 @@ class Checkpointer:
             "extra": dict(extra or {}),
         }
         if self.async_save:
-            state = _cpu_copy(state)
+            state = self._staging.copy(state)
         world_size = self.dist.world_size
 
         def write() -> CheckpointInfo:

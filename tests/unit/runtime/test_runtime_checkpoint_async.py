@@ -144,3 +144,21 @@ def test_async_and_layout_come_from_the_environment(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, env=env)
     assert ckpt.async_save is True and ckpt.layout == "full"
     assert Checkpointer(tmp_path, env={}).async_save is False
+
+
+def test_reused_snapshot_buffers_never_change_a_checkpoint_already_written(
+    tmp_path: Path,
+) -> None:
+    model, opt = make_model()
+    train_step(model, opt)
+    ckpt = Checkpointer(tmp_path, keep=5, async_save=True)
+    first = snapshot(model)
+    ckpt.save(1, model, opt)
+    train_step(model, opt)
+    second = snapshot(model)
+    ckpt.save(2, model, opt)  # waits for save 1, then copies into the same buffers
+    ckpt.wait()
+    for step, expected in ((1, first), (2, second)):
+        state = torch.load(tmp_path / f"step-{step:09d}" / "state.pt", weights_only=True)
+        for key, value in expected.items():
+            assert torch.equal(state["model"][key], value), (step, key)
