@@ -106,23 +106,28 @@ def split_segments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- fault injection ------------------------------------------------------------------------
 
 
-def inject_faults(job: str, plan: Plan, launched: float, arm: Arm) -> threading.Thread:
+def inject_faults(run_dir: str, plan: Plan, launched: float, arm: Arm) -> threading.Thread:
     """Kill rank 1 at each planned time, then stop it once (a hang) at hang_at."""
 
     def run() -> None:
         for at in plan.kills:
             arm.faults += run_schedule(
-                job, 1, "kill", every=0, count=1, start_after=max(0.0, launched + at - time.time())
+                run_dir,
+                1,
+                "kill",
+                every=0,
+                count=1,
+                start_after=max(0.0, launched + at - time.time()),
             )
         if plan.hang_at is not None:
             delay = launched + plan.hang_at - time.time()
             if delay > 0:
                 time.sleep(delay)
-            pid = find_pid(job, 1)
+            pid = find_pid(run_dir, 1)
             if pid is not None:
                 now = time.time()
                 inject("stop", pid)  # left stopped until someone notices
-                arm.faults.append(ChaosRecord(now, "stop", job, 1, pid, True, "hang"))
+                arm.faults.append(ChaosRecord(now, "stop", run_dir, 1, pid, True, "hang"))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -183,7 +188,8 @@ def tensoryard_arm(name: str, work: Path, plan: Plan, faults: bool) -> Arm:
         launched = time.time()
         job_id = int(client.submit(spec.model_dump(mode="json"))["id"])
         arm = Arm(name, launched)
-        thread = inject_faults(str(job_id), plan, launched, arm) if faults else None
+        run_dir = str(client.job(job_id)["run_dir"])
+        thread = inject_faults(run_dir, plan, launched, arm) if faults else None
         time.sleep(max(0.0, launched + plan.duration - time.time()))
         arm.ended = time.time()
         client.cancel(job_id)
@@ -244,10 +250,10 @@ def torchrun_arm(work: Path, plan: Plan) -> Arm:
         cmd, cwd=EXAMPLE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     arm = Arm("torchrun", launched)
-    thread = inject_faults(job, plan, launched, arm)
+    thread = inject_faults(str(root / "run"), plan, launched, arm)
     time.sleep(max(0.0, launched + plan.duration - time.time()))
     arm.ended = time.time()
-    stopped = find_pid(job, 1)
+    stopped = find_pid(str(root / "run"), 1)
     if stopped is not None:  # let a stopped rank die on the way out
         os.kill(stopped, signal.SIGCONT)
     os.killpg(proc.pid, signal.SIGTERM)

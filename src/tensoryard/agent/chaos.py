@@ -1,9 +1,10 @@
 """Fault injection on this machine: kill, stop (hang) or slow one rank of a job.
 
 The ranks of a job are found by their environment in ``/proc/<pid>/environ``: a training worker
-has ``TYARD_JOB_ID`` (set by the control plane, or by hand for a plain torchrun run) and
-``RANK`` (set by torchrun for its workers, not for torchrun itself). When several attempts'
-processes are alive, the newest attempt's wins. Only processes this user may signal are seen.
+has ``TYARD_RUN_DIR`` (the job's own directory, unique per control plane: job ids are not, two
+control planes on one machine both have a job 1) and ``RANK`` (set by torchrun for its workers,
+not for torchrun itself). Matching is always by run directory, never by job id alone. When
+several attempts' processes are alive, the newest attempt's wins.
 
     kill    SIGKILL the rank (a crash)
     stop    SIGSTOP it for `duration` then SIGCONT (None: leave it stopped: a hang)
@@ -36,7 +37,7 @@ class ChaosRecord:
 
     at: float  # Unix time the signal was sent
     action: Action
-    job: str
+    run_dir: str  # the job's TYARD_RUN_DIR
     rank: int
     pid: int | None
     ok: bool
@@ -59,19 +60,20 @@ def _environ(path: Path) -> dict[str, str]:
     return out
 
 
-def _candidates(job: str, rank: int, proc: Path) -> Iterator[tuple[int, int]]:
+def _candidates(run_dir: str, rank: int, proc: Path) -> Iterator[tuple[int, int]]:
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         env = _environ(entry / "environ")
-        if env.get("TYARD_JOB_ID") == job and env.get("RANK") == str(rank):
+        if run_dir and env.get("TYARD_RUN_DIR") == run_dir and env.get("RANK") == str(rank):
             attempt = env.get("TYARD_ATTEMPT", "0")
             yield (int(attempt) if attempt.isdigit() else 0, int(entry.name))
 
 
-def find_rank(job: str, rank: int, *, proc: Path = Path("/proc")) -> int | None:
-    """The pid of `rank` of `job` (newest attempt, then newest pid), or None."""
-    found = sorted(_candidates(job, rank, proc))
+def find_rank(run_dir: str, rank: int, *, proc: Path = Path("/proc")) -> int | None:
+    """The pid of `rank` of the job whose TYARD_RUN_DIR is `run_dir` (newest attempt, then
+    newest pid), or None."""
+    found = sorted(_candidates(str(Path(run_dir)), rank, proc))
     return found[-1][1] if found else None
 
 
@@ -109,7 +111,7 @@ def inject(
 
 
 def run_schedule(
-    job: str,
+    run_dir: str,
     rank: int,
     action: Action,
     *,
@@ -134,19 +136,17 @@ def run_schedule(
         delay = planned - clock()
         if delay > 0:
             sleep(delay)
-        pid = _wait_for(job, rank, wait_for_rank, proc, clock, sleep)
+        pid = _wait_for(run_dir, rank, wait_for_rank, proc, clock, sleep)
         if pid is None:
-            record = ChaosRecord(
-                clock(), action, job, rank, None, False,
-                f"no process of rank {rank} of job {job} within {wait_for_rank:g}s (skipped)",
-            )  # fmt: skip
+            note = f"no process of rank {rank} in {run_dir} within {wait_for_rank:g}s (skipped)"
+            record = ChaosRecord(clock(), action, run_dir, rank, None, False, note)
         else:
             at = clock()
             try:
                 note = inject(action, pid, duration=duration, speed=speed, sleep=sleep, kill=kill)
-                record = ChaosRecord(at, action, job, rank, pid, True, note)
+                record = ChaosRecord(at, action, run_dir, rank, pid, True, note)
             except ProcessLookupError:
-                record = ChaosRecord(at, action, job, rank, pid, False, "exited meanwhile")
+                record = ChaosRecord(at, action, run_dir, rank, pid, False, "exited meanwhile")
         records.append(record)
         if on_record is not None:
             on_record(record)
@@ -155,7 +155,7 @@ def run_schedule(
 
 
 def _wait_for(
-    job: str,
+    run_dir: str,
     rank: int,
     timeout: float,
     proc: Path,
@@ -164,7 +164,7 @@ def _wait_for(
 ) -> int | None:
     deadline = clock() + timeout
     while True:
-        pid = find_rank(job, rank, proc=proc)
+        pid = find_rank(run_dir, rank, proc=proc)
         if pid is not None or clock() >= deadline:
             return pid
         sleep(0.2)

@@ -7,7 +7,16 @@ from typing import Annotated
 import typer
 
 from tensoryard.agent.chaos import ACTIONS, Action, ChaosRecord, run_schedule
-from tensoryard.cli._common import JsonOpt, console, die, print_json
+from tensoryard.cli._common import (
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    client_for,
+    console,
+    die,
+    print_json,
+    user_errors,
+)
 from tensoryard.spec._common import parse_duration_s
 
 __all__ = ["register"]
@@ -23,7 +32,16 @@ def _seconds(value: str | None, option: str) -> float | None:
 
 
 def chaos(
-    job_id: Annotated[str, typer.Argument(help="The job (its TYARD_JOB_ID).")],
+    job_id: Annotated[
+        int | None,
+        typer.Argument(
+            help="The job; its run directory comes from the control plane.", show_default=False
+        ),
+    ] = None,
+    run_dir: Annotated[
+        str | None,
+        typer.Option(help="Instead of a job id: the TYARD_RUN_DIR of a run (plain torchrun)."),
+    ] = None,
     action: Annotated[
         str, typer.Option(help="kill (crash), stop (SIGSTOP: a hang) or slow (a straggler).")
     ] = "kill",
@@ -41,10 +59,19 @@ def chaos(
     wait: Annotated[
         str, typer.Option(help="How long to wait for the rank to exist (e.g. while restarting).")
     ] = "60s",
+    server: ServerOpt = None,
+    token: TokenOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Inject faults into one rank of a job running on this machine (found by its environment:
-    TYARD_JOB_ID and RANK), for tests and demos. Kubernetes pods are not reachable from here."""
+    the job's TYARD_RUN_DIR and torchrun's RANK), for tests and demos. Kubernetes pods are not
+    reachable from here."""
+    if (job_id is None) == (run_dir is None):
+        die("give either a job id or --run-dir (the TYARD_RUN_DIR of the run to disturb)")
+    if job_id is not None:
+        with user_errors(), client_for(server, token) as client:
+            run_dir = str(client.job(job_id)["run_dir"])
+    assert run_dir is not None
     if action not in ACTIONS:
         die(f"--action {action!r} is not one of {', '.join(ACTIONS)}")
     every_s = _seconds(every, "--every")
@@ -63,7 +90,7 @@ def chaos(
             )
 
     records = run_schedule(
-        job_id,
+        run_dir,
         rank,
         _action(action),
         every=every_s,

@@ -1,5 +1,6 @@
 """`tyard chaos` and tensoryard.agent.chaos against real processes: a rank is found by its
-environment, killed, stopped (and resumed) and slowed; the CLI prints JSON for scripts."""
+run directory and RANK, killed, stopped (and resumed) and slowed; a process of another run with
+the same job id is never touched; the CLI prints JSON for scripts."""
 
 from __future__ import annotations
 
@@ -19,15 +20,21 @@ from tensoryard.agent.chaos import find_rank, inject, run_schedule
 from tensoryard.cli.main import app
 
 
-def spawn(job: str, rank: int, attempt: int = 1) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TYARD_JOB_ID": job, "RANK": str(rank), "TYARD_ATTEMPT": str(attempt)}
+def spawn(run_dir: str, rank: int, attempt: int = 1) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "TYARD_JOB_ID": "1",  # as in every other control plane's first job
+        "TYARD_RUN_DIR": run_dir,
+        "RANK": str(rank),
+        "TYARD_ATTEMPT": str(attempt),
+    }
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
 
 
 @pytest.fixture
-def job() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+def job(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
     procs: list[subprocess.Popen[bytes]] = []
-    yield f"chaos-{secrets.token_hex(4)}", procs
+    yield str(tmp_path / f"run-{secrets.token_hex(4)}"), procs
     for proc in procs:
         proc.kill()
         proc.wait()
@@ -52,6 +59,7 @@ def test_the_rank_of_the_newest_attempt_is_found_and_killed(
     time.sleep(0.2)  # the environment is readable once exec'd
     assert find_rank(name, 1) == procs[2].pid
     assert find_rank(name, 7) is None
+    assert find_rank(name + "-other", 1) is None
     inject("kill", procs[2].pid)
     assert procs[2].wait(timeout=5) == -9
     assert procs[0].poll() is None and procs[1].poll() is None
@@ -106,13 +114,23 @@ def test_a_schedule_finds_the_restarted_rank_each_time_and_skips_when_none(
     assert "no process of rank 1" in records[2].note
 
 
+def test_a_process_of_another_run_with_the_same_job_id_and_rank_is_never_touched(
+    job: tuple[str, list[subprocess.Popen[bytes]]], tmp_path: Path
+) -> None:
+    name, procs = job
+    procs.append(spawn(str(tmp_path / "someone-else"), 1, attempt=9))
+    time.sleep(0.2)
+    records = run_schedule(name, 1, "kill", every=0, count=1, wait_for_rank=0.3)
+    assert not records[0].ok and procs[0].poll() is None
+
+
 def test_the_cli_kills_a_rank_and_prints_json(
     job: tuple[str, list[subprocess.Popen[bytes]]],
 ) -> None:
     name, procs = job
     procs.append(spawn(name, 1))
     time.sleep(0.2)
-    result = CliRunner().invoke(app, ["chaos", name, "--rank", "1", "--json"])
+    result = CliRunner().invoke(app, ["chaos", "--run-dir", name, "--rank", "1", "--json"])
     assert result.exit_code == 0, result.output
     (record,) = json.loads(result.output)
     assert record["pid"] == procs[0].pid and record["ok"] and record["action"] == "kill"
@@ -122,12 +140,20 @@ def test_the_cli_kills_a_rank_and_prints_json(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--action", "explode"], "not one of kill, stop, slow"),
-        (["--action", "slow"], "needs --duration"),
-        (["--every", "soon"], "--every"),
+        (["--run-dir", "/nowhere", "--action", "explode"], "not one of kill, stop, slow"),
+        (["--run-dir", "/nowhere", "--action", "slow"], "needs --duration"),
+        (["--run-dir", "/nowhere", "--every", "soon"], "--every"),
+        (["7", "--run-dir", "/nowhere"], "either a job id or --run-dir"),
+        ([], "either a job id or --run-dir"),
     ],
-    ids=["an unknown action", "slow without a duration", "a bad duration"],
+    ids=[
+        "an unknown action",
+        "slow without a duration",
+        "a bad duration",
+        "both targets",
+        "no target",
+    ],
 )
 def test_bad_options_get_a_clear_error(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(app, ["chaos", "nojob", *args])
+    result = CliRunner().invoke(app, ["chaos", *args])
     assert result.exit_code == 2 and message in result.output
