@@ -354,6 +354,7 @@ class Reporter:
                 or pending.checkpoints
                 or pending.events
                 or pending.resumed is not None
+                or pending.timings is not None  # not urgent, but flush and close send them
             )
 
     def _run(self) -> None:
