@@ -307,6 +307,8 @@ def describe(
         )
     if summary.get("steps"):
         console.print(_summary_line(summary), highlight=False)
+    for line in _goodput_lines(summary):
+        console.print(line, highlight=False)
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
         table.add_column(col, overflow="fold")
@@ -336,6 +338,40 @@ def _summary_line(summary: dict[str, Any]) -> str:
     if summary["goodput"] is not None:
         parts.append(f"goodput {summary['goodput']:.1%} ({summary['steps_lost']} step(s) redone)")
     return ", ".join(parts)
+
+
+_BADPUT = (
+    ("startup_s", "startup"),
+    ("checkpoint_save_s", "checkpoint save"),
+    ("checkpoint_restore_s", "checkpoint restore"),
+    ("lost_s", "lost work"),
+    ("hang_s", "hang"),
+    ("other_s", "other"),
+)
+
+
+def _goodput_lines(summary: dict[str, Any]) -> list[str]:
+    """Where the allocated time went, and the Young/Daly checkpoint interval."""
+    lines = []
+    b = summary.get("breakdown")
+    if b and b["allocated_s"] > 0:
+        badput = ", ".join(f"{label} {b[key]:.1f}s" for key, label in _BADPUT if b[key] > 0)
+        lines.append(
+            f"goodput {b['goodput']:.1%} of {b['allocated_s']:.1f}s allocated: productive "
+            f"{b['productive_s']:.1f}s; badput: {badput or 'none'}; not allocated: queueing "
+            f"{b['queueing_s']:.1f}s, waiting for restart {b['restart_wait_s']:.1f}s"
+        )
+    advice = summary.get("checkpoint_advice")
+    if advice:
+        steps = advice["interval_steps"]
+        suggested = f"{steps} steps" if steps is not None else "-"
+        applied = "applied on restart" if advice["auto"] else "set checkpoint.auto_interval"
+        lines.append(
+            f"checkpoint interval {advice['current_interval_steps']} steps; Young/Daly "
+            f"suggests {suggested} (~{advice['interval_s']:.0f}s) for a {advice['save_s']:.2f}s "
+            f"save and MTBF {advice['mtbf_s'] / 3600:.2f}h ({advice['source']}; {applied})"
+        )
+    return lines
 
 
 def logs(

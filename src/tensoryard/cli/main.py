@@ -8,6 +8,7 @@ import typer
 from tensoryard.cli import (
     access,
     agent,
+    chaos,
     cluster,
     data,
     demo,
@@ -41,6 +42,7 @@ for module in (
     nodes,
     agent,
     top,
+    chaos,
 ):
     module.register(app)
 

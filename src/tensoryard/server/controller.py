@@ -943,7 +943,9 @@ class Controller:
             "TYARD_ATTEMPT": str(number),
             "TYARD_RUN_DIR": str(run_dir),
             "TYARD_CHECKPOINT_DIR": str(ckpt_dir),
-            "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
+            "TYARD_CHECKPOINT_INTERVAL": str(self._checkpoint_interval(job, spec, number)),
+            "TYARD_CHECKPOINT_ASYNC": "1" if spec.checkpoint.async_save else "0",
+            "TYARD_CHECKPOINT_LAYOUT": spec.checkpoint.layout,
             "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
             "TYARD_SERVER_URL": self.config.report_url,
             "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
@@ -962,6 +964,20 @@ class Controller:
             placement=dict(job.placement),
             attempt_key=key,
         )
+
+    def _checkpoint_interval(self, job: JobRecord, spec: JobSpec, number: int) -> int:
+        """The spec's interval; with auto_interval, a restart uses the Young/Daly interval
+        from the failures seen so far and the measured save cost (docs/goodput.md)."""
+        if not spec.checkpoint.auto_interval or number <= 1:
+            return spec.checkpoint.interval
+        from tensoryard.server.summary import summarize
+
+        advice = summarize(
+            self.store, job.id, now=datetime.fromtimestamp(self.clock(), UTC)
+        ).checkpoint_advice
+        if advice is None or advice.interval_steps is None:
+            return spec.checkpoint.interval
+        return advice.interval_steps
 
     def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
         """Hand a recorded attempt to the executor, in the background when configured."""

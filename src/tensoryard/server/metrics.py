@@ -68,6 +68,18 @@ def restart_reason(text: str) -> str:
     return "failed"
 
 
+BADPUT_KINDS = (
+    "startup",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "lost",
+    "hang",
+    "other",
+    "queueing",
+    "restart_wait",
+)
+
+
 class LoopMetrics:
     """What the control loop counts as it goes (one instance per control plane)."""
 
@@ -238,8 +250,17 @@ class StateCollector(Collector):
                 ("tyard_job_last_checkpoint_age_seconds", "Time since the last checkpoint."),
                 ("tyard_job_last_step_age_seconds", "Time since the last reported step."),
                 ("tyard_job_heartbeat_age_seconds", "Time since the last heartbeat."),
+                ("tyard_job_allocated_seconds", "Time the job's attempts held resources."),
+                ("tyard_job_productive_seconds", "Time in training steps that were kept."),
+                ("tyard_job_allocated_goodput", "Productive time / allocated time."),
             )
         }
+        badput = GaugeMetricFamily(
+            "tyard_job_badput_seconds",
+            "Time lost, by kind (allocated: startup, checkpoint_save, checkpoint_restore, lost, "
+            "hang, other; not allocated: queueing, restart_wait).",
+            labels=[*labels, "kind"],
+        )
         for job in active:
             if job.state is not JobState.RUNNING or job.attempts == 0:
                 continue
@@ -262,12 +283,28 @@ class StateCollector(Collector):
             if job.last_heartbeat is not None:
                 age = now - job.last_heartbeat.timestamp()
                 fam["tyard_job_heartbeat_age_seconds"].add_metric(key, age)
-            goodput = self._goodput(job, now)
-            if goodput is not None:
-                fam["tyard_job_goodput"].add_metric(key, goodput)
+            self._add_goodput(fam, badput, key, job, now)
         yield from fam.values()
+        yield badput
 
-    def _goodput(self, job: JobRecord, now: float) -> float | None:
+    def _add_goodput(
+        self,
+        fam: dict[str, GaugeMetricFamily],
+        badput: GaugeMetricFamily,
+        key: list[str],
+        job: JobRecord,
+        now: float,
+    ) -> None:
         from tensoryard.server.summary import summarize  # the one goodput computation
 
-        return summarize(self.store, job.id, now=datetime.fromtimestamp(now, UTC)).goodput
+        summary = summarize(self.store, job.id, now=datetime.fromtimestamp(now, UTC))
+        if summary.goodput is not None:
+            fam["tyard_job_goodput"].add_metric(key, summary.goodput)
+        b = summary.breakdown
+        if b is None or b.allocated_s <= 0:
+            return
+        fam["tyard_job_allocated_seconds"].add_metric(key, b.allocated_s)
+        fam["tyard_job_productive_seconds"].add_metric(key, b.productive_s)
+        fam["tyard_job_allocated_goodput"].add_metric(key, b.goodput)
+        for kind in BADPUT_KINDS:
+            badput.add_metric([*key, kind], getattr(b, f"{kind}_s"))

@@ -184,6 +184,10 @@ class Attempt(Base):
     """Names every process/object of the attempt; recorded before anything is launched."""
     running_at: Mapped[datetime | None]
     """When the attempt's workers were confirmed running (its run time starts here)."""
+    checkpoint_save_s: Mapped[float | None] = mapped_column(Float)
+    """Seconds checkpoint saves blocked training in this attempt (reported by the runtime)."""
+    checkpoint_restore_s: Mapped[float | None] = mapped_column(Float)
+    """Seconds the attempt spent loading its checkpoint before the first step."""
 
 
 class Event(Base):

@@ -98,6 +98,8 @@ class AttemptRecord:
     last_heartbeat: datetime | None
     attempt_key: str = ""
     running_at: datetime | None = None
+    checkpoint_save_s: float | None = None
+    checkpoint_restore_s: float | None = None
 
 
 @dataclass(frozen=True)

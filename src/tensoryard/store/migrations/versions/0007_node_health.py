@@ -1,6 +1,6 @@
 """Node health: nodes with a cordon state and a per-node history.
 
-Revision ID: 0005_node_health
+Revision ID: 0007_node_health
 Revises: 0006_registry
 Create Date: 2026-12-02
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005_node_health"
+revision: str = "0007_node_health"
 down_revision: str | Sequence[str] | None = "0006_registry"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
