@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensoryard.errors import NotFound
+from tensoryard.errors import FieldIssue, NotFound, SpecError
 from tensoryard.observability.health import decide, describe
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
@@ -87,6 +87,28 @@ class HealthOut(BaseModel):
     )
 
 
+class PreflightCheckIn(BaseModel):
+    """One check of a `tyard cluster preflight` report (extra fields are ignored)."""
+
+    name: str = Field(..., max_length=200)
+    status: Literal["pass", "fail", "warn", "skip"]
+    message: str = Field("", max_length=4000)
+
+
+class PreflightIn(BaseModel):
+    """The JSON report `tyard cluster preflight --report-to control-plane` posts."""
+
+    node: str = Field(..., max_length=253)
+    ok: bool
+    checks: list[PreflightCheckIn] = Field(default_factory=list, max_length=1000)
+
+
+class PreflightOut(BaseModel):
+    node: NodeOut
+    cordoned: bool = Field(description="whether this report cordoned the node")
+    failed: list[str] = Field(description="names of the checks that failed")
+
+
 def add_node_routes(
     app: FastAPI, *, store: Store, guard: Guard, prefix: str, kick: Callable[[], None]
 ) -> None:
@@ -138,6 +160,50 @@ def add_node_routes(
             )
             kick()
         return NodeOut.model_validate(node)
+
+    @app.post(f"{prefix}/nodes/{{name}}/preflight", tags=["nodes"])
+    def preflight(
+        name: NodeName, body: PreflightIn, request: Request, who: Principal = Depends(guard.user)
+    ) -> PreflightOut:
+        """Record a node's preflight report in its history; a failed one cordons the node (no
+        new placements; running jobs stay). A pass never uncordons: that stays explicit."""
+        guard.check(request, who, Action.NODE_MANAGE, obj=f"node/{name}")
+        if body.node != name:
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "node",
+                        f"the report is for node {body.node!r}, posted for {name!r}",
+                        "post it to the report's own node",
+                    )
+                ],
+                source="request",
+            )
+        failed = [c for c in body.checks if c.status == "fail"]
+        if body.ok and not failed:
+            store.add_node_event(
+                name,
+                "preflight",
+                actor=who.name,
+                message=f"preflight passed ({len(body.checks)} checks)",
+            )
+            return PreflightOut(
+                node=NodeOut.model_validate(store.get_node(name)), cordoned=False, failed=[]
+            )
+        summary = "; ".join(f"{c.name}: {c.message}" for c in failed) or "report not ok"
+        reason = f"preflight failed: {summary}"[:1000]
+        node, changed = store.set_node_state(name, "cordoned", reason=reason, actor=who.name)
+        if changed:
+            store.record_audit(
+                guard.context(request, who),
+                str(Action.NODE_MANAGE),
+                f"node/{name}",
+                detail="cordoned: preflight failed",
+            )
+            kick()
+        return PreflightOut(
+            node=NodeOut.model_validate(node), cordoned=changed, failed=[c.name for c in failed]
+        )
 
     @app.post(f"{prefix}/health/alerts", tags=["nodes"])
     def health_alerts(

@@ -85,6 +85,12 @@ class NodesMixin:
             s.flush()
             return _record(node), True
 
+    def add_node_event(self, name: str, kind: str, *, actor: str, message: str) -> None:
+        """Append a line to a node's history without changing its state (a preflight pass)."""
+        with self._tx(f"record {kind} on node {name}", write=True) as s:
+            _node(s, name)
+            s.add(NodeEvent(node=name, ts=self._now(), kind=kind, actor=actor, message=message))
+
     def node_history(self, name: str, *, limit: int = 100) -> list[NodeEventRecord]:
         """A node's history, newest first (NotFound for an unknown node)."""
         limit = max(1, min(limit, _MAX_HISTORY))

@@ -202,3 +202,56 @@ def test_the_node_states_are_platform_metrics(live: Live) -> None:
     assert 'tyard_node_state{node="n2",state="cordoned"} 1.0' in lines
     assert 'tyard_node_state{node="n1",state="ready"} 1.0' in lines
     assert len(lines) == 6  # two nodes x three states
+
+
+def test_a_failed_preflight_cordons_the_node_and_a_passing_one_is_only_recorded(
+    live: Live,
+) -> None:
+    headers = {"Authorization": f"Bearer {live.plane.admin_token}"}
+    passed = {"node": "n1", "ok": True, "checks": [{"name": "gpus", "status": "pass"}]}
+    failed = {
+        "node": "n2",
+        "ok": False,
+        "checks": [
+            {"name": "gpus", "status": "pass", "message": "8 x H100"},
+            {"name": "ib", "status": "fail", "message": "mlx5_3 port 1 is DOWN"},
+        ],
+    }
+    with httpx.Client(base_url=live.url, headers=headers) as http:
+        ok = http.post("/api/v1/nodes/n1/preflight", json=passed)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["cordoned"] is False and ok.json()["node"]["state"] == "ready"
+        bad = http.post("/api/v1/nodes/n2/preflight", json=failed)
+        assert bad.status_code == 200, bad.text
+        assert bad.json()["cordoned"] is True and bad.json()["failed"] == ["ib"]
+        assert bad.json()["node"]["reason"] == "preflight failed: ib: mlx5_3 port 1 is DOWN"
+        again = http.post("/api/v1/nodes/n2/preflight", json=passed | {"node": "n2"})
+        assert again.json()["node"]["state"] == "cordoned"  # a pass never uncordons
+        wrong = http.post("/api/v1/nodes/n1/preflight", json=failed)
+        assert wrong.status_code == 422 and "post it to the report's own node" in wrong.text
+        unknown = http.post("/api/v1/nodes/n9/preflight", json=passed | {"node": "n9"})
+        assert unknown.status_code == 404
+    assert [e.kind for e in live.plane.store.node_history("n1")] == ["preflight", "registered"]
+    assert [e.kind for e in live.plane.store.node_history("n2")] == [
+        "preflight",
+        "cordon",
+        "registered",
+    ]
+
+    # the real preflight of this machine, reported by the CLI to the control plane
+    code, out = tyard(
+        live,
+        "cluster",
+        "preflight",
+        "--node",
+        "n1",
+        "--no-allreduce",
+        "--report-to",
+        "control-plane",
+        "--json",
+    )
+    report = json.loads(out[out.index("{") :])
+    assert code == (0 if report["ok"] else 1), out
+    with live.admin() as client:
+        state = {n["name"]: n["state"] for n in client.nodes()}["n1"]
+    assert state == ("ready" if report["ok"] else "cordoned")
