@@ -88,6 +88,22 @@ def serve(port: int, with_gpus: bool, hw_counters: bool) -> None:
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
+def serve_service(port: int) -> None:
+    """`tyard agent`'s own service (NodeAgent: every collector guarded, rank and NCCL
+    collectors, error counters declared), standalone, on the same trees (a child process)."""
+    from tensoryard.agent.fake_nvml import FakeNvml
+    from tensoryard.agent.service import AgentConfig, NodeAgent
+
+    records = json.loads((FIXTURES / "nvml_h100x8.json").read_text())["gpus"]
+    agent = NodeAgent(
+        AgentConfig(port=port, sys_root=FIXTURES / "sys", health_interval_s=5.0),
+        nvml=FakeNvml.from_records(records),
+    )
+    agent.start()
+    while True:
+        time.sleep(3600)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,11 +161,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=False)
     parser.add_argument("--scrapes", type=int, default=1000)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-service", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-gpus", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-hw-counters", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, not args.no_gpus, not args.no_hw_counters)
+        return
+    if args.serve_service:
+        serve_service(args.serve_service)
         return
     node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if node_exporter is None:
@@ -164,6 +184,8 @@ def main() -> None:
     for name, extra in configs:
         port = _free_port()
         result[name] = measure([*me, "--serve", str(port), *extra], port, args.scrapes)
+    port = _free_port()  # the real `tyard agent` service: everything above plus its loops
+    result["agent_service"] = measure([*me, "--serve-service", str(port)], port, args.scrapes)
     port = _free_port()
     result["node_exporter"] = measure(
         [
@@ -180,14 +202,15 @@ def main() -> None:
         args.scrapes,
     )
     ne = result["node_exporter"]["cpu_s_per_scrape"]
-    for name, _ in configs:
+    for name in [n for n, _ in configs] + ["agent_service"]:
         r = result[name]
         r["core_share_at_1s"] = r["cpu_s_per_scrape"] / 1.0
         r["ratio_to_node_exporter"] = r["cpu_s_per_scrape"] / ne if ne else None
     result["node_exporter"]["core_share_at_1s"] = ne
     a, c, f = result["agent_all"], result["agent_comparable"], result["agent_same_files"]
+    svc = result["agent_service"]
     result["goal"] = {"max_cpu_s_per_scrape": GOAL_S, "max_ratio_to_node_exporter": 1.0}
-    under_1pct = a["cpu_s_per_scrape"] < GOAL_S
+    under_1pct = max(a["cpu_s_per_scrape"], svc["cpu_s_per_scrape"]) < GOAL_S
     not_more = f["ratio_to_node_exporter"] is not None and f["ratio_to_node_exporter"] <= 1.0
     result["met"] = {"under_1pct_core": under_1pct, "not_more_than_node_exporter": not_more}
     print(json.dumps(result, indent=2))
@@ -199,7 +222,10 @@ def main() -> None:
     text = (
         f"agent {a['cpu_s_per_scrape'] * 1e3:.2f} ms CPU/scrape with 8 GPUs + 8 IB ports + disks "
         f"+ mounts ({a['series']} series) = {a['core_share_at_1s']:.2%} of a core at 1 s; "
-        f"{a['ratio_to_node_exporter']:.2f}x node_exporter; without GPUs "
+        f"{a['ratio_to_node_exporter']:.2f}x node_exporter; the `tyard agent` service (same "
+        f"node, guarded collectors, its health loop running) {svc['cpu_s_per_scrape'] * 1e3:.2f} "
+        f"ms ({svc['series']} series) = {svc['core_share_at_1s']:.2%} of a core, "
+        f"{svc['ratio_to_node_exporter']:.2f}x; without GPUs "
         f"{c['cpu_s_per_scrape'] * 1e3:.2f} ms ({c['series']} series) = "
         f"{c['ratio_to_node_exporter']:.2f}x; reading only the files node_exporter reads "
         f"(no IB hw_counters) {f['cpu_s_per_scrape'] * 1e3:.2f} ms ({f['series']} series) = "

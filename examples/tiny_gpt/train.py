@@ -170,7 +170,7 @@ def train(args: argparse.Namespace, config: GPTConfig) -> None:
         if start == 0 and args.init_from is not None:
             init_weights(model, args.init_from)
         resume_loader(loader, sess, start)
-        batches: Iterator[torch.Tensor] = iter(loader)
+        batches: Iterator[torch.Tensor] = sess.batches(loader)  # timed: data-loader wait
 
         def extra() -> dict[str, Any]:
             # Read when a checkpoint is written: the samples handed out so far, nothing more.

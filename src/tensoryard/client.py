@@ -245,6 +245,25 @@ class Client:
     def cancel_pipeline(self, pipeline_id: int) -> dict[str, Any]:
         return dict(self._json("POST", f"{API}/pipelines/{pipeline_id}/cancel"))
 
+    # ---- nodes and node health ----------------------------------------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/nodes"))
+
+    def node_history(self, name: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"{API}/nodes/{name}/history", params={"limit": limit}))
+
+    def cordon(self, name: str, reason: str, *, drain: bool = False) -> dict[str, Any]:
+        body = {"reason": reason, "drain": drain}
+        return dict(self._json("POST", f"{API}/nodes/{name}/cordon", json=body))
+
+    def uncordon(self, name: str, reason: str = "") -> dict[str, Any]:
+        return dict(self._json("POST", f"{API}/nodes/{name}/uncordon", json={"reason": reason}))
+
+    def report_health(self, alerts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Post firing alerts (labels with `health_action`); the control plane drains nodes."""
+        return dict(self._json("POST", f"{API}/health/alerts", json={"alerts": alerts}))
+
     # ---- identity and access ------------------------------------------------------------------
 
     def me(self) -> dict[str, Any]:

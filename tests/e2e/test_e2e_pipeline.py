@@ -24,6 +24,15 @@ def step_of(checkpoint: str) -> int:
     return int(Path(checkpoint).name.removeprefix("step-"))
 
 
+def lineage_metric(lineage: dict[str, object], key: str) -> float:
+    """The metric of the version a `models lineage --json` answer describes."""
+    version = lineage.get("version", lineage)
+    assert isinstance(version, dict), lineage
+    metrics = version["metrics"]
+    assert isinstance(metrics, dict)
+    return float(metrics[key])
+
+
 def test_the_tiny_gpt_pipeline_pretrains_fine_tunes_evaluates_and_then_reuses_its_outputs(
     control_plane: ServerProcess,
 ) -> None:
@@ -36,7 +45,7 @@ def test_the_tiny_gpt_pipeline_pretrains_fine_tunes_evaluates_and_then_reuses_it
     assert record["state"] == "SUCCEEDED", record["reason"]
     steps = {s["name"]: s for s in record["steps"]}
     assert [s["name"] for s in record["steps"]] == [
-        "pretrain", "finetune", "eval-base", "evaluate", "candidate"
+        "pretrain", "finetune", "eval-base", "evaluate", "register"
     ]  # fmt: skip
     # live progress went to stderr: every step, and a training step of a running job
     for name in steps:
@@ -51,18 +60,32 @@ def test_the_tiny_gpt_pipeline_pretrains_fine_tunes_evaluates_and_then_reuses_it
     assert math.isclose(tuned["perplexity"], math.exp(tuned["loss"]), rel_tol=1e-6)
     # fine-tuning on the instruction set lowers perplexity on held-out instructions
     assert tuned["perplexity"] < base["perplexity"] < 257
-    candidate = steps["candidate"]
-    assert candidate["state"] == "SUCCEEDED"
-    assert candidate["outputs"]["candidate_checkpoint"] == finetune["checkpoint"]
+    # the fine-tuned checkpoint became version 1 of default/tiny-gpt, now `production`
+    register = steps["register"]
+    assert register["state"] == "SUCCEEDED", register["reason"]
+    assert register["outputs"]["version"] == 1
+    assert register["outputs"]["job_id"] == finetune["job_id"]
+    model = tyard("models", "show", "default/tiny-gpt", "--json", env=env)
+    assert model.returncode == 0, model.stderr[-2000:]
+    shown_model = json.loads(model.stdout)
+    assert shown_model["aliases"] == {"production": 1}
+    version = tyard("models", "lineage", "default/tiny-gpt:production", "--json", env=env)
+    assert version.returncode == 0, version.stderr[-2000:]
+    lineage = json.loads(version.stdout)
+    assert lineage["version"]["job_id"] == finetune["job_id"]
+    assert lineage["version"]["tags"]["stage"] == "sft"
+    assert math.isclose(lineage_metric(lineage, "perplexity"), tuned["perplexity"], rel_tol=1e-9)
 
     shown = tyard("pipeline", "show", str(record["id"]), env=env)
-    assert shown.returncode == 0 and "candidate" in shown.stdout
+    assert shown.returncode == 0 and "register" in shown.stdout
 
     again = tyard("pipeline", "run", str(EXAMPLE), *SMALL, "--wait", "--json", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads(again.stdout.strip().splitlines()[-1])
-    assert [s["state"] for s in second["steps"]] == ["CACHED"] * 5
-    assert all(f"pipeline {record['id']}" in s["reason"] for s in second["steps"])
+    # the job steps come from the cache; the same model does not beat itself: no version 2
+    assert [s["state"] for s in second["steps"]] == ["CACHED"] * 4 + ["SKIPPED"]
+    assert all(f"pipeline {record['id']}" in s["reason"] for s in second["steps"][:4])
+    assert "is false" in second["steps"][4]["reason"]
     assert second["steps"][3]["outputs"] == steps["evaluate"]["outputs"]
 
     listed = tyard("pipeline", "list", "--json", env=env)

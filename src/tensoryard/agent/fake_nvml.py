@@ -173,7 +173,7 @@ class FakeNvml:
         """`count` identical healthy GPUs of product `name`."""
         return cls(
             gpus=[
-                FakeGpu(name=name, uuid=f"GPU-fake-{i:04d}-0000-0000-000000000000")
+                FakeGpu(name=name, uuid=f"GPU-fake-{i:04d}-0000-0000-000000000000", index=i)
                 for i in range(count)
             ]
         )

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from tensoryard.cli._common import JsonOpt, TokenOpt, console, err_console, print_json, user_errors
+from tensoryard.cli._common import (
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    console,
+    err_console,
+    print_json,
+    user_errors,
+)
 
 __all__ = ["cluster_app", "register"]
 
@@ -108,8 +116,15 @@ def preflight(
     size_mb: Annotated[int, typer.Option("--size-mb", min=1, help="All-reduce size in MiB.")] = 64,
     report_to: Annotated[
         str | None,
-        typer.Option("--report-to", help="POST the JSON report to this URL.", show_default=False),
+        typer.Option(
+            "--report-to",
+            help="POST the JSON report to this URL, or to the control plane with "
+            "'control-plane' (it records the report in the node's history and cordons the "
+            "node when a check failed).",
+            show_default=False,
+        ),
     ] = None,
+    server: ServerOpt = None,
     token: TokenOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -139,7 +154,12 @@ def preflight(
             )
         with err_console.status("running preflight checks", spinner="dots"):
             report = run_preflight(expect, node=name, allreduce=check)
-        if report_to:
+        if report_to == "control-plane":
+            from tensoryard.client import resolve_connection
+
+            url, tok = resolve_connection(server, token)
+            post_report(report, f"{url}/api/v1/nodes/{report.node}/preflight", token=tok)
+        elif report_to:
             post_report(report, report_to, token=token)
     if json_out:
         print_json(report.as_dict())

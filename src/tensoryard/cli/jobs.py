@@ -132,6 +132,15 @@ def server(
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
     ] = 10.0,
+    local_nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--local-nodes",
+            help="Comma-separated node names that split this machine (CPU and memory shared "
+            "equally), to try multi-node placement and draining on one machine.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, and the local executor (jobs on
     this machine) or the Kubernetes executor (`--executor kubernetes`: JobSets on a cluster).
@@ -169,6 +178,7 @@ def server(
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
         artifacts_url=artifacts,
+        local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():
         console.print(
@@ -297,6 +307,8 @@ def describe(
         )
     if summary.get("steps"):
         console.print(_summary_line(summary), highlight=False)
+    for line in _goodput_lines(summary):
+        console.print(line, highlight=False)
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
         table.add_column(col, overflow="fold")
@@ -326,6 +338,40 @@ def _summary_line(summary: dict[str, Any]) -> str:
     if summary["goodput"] is not None:
         parts.append(f"goodput {summary['goodput']:.1%} ({summary['steps_lost']} step(s) redone)")
     return ", ".join(parts)
+
+
+_BADPUT = (
+    ("startup_s", "startup"),
+    ("checkpoint_save_s", "checkpoint save"),
+    ("checkpoint_restore_s", "checkpoint restore"),
+    ("lost_s", "lost work"),
+    ("hang_s", "hang"),
+    ("other_s", "other"),
+)
+
+
+def _goodput_lines(summary: dict[str, Any]) -> list[str]:
+    """Where the allocated time went, and the Young/Daly checkpoint interval."""
+    lines = []
+    b = summary.get("breakdown")
+    if b and b["allocated_s"] > 0:
+        badput = ", ".join(f"{label} {b[key]:.1f}s" for key, label in _BADPUT if b[key] > 0)
+        lines.append(
+            f"goodput {b['goodput']:.1%} of {b['allocated_s']:.1f}s allocated: productive "
+            f"{b['productive_s']:.1f}s; badput: {badput or 'none'}; not allocated: queueing "
+            f"{b['queueing_s']:.1f}s, waiting for restart {b['restart_wait_s']:.1f}s"
+        )
+    advice = summary.get("checkpoint_advice")
+    if advice:
+        steps = advice["interval_steps"]
+        suggested = f"{steps} steps" if steps is not None else "-"
+        applied = "applied on restart" if advice["auto"] else "set checkpoint.auto_interval"
+        lines.append(
+            f"checkpoint interval {advice['current_interval_steps']} steps; Young/Daly "
+            f"suggests {suggested} (~{advice['interval_s']:.0f}s) for a {advice['save_s']:.2f}s "
+            f"save and MTBF {advice['mtbf_s'] / 3600:.2f}h ({advice['source']}; {applied})"
+        )
+    return lines
 
 
 def logs(

@@ -5,7 +5,22 @@ from __future__ import annotations
 
 import typer
 
-from tensoryard.cli import access, cluster, data, demo, jobs, k8s, models, pipelines, serving, sim
+from tensoryard.cli import (
+    access,
+    agent,
+    chaos,
+    cluster,
+    data,
+    demo,
+    jobs,
+    k8s,
+    models,
+    nodes,
+    pipelines,
+    serving,
+    sim,
+    top,
+)
 
 app = typer.Typer(
     name="tyard",
@@ -25,6 +40,10 @@ for module in (
     pipelines,
     models,
     k8s,
+    nodes,
+    agent,
+    top,
+    chaos,
     serving,
 ):
     module.register(app)

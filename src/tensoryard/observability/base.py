@@ -51,6 +51,13 @@ class CollectorErrors:
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def declare(self, *collectors: str) -> None:
+        """Export these collectors' counters at 0 before their first error (so that
+        increase() sees the first one)."""
+        with self._lock:
+            for name in collectors:
+                self._counts.setdefault(name, 0)
+
     def record(self, collector: str, what: str, exc: BaseException | str) -> None:
         """Count one error of `collector` and log what failed and why."""
         with self._lock:

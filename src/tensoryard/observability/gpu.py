@@ -267,6 +267,15 @@ class GpuCollector:
         if _NVLINK_TX in got and _NVLINK_RX in got:
             put("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", got[_NVLINK_TX] + got[_NVLINK_RX])
 
+    def xid_counts(self) -> dict[tuple[int, int], int]:
+        """Read pending XID events (starting NVML on first use) and return how many of each
+        (GPU index, XID) were seen since the start; the health loop polls this between
+        scrapes. Fatal XIDs are always present (0 until one happens)."""
+        with self._lock:
+            if self._start():
+                self._drain_xids()
+            return dict(self._xids)
+
     def close(self) -> None:
         """Release the XID event set and NVML (the agent calls this on shutdown)."""
         nvml = self._nvml

@@ -9,11 +9,12 @@ control plane carries them out (not here: this module does no I/O).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HealthAction", "decide", "node_of"]
+__all__ = ["HealthAction", "decide", "describe", "node_of"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def decide(alerts: Iterable[Mapping[str, Any]]) -> list[HealthAction]:
 
 
 def _reason(name: str, labels: Mapping[str, str]) -> str:
-    detail = [f"{k}={labels[k]}" for k in ("gpu", "xid", "device", "rank", "op") if labels.get(k)]
+    keys = ("gpu", "xid", "device", "port", "check", "rank", "op")
+    detail = [f"{k}={labels[k]}" for k in keys if labels.get(k)]
     return f"{name}({', '.join(detail)})" if detail else name
 
 
@@ -78,3 +80,33 @@ def _on_drained_node(
         and a.get("labels", {}).get("health_action") == "drain_node"
         for a in alerts
     )
+
+
+_REASON = re.compile(r"^(?P<name>\w+)\((?P<detail>[^()]*)\)$")
+_WORDS = {
+    "GpuFatalXid": "XID {xid} on GPU {gpu}",
+    "GpuRowRemapFailure": "row remapping failed on GPU {gpu}",
+    "GpuUncorrectableEcc": "uncorrectable ECC errors on GPU {gpu}",
+    "GpuNvlinkRecoveryErrors": "NVLink recovery errors on GPU {gpu}",
+    "InfinibandPortDown": "InfiniBand port {device}/{port} down",
+    "HealthCheckFailed": "health check {check} failed",
+}
+
+
+def describe(reasons: Iterable[str]) -> str:
+    """What a person reads: ("GpuFatalXid(gpu=2, xid=79)",) -> "XID 79 on GPU 2"."""
+    out = []
+    for reason in reasons:
+        match = _REASON.match(reason)
+        template = _WORDS.get(match.group("name")) if match else None
+        if match is None or template is None:
+            out.append(reason)
+            continue
+        labels = dict(
+            part.split("=", 1) for part in match.group("detail").split(", ") if "=" in part
+        )
+        try:
+            out.append(template.format(**labels).replace("/?", ""))
+        except KeyError:
+            out.append(reason)
+    return "; ".join(out)

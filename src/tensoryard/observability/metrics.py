@@ -351,7 +351,19 @@ CONTROL_PLANE = (
             ("tyard_preemption_gpu_hours_total", "GPU hours of work lost to preemption"),
         ],
     ),
+    MetricDef(
+        "tyard_job_badput_seconds",
+        "gauge",
+        "Seconds lost by kind (docs/goodput.md)",
+        ("job", "team", "kind"),
+    ),
     MetricDef("tyard_restarts_total", "counter", "Job restarts", ("team", "reason")),
+    MetricDef(
+        "tyard_node_state",
+        "gauge",
+        "1 for the node's cordon state (ready, cordoned, draining), 0 for the others",
+        ("node", "state"),
+    ),
     *_defs(
         "gauge",
         _JOB,
@@ -360,6 +372,9 @@ CONTROL_PLANE = (
             ("tyard_job_tokens_per_second", "Training throughput"),
             ("tyard_job_loss", "Last training loss"),
             ("tyard_job_goodput", "Fraction of wall time spent on productive steps"),
+            ("tyard_job_allocated_seconds", "Seconds the job's attempts held resources"),
+            ("tyard_job_productive_seconds", "Seconds in training steps that were kept"),
+            ("tyard_job_allocated_goodput", "Productive seconds / allocated seconds"),
             (
                 "tyard_job_last_checkpoint_age_seconds",
                 "Seconds since the last committed checkpoint",

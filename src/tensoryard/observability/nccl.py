@@ -217,8 +217,11 @@ def nccl_debug_env(run_dir: str | Path, *, trace_buffer_size: int = 2000) -> Map
     return {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_FILE": str(run / "nccl" / "nccl-%h-%p.log"),
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(trace_buffer_size),
+        # PyTorch 2.13's names; the older TORCH_NCCL_TRACE_BUFFER_SIZE and
+        # TORCH_NCCL_DEBUG_INFO_TEMP_FILE still work there but print a deprecation warning in
+        # every rank's log (set them in spec.env for an older PyTorch).
+        "TORCH_FR_BUFFER_SIZE": str(trace_buffer_size),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         # PyTorch appends the rank: <run>/nccl/flight_recorder_rank_<r>
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(run / "nccl" / "flight_recorder_rank_"),
+        "TORCH_FR_DUMP_TEMP_FILE": str(run / "nccl" / "flight_recorder_rank_"),
     }

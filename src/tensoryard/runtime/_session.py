@@ -18,17 +18,21 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo
+from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo, unwrap_module
 from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
 from tensoryard.runtime.goodput import GoodputTracker
+from tensoryard.runtime.rank_stats import RankStats
 from tensoryard.runtime.report import Reporter, ReporterConfig
+from tensoryard.runtime.stragglers import ForwardTimer, StragglerDetector
+
+T = TypeVar("T")
 
 __all__ = ["Session", "session"]
 
@@ -48,11 +52,15 @@ class Session:
         *,
         stop_check_every: int = 10,
         final_checkpoint: bool = True,
+        rank_stats: RankStats | None = None,
     ) -> None:
         self.dist = dist
+        self.rank_stats = rank_stats
+        self._data_wait = 0.0
         self.checkpointer = checkpointer
         self.reporter = reporter
         self.goodput = GoodputTracker()
+        self.stragglers = StragglerDetector()
         self.stop_check_every = max(1, stop_check_every)
         self.final_checkpoint = final_checkpoint
         self.resumed_from: int | None = None
@@ -63,6 +71,8 @@ class Session:
         self._step_started = 0.0
         self._step_time: float | None = None
         self._closed = False
+        self.checkpoint_save_s = 0.0  # training blocked by saves in this attempt
+        self.checkpoint_restore_s = 0.0  # loading the checkpoint at the start
         checkpointer.on_saved = self._on_saved
         checkpointer.on_event = reporter.event
 
@@ -77,7 +87,10 @@ class Session:
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
         """Load the latest checkpoint; return the last completed step (0 when fresh)."""
+        started = time.perf_counter()
         step = self.checkpointer.load_latest(model, optimizer)
+        self.checkpoint_restore_s = time.perf_counter() - started
+        self._report_timings()
         self.resumed_from = step
         self._resumed = True
         self.reporter.set_resumed_from(step)
@@ -93,6 +106,19 @@ class Session:
             self._step_time = step_time
         self.reporter.report(step, step_time_s=step_time, **metrics)
 
+    def batches(self, iterable: Iterable[T]) -> Iterator[T]:
+        """`iterable`'s items, timing how long each step waits for them: this rank's data-loader
+        wait (`tyard_job_data_wait_seconds`) is the time spent here during a step."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_wait += time.perf_counter() - started
+            yield item
+
     def save(
         self,
         step: int,
@@ -100,8 +126,27 @@ class Session:
         optimizer: torch.optim.Optimizer | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> CheckpointInfo | None:
-        """Write a checkpoint now (collective)."""
-        return self.checkpointer.save(step, model, optimizer, extra)
+        """Write a checkpoint now (collective); with async saves it returns after the snapshot."""
+        started = time.perf_counter()
+        try:
+            return self.checkpointer.save(step, model, optimizer, extra)
+        finally:
+            self.checkpoint_save_s += time.perf_counter() - started
+            self._report_timings()
+
+    def _wait_for_save(self) -> None:
+        started = time.perf_counter()
+        self.checkpointer.wait()
+        waited = time.perf_counter() - started
+        if waited > 0.001:
+            self.checkpoint_save_s += waited
+            self._report_timings()
+
+    def _report_timings(self) -> None:
+        self.reporter.set_timings(
+            checkpoint_save_s=self.checkpoint_save_s,
+            checkpoint_restore_s=self.checkpoint_restore_s,
+        )
 
     def loop(
         self,
@@ -118,26 +163,49 @@ class Session:
         """
         start = self.resume(model, optimizer) if not self._resumed else (self.resumed_from or 0)
         previous = self._install_sigterm()
+        # The inner module: DDP's own forward may broadcast buffers (a collective).
+        timer = ForwardTimer(unwrap_module(model)) if self.dist.world_size > 1 else None
         try:
             for step in range(start + 1, total_steps + 1):
                 self._step, self._step_time = step, None
+                self._data_wait = 0.0
                 self._step_started = time.perf_counter()
                 yield step
                 elapsed = self._step_time
                 if elapsed is None:
                     elapsed = time.perf_counter() - self._step_started
                 self.goodput.step(step, elapsed)
+                if self.rank_stats is not None:
+                    self.rank_stats.step(step, elapsed, self._data_wait)
+                self.checkpointer.poll()
                 if self.checkpointer.should_save(step):
                     self.save(step, model, optimizer, extra() if extra else None)
-                if step % self.stop_check_every == 0 and self.dist.any_rank(self.stop_requested):
-                    self._stop(step, model, optimizer, extra)
-                    return
+                if step % self.stop_check_every == 0:
+                    if timer is not None:
+                        self._check_stragglers(timer)
+                    if self.dist.any_rank(self.stop_requested):
+                        self._stop(step, model, optimizer, extra)
+                        return
+            self._wait_for_save()
             last = self.checkpointer.last_saved_step
             if self.final_checkpoint and total_steps > start and last != total_steps:
                 self.save(total_steps, model, optimizer, extra() if extra else None)
+            self._wait_for_save()
         finally:
             self._step = None
             self._restore_sigterm(previous)
+            if timer is not None:
+                timer.close()
+
+    def _check_stragglers(self, timer: ForwardTimer) -> None:
+        """Exchange every rank's mean forward time; rank 0 names stragglers in the events."""
+        mean = timer.take()
+        per_rank = self.dist.gather_floats(-1.0 if mean is None else mean)
+        if any(value < 0 for value in per_rank):
+            return  # a rank ran no forward pass of this model in the window
+        for event in self.stragglers.observe(per_rank):
+            if self.dist.is_main:
+                self.reporter.event(event.message, kind="warning")
 
     def _stop(
         self,
@@ -146,8 +214,10 @@ class Session:
         optimizer: torch.optim.Optimizer | None,
         extra: Extra | None,
     ) -> None:
+        self._wait_for_save()
         if self.checkpointer.last_saved_step != step:
             self.save(step, model, optimizer, extra() if extra else None)
+        self._wait_for_save()
         self.stopped = True
         self.reporter.event(f"stopped at step {step} on request (checkpoint written)")
 
@@ -231,4 +301,5 @@ def session(
         reporter,
         stop_check_every=stop_check_every,
         final_checkpoint=final_checkpoint,
+        rank_stats=RankStats(env.get("TYARD_RUN_DIR"), dist.rank, reporter.config.attempt),
     )

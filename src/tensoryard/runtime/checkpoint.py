@@ -2,23 +2,35 @@
 
 Layout of a checkpoint directory (``TYARD_CHECKPOINT_DIR``)::
 
-    step-000000150/
+    step-000000150/             layout "full" (one process, DDP)
         state.pt     model + optimizer state, step, user extras
         rng.pt       RNG states of every rank (python, numpy, torch CPU, CUDA)
-        meta.json    written last: step, world size, size and CRC32 of each file
-    .tmp-step-000000200-<pid>-<hex>/   a save in progress (or one that crashed): ignored
+        meta.json    written last: step, world size, layout, size (and CRC32) of each file
+    step-000000200/             layout "sharded" (FSDP2 / DTensor / FSDP1)
+        __0_0.distcp, __1_0.distcp, .metadata   torch.distributed.checkpoint, every rank's shards
+        extra.pt     step and user extras
+        rng.pt
+        meta.json    written last, by rank 0, once every rank's shards are on disk
+    .tmp-step-000000250-<pid>-<hex>/   a save in progress (or one that crashed): ignored
 
 A save writes into a ``.tmp-*`` directory, fsyncs every file and the directory, then renames
-it to ``step-N`` and fsyncs the parent. A crash at any point leaves either the previous set of
-checkpoints or the new complete one, never a ``step-N`` that looks complete but is not. A
-checkpoint whose files do not match meta.json is reported (RuntimeSetupError naming the path)
-and skipped in favour of the previous one.
+it to ``step-N`` and fsyncs the parent. The rename is the commit: a crash at any point leaves
+either the previous set of checkpoints or the new complete one, never a ``step-N`` that looks
+complete but is not. A checkpoint whose files do not match meta.json is reported
+(RuntimeSetupError naming the path) and skipped in favour of the previous one.
 
-With DDP the model and optimizer states are identical on every rank, so rank 0 writes them.
-Every rank's RNG state is gathered to rank 0, because ranks draw different random numbers
-(dropout, sampling) and an exact resume needs each rank's own stream back. `save` and
-`load_latest` are collectives: call them on every rank. Every rank reads the checkpoint
-rank 0 chose, so on several nodes the directory must be shared storage.
+The layout is detected from the model (`tensoryard.runtime.layout`): with DDP the model and
+optimizer states are identical on every rank, so rank 0 writes them; a sharded model is saved
+by every rank with DCP and can be resumed by a different number of ranks. Asking for a full
+state dict of a sharded model is refused with an error, since it would hold rank 0's shard only.
+
+With ``async_save`` the training loop waits only for a snapshot (a CPU copy of the state);
+a background thread writes and commits it. At most one save is in flight: the next `save`
+first waits for the previous one. Every rank's RNG state is gathered to rank 0, because ranks
+draw different random numbers (dropout, sampling) and an exact resume needs each rank's own
+stream back. `save`, `wait` and `load_latest` are collectives: call them on every rank. Every
+rank reads the checkpoint rank 0 chose, so on several nodes the directory must be shared
+storage.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 import uuid
 import zlib
@@ -44,15 +57,32 @@ import torch
 from tensoryard.errors import RuntimeSetupError
 from tensoryard.runtime._env import env_int, env_str
 from tensoryard.runtime.dist import DistContext
+from tensoryard.runtime.layout import (
+    LAYOUT_CHOICES,
+    Layout,
+    LayoutChoice,
+    choose_layout,
+    load_sharded,
+    sharded_state,
+)
 
-__all__ = ["CheckpointInfo", "Checkpointer", "capture_rng_state", "restore_rng_state"]
+__all__ = [
+    "CheckpointInfo",
+    "Checkpointer",
+    "capture_rng_state",
+    "restore_rng_state",
+    "unwrap_module",
+]
 
 log = logging.getLogger("tensoryard.runtime.checkpoint")
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
-_FILES = ("state.pt", "rng.pt")
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "full": ("state.pt", "rng.pt"),
+    "sharded": ("extra.pt", "rng.pt", ".metadata"),
+}
 
 
 @dataclass(frozen=True)
@@ -118,7 +148,7 @@ def _serialize(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_module(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose state_dict has plain names (no DDP `module.`, no compile wrapper)."""
     while True:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -144,43 +174,127 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 def verify(path: Path) -> dict[str, Any]:
     """Check a checkpoint directory against its meta.json; return the meta or raise."""
     meta_path = path / "meta.json"
+    fix = "(fix: delete that directory; the previous checkpoint will be used)"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         files = meta["files"]
+        layout = meta.get("layout", "full")
+        required = _REQUIRED[layout]
+        if not isinstance(files, dict):
+            raise TypeError("files is not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeSetupError(
-            f"checkpoint {path} is incomplete or corrupt: meta.json unreadable ({exc}) "
-            "(fix: delete that directory; the previous checkpoint will be used)"
+            f"checkpoint {path} is incomplete or corrupt: meta.json unreadable ({exc}) {fix}"
         ) from exc
-    for name in _FILES:
-        expected = files.get(name) if isinstance(files, dict) else None
+    for name in sorted(set(files) | set(required)):
+        expected = files.get(name)
         try:
-            data = (path / name).read_bytes()
+            size = (path / name).stat().st_size
         except OSError as exc:
             raise RuntimeSetupError(
-                f"checkpoint {path} is corrupt: cannot read {name} ({exc.strerror}) "
-                "(fix: delete that directory; the previous checkpoint will be used)"
+                f"checkpoint {path} is corrupt: cannot read {name} ({exc.strerror}) {fix}"
             ) from exc
-        if (
-            not expected
-            or len(data) != expected.get("size")
-            or zlib.crc32(data) != expected.get("crc32")
-        ):
+        if not isinstance(expected, dict) or size != expected.get("size"):
             raise RuntimeSetupError(
-                f"checkpoint {path} is corrupt: {name} does not match meta.json (size or CRC32) "
-                "(fix: delete that directory; the previous checkpoint will be used)"
+                f"checkpoint {path} is corrupt: {name} does not match meta.json (size) {fix}"
+            )
+        if "crc32" in expected and zlib.crc32((path / name).read_bytes()) != expected["crc32"]:
+            raise RuntimeSetupError(
+                f"checkpoint {path} is corrupt: {name} does not match meta.json (CRC32) {fix}"
             )
     return dict(meta)
 
 
+class _Staging:
+    """CPU buffers for async snapshots, reused from one save to the next.
+
+    Copying into memory that is already mapped is several times faster than allocating fresh
+    tensors (no page faults), and it is safe because the previous save has finished writing
+    (at most one in flight) before the next snapshot is taken."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, obj: Any, path: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            source = obj.detach()
+            buffer = self._buffers.get(path)
+            if (
+                buffer is None
+                or buffer.shape != source.shape
+                or buffer.dtype != source.dtype
+                or buffer.layout != source.layout
+                or not source.is_contiguous()
+            ):
+                buffer = source.to("cpu", copy=True)
+                self._buffers[path] = buffer
+            else:
+                buffer.copy_(source)
+            return buffer
+        if isinstance(obj, Mapping):
+            return {key: self.copy(value, f"{path}/{key}") for key, value in obj.items()}
+        if isinstance(obj, list):
+            return [self.copy(value, f"{path}/{i}") for i, value in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(self.copy(value, f"{path}/{i}") for i, value in enumerate(obj))
+        return obj
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor cloned to the CPU: the snapshot an async save writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, Mapping):
+        return {key: _cpu_copy(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(_cpu_copy(value) for value in obj)
+    return obj
+
+
 # -- the checkpointer -------------------------------------------------------------------------
+
+
+@dataclass
+class _Save:
+    """One save, from its snapshot to its commit (run inline, or in a background thread)."""
+
+    step: int
+    started: float
+    write: Callable[[], CheckpointInfo | None]  # rank 0 returns the committed checkpoint
+    info: CheckpointInfo | None = None
+    error: BaseException | None = None
+    finished: float | None = None
+    delivered: bool = False
+    thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        try:
+            self.info = self.write()
+        except BaseException as exc:  # reported on every rank by Checkpointer._complete
+            self.error = exc
+        finally:
+            self.finished = time.perf_counter()
+
+    def start(self) -> None:
+        # A daemon: a save still in flight when the process dies is simply not committed.
+        self.thread = threading.Thread(
+            target=self.run, name=f"tyard-checkpoint-{self.step}", daemon=True
+        )
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
 
 
 class Checkpointer:
     """Saves and resumes training state; every `interval` steps, keeping the last `keep`.
 
     Defaults come from TYARD_CHECKPOINT_DIR (else $TYARD_RUN_DIR/checkpoints),
-    TYARD_CHECKPOINT_INTERVAL and TYARD_CHECKPOINT_KEEP.
+    TYARD_CHECKPOINT_INTERVAL, TYARD_CHECKPOINT_KEEP, TYARD_CHECKPOINT_LAYOUT (auto, full or
+    sharded; default auto) and TYARD_CHECKPOINT_ASYNC (1 to save in the background).
     """
 
     def __init__(
@@ -189,6 +303,8 @@ class Checkpointer:
         interval: int | None = None,
         keep: int | None = None,
         *,
+        layout: LayoutChoice | None = None,
+        async_save: bool | None = None,
         dist: DistContext | None = None,
         on_saved: Callable[[CheckpointInfo], None] | None = None,
         on_event: Callable[[str], None] | None = None,
@@ -205,15 +321,34 @@ class Checkpointer:
             raise RuntimeSetupError(
                 f"checkpoint interval={self.interval} keep={self.keep}: both must be >= 1"
             )
+        self.layout: LayoutChoice = layout if layout is not None else _env_layout(env)
+        if self.layout not in LAYOUT_CHOICES:
+            raise RuntimeSetupError(
+                f"checkpoint layout={self.layout!r} is not one of {', '.join(LAYOUT_CHOICES)} "
+                "(fix: use 'auto')"
+            )
+        if async_save is None:
+            async_save = env_int(env, "TYARD_CHECKPOINT_ASYNC", 0) > 0
+        self.async_save = async_save
         self.dist = dist or DistContext(0, 1, 0, 1, torch.device("cpu"), None)
         self.on_saved = on_saved
         self.on_event = on_event
         self.last_saved_step: int | None = None
+        self.last_stall_s: float | None = None  # how long the last save blocked training
+        self.last_save_s: float | None = None  # snapshot to commit, of the last finished save
         self.loaded_extra: dict[str, Any] = {}
+        self._pending: _Save | None = None
+        self._async_group: Any = None
+        self._staging = _Staging()
 
     def should_save(self, step: int) -> bool:
         """True every `interval` steps."""
         return step > 0 and step % self.interval == 0
+
+    @property
+    def in_flight(self) -> bool:
+        """A background save has not finished writing yet."""
+        return self._pending is not None and self._pending.finished is None
 
     # -- save ---------------------------------------------------------------------------------
 
@@ -227,65 +362,197 @@ class Checkpointer:
         """Write a checkpoint of `step` (collective: call on every rank).
 
         `extra` holds anything else to resume (tensors, numbers, strings, lists, dicts).
-        Returns the checkpoint on rank 0, None elsewhere; raises RuntimeSetupError on every
-        rank when writing failed.
+        Synchronous: returns the checkpoint on rank 0, None elsewhere. With `async_save`,
+        returns None once the snapshot is taken; the checkpoint is committed in the background
+        (`on_saved` hears of it, `wait` waits for it). Raises RuntimeSetupError on every rank
+        when writing this save (or the previous background one) failed, or when the layout
+        asked for would save the model wrongly.
         """
         started = time.perf_counter()
+        layout = choose_layout(model, self.layout)
+        self.wait()  # at most one save in flight
         rng = self.dist.all_gather_object(capture_rng_state())
-        info: CheckpointInfo | None = None
-        failure: Exception | None = None
-        if self.dist.is_main:
-            try:
-                info = self._write(step, model, optimizer, extra, rng)
-            except Exception as exc:  # every rank must hear of it, or they would hang
-                failure = exc
-        error = self.dist.broadcast_object(None if failure is None else repr(failure))
-        if error is not None:
-            raise RuntimeSetupError(
-                f"could not write the checkpoint of step {step} to {self.dir}: {error} "
-                "(fix: check free space and permissions; extras must be tensors, numbers, "
-                "strings, lists or dicts)"
-            ) from failure
-        self.last_saved_step = step
-        if info is not None:
-            if self.on_saved is not None:
-                self.on_saved(info)
-            seconds = time.perf_counter() - started
-            log.info("saved checkpoint %s (%d bytes, %.2fs)", info.path, info.size_bytes, seconds)
-        return info
+        if layout == "sharded":
+            write = self._stage_sharded(step, model, optimizer, extra, rng)
+        else:
+            write = self._stage_full(step, model, optimizer, extra, rng)
+        pending = _Save(step, started, write)
+        if self.async_save:
+            pending.start()
+            self._pending = pending
+            self.last_stall_s = time.perf_counter() - started
+            return None
+        pending.run()
+        self._pending = pending
+        self._complete()
+        self.last_stall_s = time.perf_counter() - started
+        return pending.info
 
-    def _write(
+    def wait(self) -> None:
+        """Wait for the save in flight and commit its result on every rank (collective)."""
+        if self._pending is not None:
+            self._pending.join()
+            self._complete()
+
+    def poll(self) -> None:
+        """Tell `on_saved` about a background save that has committed (local, never blocks)."""
+        pending = self._pending
+        if pending is not None and pending.finished is not None and pending.error is None:
+            self._deliver(pending)
+
+    def _complete(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        mine = None if pending.error is None else repr(pending.error)
+        errors = [e for e in self.dist.all_gather_object(mine) if e is not None]
+        if errors:
+            raise RuntimeSetupError(
+                f"could not write the checkpoint of step {pending.step} to {self.dir}: "
+                f"{errors[0]} (fix: check free space and permissions; extras must be tensors, "
+                "numbers, strings, lists or dicts)"
+            ) from pending.error
+        self.last_saved_step = pending.step
+        self._deliver(pending)
+
+    def _deliver(self, pending: _Save) -> None:
+        if pending.delivered:
+            return
+        pending.delivered = True
+        if pending.finished is not None:
+            self.last_save_s = pending.finished - pending.started
+        info = pending.info
+        if info is None:
+            return
+        if self.on_saved is not None:
+            self.on_saved(info)
+        log.info(
+            "saved checkpoint %s (%d bytes, %.2fs)",
+            info.path,
+            info.size_bytes,
+            self.last_save_s or 0.0,
+        )
+
+    def _stage_full(
         self,
         step: int,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
         extra: Mapping[str, Any] | None,
         rng: list[Any],
-    ) -> CheckpointInfo:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        blobs = {
-            "state.pt": _serialize(
-                {
-                    "format": FORMAT_VERSION,
-                    "step": step,
-                    "model": _unwrap(model).state_dict(),
-                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                    "extra": dict(extra or {}),
-                }
-            ),
-            "rng.pt": _serialize({"world_size": self.dist.world_size, "ranks": rng}),
+    ) -> Callable[[], CheckpointInfo | None]:
+        """Rank 0 snapshots the full state (a CPU copy when async); the writer commits it."""
+        if not self.dist.is_main:
+            return lambda: None
+        state = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "model": unwrap_module(model).state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "extra": dict(extra or {}),
         }
-        tmp = self.dir / f"{_TMP_PREFIX}step-{step:09d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        if self.async_save:
+            state = self._staging.copy(state)
+        world_size = self.dist.world_size
+
+        def write() -> CheckpointInfo:
+            blobs = {
+                "state.pt": _serialize(state),
+                "rng.pt": _serialize({"world_size": world_size, "ranks": rng}),
+            }
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp_path(step)
+            tmp.mkdir()
+            return self._commit(tmp, step, "full", blobs)
+
+        return write
+
+    def _stage_sharded(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        extra: Mapping[str, Any] | None,
+        rng: list[Any],
+    ) -> Callable[[], CheckpointInfo | None]:
+        """Every rank hands its shards to DCP (staged to CPU when async); rank 0 commits."""
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import async_save, save
+
+        tmp_name = self.dist.broadcast_object(self._tmp_path(step).name)
+        tmp = self.dir / tmp_name
+        failure: str | None = None
+        if self.dist.is_main:
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as exc:
+                failure = repr(exc)
+        failure = self.dist.broadcast_object(failure)
+        if failure is not None:
+            raise RuntimeSetupError(
+                f"could not write the checkpoint of step {step} to {self.dir}: {failure} "
+                "(fix: check free space and permissions)"
+            )
+        state = sharded_state(model, optimizer)
+        writer = FileSystemWriter(str(tmp))
+        future: Any = None
+        if self.async_save:
+            future = async_save(
+                state, storage_writer=writer, process_group=self._background_group()
+            )
+        else:
+            save(state, storage_writer=writer)
+        blobs: dict[str, bytes] = {}
+        if self.dist.is_main:
+            blobs["extra.pt"] = _serialize(
+                {"format": FORMAT_VERSION, "step": step, "extra": _cpu_copy(dict(extra or {}))}
+            )
+            blobs["rng.pt"] = _serialize({"world_size": self.dist.world_size, "ranks": rng})
+        is_main = self.dist.is_main
+
+        def write() -> CheckpointInfo | None:
+            if future is not None:
+                future.result()  # this rank's shards are written (rank 0: DCP metadata too)
+            if not is_main:
+                return None
+            return self._commit(tmp, step, "sharded", blobs)
+
+        return write
+
+    def _background_group(self) -> Any:
+        """A gloo group of its own, so background DCP collectives never interleave with
+        the training loop's collectives on the default group."""
+        if not self.dist.is_distributed:
+            return None
+        if self._async_group is None:
+            import torch.distributed as tdist
+
+            self._async_group = tdist.new_group(backend="gloo")
+        return self._async_group
+
+    def _tmp_path(self, step: int) -> Path:
+        return self.dir / f"{_TMP_PREFIX}step-{step:09d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def _commit(
+        self, tmp: Path, step: int, layout: Layout, blobs: Mapping[str, bytes]
+    ) -> CheckpointInfo:
+        """Write rank 0's files and meta.json into tmp, then rename it to step-N (the commit)."""
         try:
             for name, data in blobs.items():
                 _write_file(tmp / name, data)
+            files: dict[str, dict[str, int]] = {
+                n: {"size": len(d), "crc32": zlib.crc32(d)} for n, d in blobs.items()
+            }
+            for child in tmp.iterdir():  # DCP's shards: every rank fsynced its own
+                if child.is_file() and child.name not in files:
+                    files[child.name] = {"size": child.stat().st_size}
             meta = {
                 "format": FORMAT_VERSION,
                 "step": step,
+                "layout": layout,
                 "world_size": self.dist.world_size,
                 "created_at": time.time(),
-                "files": {n: {"size": len(d), "crc32": zlib.crc32(d)} for n, d in blobs.items()},
+                "files": files,
             }
             _write_file(tmp / "meta.json", json.dumps(meta, indent=1).encode())
             _fsync_dir(tmp)
@@ -295,7 +562,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._prune(keep_step=step)
-        size = sum(len(d) for d in blobs.values())
+        size = sum(entry["size"] for entry in files.values())
         return CheckpointInfo(step, final, time.time(), size)
 
     def _replace(self, tmp: Path, final: Path) -> None:
@@ -332,8 +599,10 @@ class Checkpointer:
 
         Collective: rank 0 picks the checkpoint (skipping corrupt ones, removing crashed
         temporary directories) and every rank loads that same one, so all agree on the step.
+        A sharded checkpoint can be loaded by a different number of ranks than wrote it.
         """
-        choice: tuple[int, str] | None = None
+        self.wait()
+        choice: tuple[int, str, Layout] | None = None
         error: str | None = None
         if self.dist.is_main:
             try:
@@ -345,18 +614,23 @@ class Checkpointer:
             raise RuntimeSetupError(error)
         if choice is None:
             return None
-        step, path = choice
-        self._load(Path(path), model, optimizer)
+        step, path, layout = choice
+        if layout == "sharded":
+            self._load_sharded(Path(path), model, optimizer)
+        else:
+            self._load(Path(path), model, optimizer)
         self.last_saved_step = step
         return step
 
-    def _choose(self) -> tuple[int, str] | None:
+    def _choose(self) -> tuple[int, str, Layout] | None:
         self._clean_tmp()
         corrupt: list[str] = []
         for step, path in _step_dirs(self.dir):
             try:
-                verify(path)
-                torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)
+                meta = verify(path)
+                layout: Layout = "sharded" if meta.get("layout") == "sharded" else "full"
+                if layout == "full":
+                    torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)
             except RuntimeSetupError as exc:
                 self._warn(str(exc))
                 corrupt.append(str(path))
@@ -367,7 +641,7 @@ class Checkpointer:
                 continue
             if corrupt:
                 self._warn(f"resuming from the older checkpoint {path} instead")
-            return step, str(path)
+            return step, str(path), layout
         if corrupt:
             raise RuntimeSetupError(
                 f"every checkpoint in {self.dir} is corrupt: {', '.join(corrupt)} "
@@ -386,11 +660,17 @@ class Checkpointer:
     def _load(
         self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     ) -> None:
+        if choose_layout(model, "auto") == "sharded":
+            raise RuntimeSetupError(
+                f"checkpoint {path} holds a full state dict but this model is sharded "
+                "(FSDP/DTensor) (fix: resume it with the unsharded (DDP) model it was trained "
+                "with, or start the sharded run from a fresh TYARD_CHECKPOINT_DIR)"
+            )
         location = self.dist.device
         state = torch.load(path / "state.pt", map_location=location, weights_only=True)
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
         try:
-            _unwrap(model).load_state_dict(state["model"])
+            unwrap_module(model).load_state_dict(state["model"])
             if optimizer is not None and state["optimizer"] is not None:
                 optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
@@ -399,6 +679,23 @@ class Checkpointer:
                 "model configuration it was trained with, or a fresh TYARD_CHECKPOINT_DIR)"
             ) from exc
         self.loaded_extra = dict(state.get("extra") or {})
+        self._restore_rng(path, rng)
+
+    def _load_sharded(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> None:
+        try:
+            load_sharded(path, model, optimizer)
+        except RuntimeSetupError:
+            raise
+        except Exception as exc:  # DCP raises CheckpointException, RuntimeError, KeyError...
+            raise RuntimeSetupError(
+                f"checkpoint {path} does not fit this model/optimizer: {exc} (fix: use the "
+                "model configuration it was trained with, or a fresh TYARD_CHECKPOINT_DIR)"
+            ) from exc
+        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
+        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=True)
+        self.loaded_extra = dict(extra.get("extra") or {})
         self._restore_rng(path, rng)
 
     def _restore_rng(self, path: Path, rng: Mapping[str, Any]) -> None:
@@ -417,6 +714,16 @@ class Checkpointer:
         log.warning("%s", message)
         if self.on_event is not None:
             self.on_event(message)
+
+
+def _env_layout(env: Mapping[str, str]) -> LayoutChoice:
+    value = env_str(env, "TYARD_CHECKPOINT_LAYOUT") or "auto"
+    if value not in LAYOUT_CHOICES:
+        raise RuntimeSetupError(
+            f"TYARD_CHECKPOINT_LAYOUT={value!r} is not one of {', '.join(LAYOUT_CHOICES)} "
+            "(fix: unset it, or use auto)"
+        )
+    return value  # type: ignore[return-value]
 
 
 def _default_dir(env: Mapping[str, str]) -> Path:

@@ -67,6 +67,15 @@ class DistContext:
         tdist.all_gather_object(out, obj)
         return out
 
+    def gather_floats(self, value: float) -> list[float]:
+        """Every rank's `value`, indexed by rank (one small all_gather)."""
+        if not self.is_distributed:
+            return [value]
+        mine = torch.tensor([value], dtype=torch.float64, device=self.device)
+        out = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        tdist.all_gather(out, mine)
+        return [float(t.item()) for t in out]
+
     def any_rank(self, flag: bool) -> bool:
         """True on every rank when `flag` is true on at least one."""
         if not self.is_distributed:

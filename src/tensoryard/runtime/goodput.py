@@ -12,19 +12,26 @@ every row of the attempts before it.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import NamedTuple, Protocol
 
 __all__ = [
+    "AttemptTimes",
+    "CheckpointAdvice",
+    "GoodputBreakdown",
     "GoodputEstimate",
     "GoodputResult",
     "GoodputTracker",
     "StepRow",
     "StepTime",
+    "combine_breakdowns",
     "compute_goodput",
+    "goodput_breakdown",
     "resume_cuts",
+    "young_daly_interval",
 ]
 
 
@@ -188,3 +195,132 @@ class GoodputTracker:
             steps=self._steps,
             last_checkpoint_step=self._last_checkpoint,
         )
+
+
+# -- where the allocated time went ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptTimes:
+    """What the control plane knows of one attempt's time (Unix seconds)."""
+
+    started: float  # resources allocated (the attempt was launched)
+    finished: float | None  # None: still running
+    first_step_start: float | None  # when its first reported step began; None: no step
+    last_step_end: float | None
+    checkpoint_save_s: float = 0.0  # reported by the runtime: saves blocking training
+    checkpoint_restore_s: float = 0.0  # reported by the runtime: loading the checkpoint
+    hung: bool = False  # stopped by the control plane's hang detection
+
+
+@dataclass(frozen=True)
+class GoodputBreakdown:
+    """A job's (or a team's) time: productive steps kept, and every kind of badput.
+
+    ``allocated_s`` is the time attempts held their resources; it is split exactly into
+    ``productive_s + startup_s + checkpoint_save_s + checkpoint_restore_s + lost_s + hang_s +
+    other_s`` (other: between steps, data waits, shutdown). Queueing and waiting for a restart
+    hold no resources and are reported next to it, not inside it.
+    """
+
+    allocated_s: float
+    productive_s: float
+    goodput: float  # productive_s / allocated_s (0.0 when nothing was allocated yet)
+    startup_s: float
+    checkpoint_save_s: float
+    checkpoint_restore_s: float
+    lost_s: float  # steps redone after a restart from an older checkpoint
+    hang_s: float  # from the last step to the end of an attempt stopped as hung
+    other_s: float
+    queueing_s: float  # submitted -> first attempt
+    restart_wait_s: float  # between the end of an attempt and the start of the next
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def goodput_breakdown(
+    submitted: float,
+    attempts: Sequence[AttemptTimes],
+    *,
+    productive_s: float,
+    lost_s: float,
+    now: float,
+) -> GoodputBreakdown:
+    """Break a job's time down; `productive_s` and `lost_s` come from `compute_goodput`."""
+    allocated = startup = save = restore = hang = wait = 0.0
+    previous_end: float | None = None
+    for attempt in attempts:
+        end = attempt.finished if attempt.finished is not None else now
+        held = max(0.0, end - attempt.started)
+        allocated += held
+        save += attempt.checkpoint_save_s
+        restore += attempt.checkpoint_restore_s
+        if attempt.first_step_start is None:
+            startup += max(0.0, held - attempt.checkpoint_restore_s)
+        else:
+            before = attempt.first_step_start - attempt.started - attempt.checkpoint_restore_s
+            startup += min(held, max(0.0, before))
+        if attempt.hung and attempt.last_step_end is not None:
+            hang += max(0.0, end - attempt.last_step_end)
+        if previous_end is not None:
+            wait += max(0.0, attempt.started - previous_end)
+        previous_end = end
+    queueing = (attempts[0].started if attempts else now) - submitted
+    accounted = productive_s + startup + save + restore + lost_s + hang
+    return GoodputBreakdown(
+        allocated_s=allocated,
+        productive_s=productive_s,
+        goodput=productive_s / allocated if allocated > 0 else 0.0,
+        startup_s=startup,
+        checkpoint_save_s=save,
+        checkpoint_restore_s=restore,
+        lost_s=lost_s,
+        hang_s=hang,
+        other_s=max(0.0, allocated - accounted),
+        queueing_s=max(0.0, queueing),
+        restart_wait_s=wait,
+    )
+
+
+def combine_breakdowns(parts: Iterable[GoodputBreakdown]) -> GoodputBreakdown:
+    """The sum of several jobs' breakdowns (a team's), goodput recomputed from the sums."""
+    totals = dict.fromkeys(GoodputBreakdown.__dataclass_fields__, 0.0)
+    for part in parts:
+        for key, value in part.as_dict().items():
+            totals[key] += value
+    allocated = totals["allocated_s"]
+    totals["goodput"] = totals["productive_s"] / allocated if allocated > 0 else 0.0
+    return GoodputBreakdown(**totals)
+
+
+# -- how often to checkpoint ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointAdvice:
+    """The checkpoint interval that maximises expected goodput for a failure rate."""
+
+    interval_s: float  # time between saves
+    interval_steps: int | None  # the same in steps (None without a step time)
+    save_s: float  # cost of one save (training blocked)
+    mtbf_s: float  # mean time between failures used
+    source: str  # how mtbf_s was obtained, for people
+
+
+def young_daly_interval(
+    save_s: float, mtbf_s: float, *, step_s: float | None = None, source: str = ""
+) -> CheckpointAdvice:
+    """Daly's higher-order estimate of the optimal interval (Young's sqrt(2 delta M) plus
+    corrections); M when the save costs more than 2M. Raises ValueError on non-positive input."""
+    if save_s <= 0 or mtbf_s <= 0 or math.isnan(save_s) or math.isnan(mtbf_s):
+        raise ValueError(f"save_s={save_s} and mtbf_s={mtbf_s} must both be positive")
+    if save_s < 2 * mtbf_s:
+        ratio = save_s / (2 * mtbf_s)
+        interval = math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - save_s
+    else:
+        interval = mtbf_s
+    steps = None
+    if step_s is not None and step_s > 0:
+        steps = max(1, round(interval / step_s))
+    return CheckpointAdvice(interval, steps, save_s, mtbf_s, source)

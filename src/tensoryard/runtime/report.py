@@ -149,6 +149,7 @@ class _Pending:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     resumed: tuple[int | None] | None = None  # (step,) until sent once; None: nothing to send
+    timings: dict[str, float] | None = None  # cumulative per attempt: the newest wins
 
 
 class Reporter:
@@ -280,6 +281,16 @@ class Reporter:
         if step is not None:
             self.event(f"resumed from step {step}")
 
+    def set_timings(self, *, checkpoint_save_s: float, checkpoint_restore_s: float) -> None:
+        """This attempt's checkpoint time so far (cumulative, so re-sending is harmless)."""
+        if not self.active:
+            return
+        with self._lock:
+            self._pending.timings = {
+                "checkpoint_save_s": float(checkpoint_save_s),
+                "checkpoint_restore_s": float(checkpoint_restore_s),
+            }
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything queued so far was delivered; False on timeout or offline."""
         if self._file is not None:
@@ -343,6 +354,7 @@ class Reporter:
                 or pending.checkpoints
                 or pending.events
                 or pending.resumed is not None
+                or pending.timings is not None  # not urgent, but flush and close send them
             )
 
     def _run(self) -> None:
@@ -414,6 +426,8 @@ class Reporter:
             current.events[:0] = taken.events
             if current.resumed is None:
                 current.resumed = taken.resumed
+            if current.timings is None:
+                current.timings = taken.timings
 
     def _send_once(self) -> bool:
         """One POST. True when delivered (or rejected for good), False to retry later."""
@@ -428,6 +442,8 @@ class Reporter:
         }
         if taken.resumed is not None:
             body["resumed_from_step"] = taken.resumed[0]
+        if taken.timings is not None:
+            body["timings"] = taken.timings
         headers = {"Content-Type": "application/json"}
         if self.config.token:
             headers["Authorization"] = f"Bearer {self.config.token}"

@@ -312,6 +312,12 @@ def _unschedulable(d: Mapping[str, object], w: Workload | None) -> str:
         )
     if w is None:
         return "cannot run on this cluster"
+    total = d.get("total_nodes", 0)
+    if d.get("schedulable_nodes") == 0 and isinstance(total, int) and total > 0:
+        return (
+            f"all {total} node(s) are cordoned or draining (`tyard nodes list` says why); "
+            "it starts when an admin uncordons one"
+        )
     if w.gpu_model and not d.get("model_known"):
         return f"no schedulable node has GPU model {w.gpu_model} (fix: choose another model)"
     largest = d.get("largest_node_gpus", 0)

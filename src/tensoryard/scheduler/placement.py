@@ -67,6 +67,7 @@ def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
         "largest_node_cpu": max(st.max_cpu_per_node.values(), default=0.0),
         "largest_node_mem": max(st.max_mem_per_node.values(), default=0),
         "schedulable_nodes": sum(st.state.schedulable_nodes.values()),
+        "total_nodes": len(st.state.states),
         "queue": w.queue,
         "quota_max": quota_max,
     }

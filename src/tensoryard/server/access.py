@@ -55,6 +55,8 @@ class Action(StrEnum):
     SECRET_MANAGE = "secret.set"
     MODEL_READ = "model.read"
     MODEL_WRITE = "model.write"
+    NODE_READ = "node.read"
+    NODE_MANAGE = "node.manage"
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ RULES: dict[Action, Rule] = {
     Action.AUDIT_READ: Rule("admin", "read the audit log"),
     Action.MODEL_READ: Rule("read", "see this team's models", role="viewer"),
     Action.MODEL_WRITE: Rule("write", "register versions and move aliases", role="member"),
+    Action.NODE_READ: Rule("read", "list nodes and their history", anyone=True),
+    Action.NODE_MANAGE: Rule("admin", "cordon, drain or uncordon nodes and report node health"),
 }
 
 

@@ -37,6 +37,7 @@ from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
+from tensoryard.server.routes_nodes import add_node_routes
 from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_secrets import add_secret_routes
 from tensoryard.server.schemas import (
@@ -53,12 +54,13 @@ from tensoryard.server.schemas import (
     ReportOut,
     SubmitIn,
     SummaryOut,
+    TeamGoodputOut,
     TeamIn,
     TeamOut,
     TeamPatch,
 )
 from tensoryard.server.secrets import SecretStore
-from tensoryard.server.summary import summarize
+from tensoryard.server.summary import summarize, team_goodput
 from tensoryard.spec.job import JobSpec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, Store
@@ -339,6 +341,13 @@ def create_app(
             )
         if body.resumed_from_step is not None:
             store.update_attempt(job_id, body.attempt, resumed_from_step=body.resumed_from_step)
+        if body.timings is not None:
+            store.update_attempt(
+                job_id,
+                body.attempt,
+                checkpoint_save_s=body.timings.checkpoint_save_s,
+                checkpoint_restore_s=body.timings.checkpoint_restore_s,
+            )
         for e in body.events:
             store.add_event(job_id, e.kind, e.message, attempt=body.attempt)
         if body.heartbeat_at is not None:
@@ -349,6 +358,15 @@ def create_app(
     def teams(request: Request, who: Principal = Depends(guard.user)) -> list[TeamOut]:
         guard.check(request, who, Action.TEAM_READ)
         return [TeamOut.model_validate(t) for t in store.list_teams()]
+
+    @app.get(f"{API}/teams/{{name}}/goodput", tags=["teams"])
+    def goodput_of_team(
+        name: str, request: Request, who: Principal = Depends(guard.user)
+    ) -> TeamGoodputOut:
+        """The team's goodput and badput breakdown, summed over its jobs (docs/goodput.md)."""
+        store.get_team(name)  # NotFound for an unknown team
+        guard.check(request, who, Action.JOB_READ, team=name, obj=f"team/{name}")
+        return team_goodput(store, name, now=datetime.now(UTC))
 
     @app.post(f"{API}/teams", status_code=201, tags=["teams"])
     def create_team(
@@ -392,6 +410,7 @@ def create_app(
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
     add_pipeline_routes(app, store=store, guard=guard, prefix=API, kick=kick)
+    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick)
     add_secret_routes(
         app,
         store=store,

@@ -74,6 +74,12 @@ class ServerConfig:
     """A control plane running as root runs each local job as the Unix account named like
     the job's user, where one exists (else as itself; never as root for another account)."""
 
+    local_nodes: tuple[str, ...] = ()
+    """Names under which the local executor offers this machine, each with an equal share of
+    its CPU slots and memory (GPUs stay with the first): for trying multi-node placement and
+    the health loop (drain one, the job resumes on another) on one machine. Empty: one node
+    named after the host."""
+
     job_env_allow: tuple[str, ...] | None = None
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""

@@ -36,6 +36,9 @@ from pydantic import ValidationError
 
 from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
+from tensoryard.observability.nccl import nccl_debug_env
+from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.service import ModelRegistry
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
@@ -45,7 +48,7 @@ from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, 
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, TERMINAL_STATES, JobState
-from tensoryard.store import AttemptRecord, JobRecord, Store
+from tensoryard.store import AttemptRecord, JobRecord, NodeRecord, Store
 
 __all__ = ["Controller"]
 
@@ -55,6 +58,7 @@ PREEMPTED = "preempted"
 MAX_RUNTIME = "exceeded max_runtime"
 HUNG = "hung"
 NOT_STARTED = "did not start"
+DRAINED = " drained: "  # in "node n3 drained: XID 79 on GPU 2"
 LEADER_LEASE = "controller"
 SCHEDULER_STATE_KEY = "core"
 
@@ -69,6 +73,11 @@ _FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a ch
 _SLOW_CYCLE_S = 1.0  # a cycle slower than this is logged with its phases
 _PENDING_WRITES_PER_CYCLE = 500
 _PIPELINES_EVERY_S = 1.0  # pipelines are advanced at least this often (API on another replica)
+_NODES_READ_EVERY_S = 1.0  # cordon/drain changes come from the API; read them this often
+
+
+def _is_drain(reason: str) -> bool:
+    return reason.startswith("node ") and DRAINED in reason
 
 
 def _utc(ts: float) -> datetime:
@@ -200,6 +209,8 @@ class Controller:
         self._last_full_check = 0.0
         self._pending_info: dict[int, tuple[str, datetime | None]] = {}
         self._last_state_save = 0.0
+        self._node_states: dict[str, NodeRecord] = {}
+        self._nodes_read = float("-inf")
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -208,7 +219,11 @@ class Controller:
         self._flight_lock = threading.Lock()
         workers = config.launch_workers
         self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
-        self.pipelines = PipelineAdvancer(store, runs_dir=config.runs_dir)
+        self.pipelines = PipelineAdvancer(
+            store,
+            runs_dir=config.runs_dir,
+            registry=ModelRegistry(store, ArtifactStore(open_blobs(config.artifact_store_url))),
+        )
         self._pipelines_due = True
         self._last_pipelines = 0.0
 
@@ -274,6 +289,8 @@ class Controller:
         self._since = None
         self._dirty = True
         self._pipelines_due = True
+        self._nodes_read = float("-inf")
+        self.store.register_nodes(n.name for n in self.capacity())
         self._load_scheduler_state()
         for job, attempt in self.store.stray_attempts():
             self._guarded(job.id, self._close_stray, job, attempt)
@@ -347,6 +364,9 @@ class Controller:
             # 2. Reconcile running attempts with what the executor sees (frees ended slots).
             with timer("reconcile"):
                 self._reconcile(now)
+            # 2b. Move jobs off draining nodes (checkpoint signal, then requeue).
+            with timer("drain"):
+                self._drain(now)
             # 3. Schedule: snapshot -> policy -> admissions and pending reasons.
             if self._schedule_due(now):
                 with timer("schedule"):
@@ -631,6 +651,11 @@ class Controller:
             return JobState.SUCCEEDED, f"attempt {n} succeeded"
         if attempt.reason.startswith(PREEMPTED) and not job.cancel_requested:
             return JobState.PENDING, f"{attempt.reason}; requeued, resumes from its last checkpoint"
+        if _is_drain(attempt.reason) and not job.cancel_requested:
+            return (
+                JobState.PENDING,
+                f"{attempt.reason}; requeued, resumes from its last checkpoint on another node",
+            )
         if attempt.reason.startswith(MAX_RUNTIME):
             return JobState.FAILED, attempt.reason
         if job.cancel_requested:
@@ -653,6 +678,72 @@ class Controller:
         return (
             JobState.FAILED,
             f"{reason}; no restarts left (max_restarts={spec.restart.max_restarts})",
+        )
+
+    # 2b -----------------------------------------------------------------------------------
+    def _read_nodes(self, now: float) -> dict[str, NodeRecord]:
+        """The stored node states, re-read at most every `_NODES_READ_EVERY_S`."""
+        if now - self._nodes_read >= _NODES_READ_EVERY_S or now < self._nodes_read:
+            previous = self._node_states
+            self._node_states = {n.name: n for n in self.store.list_nodes()}
+            new = [n.name for n in self.capacity() if n.name not in self._node_states]
+            if new:  # the executor found nodes since the loop took the lead
+                self.store.register_nodes(new)
+                self._node_states = {n.name: n for n in self.store.list_nodes()}
+            self._nodes_read = now
+            if any(
+                previous.get(n) is None or previous[n].state != r.state
+                for n, r in self._node_states.items()
+            ):
+                self._urgent = True  # capacity appeared or vanished: schedule at once
+        return self._node_states
+
+    def _nodes(self, now: float) -> tuple[NodeCapacity, ...]:
+        """The executor's capacity with each node's cordon state from the store."""
+        states = self._read_nodes(now)
+        return tuple(
+            dataclasses.replace(n, state=states[n.name].state) if n.name in states else n
+            for n in self.capacity()
+        )
+
+    def _drain(self, now: float) -> None:
+        """Jobs placed on a draining node: a running attempt gets the checkpoint signal (its
+        job is then requeued, see `_next_state`); a job admitted or waiting to restart there
+        goes back to PENDING at once. Idempotent: a stopped attempt is not signalled again."""
+        draining = {n: r for n, r in self._read_nodes(now).items() if r.state == "draining"}
+        if not draining:
+            return
+        active = self._in(
+            JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING
+        )
+        for job in active:
+            node = next((n for n in job.placement if n in draining), None)
+            if node is not None and not job.cancel_requested:
+                why = f"node {node}{DRAINED}{draining[node].reason}"
+                self._guarded(job.id, self._drain_job, job, why)
+
+    def _drain_job(self, job: JobRecord, why: str) -> None:
+        if job.state in (JobState.ADMITTED, JobState.RESTARTING):
+            if self._try_transition(
+                job,
+                JobState.PENDING,
+                f"{why}; requeued, resumes from its last checkpoint on another node",
+                placement={},
+            ):
+                self.store.add_event(job.id, "drain", why)
+            return
+        attempt = self._current_attempt(job)
+        if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
+            return  # phase 4 (re)launches it; the next cycle signals it
+        if (job.id, attempt.number) in self._mem.cancel_sent:
+            return  # after a restart the signal is sent once more: SIGTERM twice is harmless
+        self._stop_attempt(
+            job,
+            attempt,
+            why,
+            f"{why}; checkpointing, then requeued",
+            self.config.cancel_grace_s,
+            kind="drain",
         )
 
     # 3 ------------------------------------------------------------------------------------
@@ -690,7 +781,7 @@ class Controller:
         )
         attempts = self.store.current_attempts()
         view = ClusterView(
-            nodes=self.capacity(),
+            nodes=self._nodes(now),
             teams=tuple(self.store.list_teams()),
             pending=tuple(pending),
             running=running,
@@ -852,11 +943,18 @@ class Controller:
             "TYARD_ATTEMPT": str(number),
             "TYARD_RUN_DIR": str(run_dir),
             "TYARD_CHECKPOINT_DIR": str(ckpt_dir),
-            "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
+            "TYARD_CHECKPOINT_INTERVAL": str(self._checkpoint_interval(job, spec, number)),
+            "TYARD_CHECKPOINT_ASYNC": "1" if spec.checkpoint.async_save else "0",
+            "TYARD_CHECKPOINT_LAYOUT": spec.checkpoint.layout,
             "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
             "TYARD_SERVER_URL": self.config.report_url,
             "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
         }
+        # NCCL debug log per rank and PyTorch's flight recorder (dumped on a collective
+        # timeout) into the run dir, where the node agent tails them; spec.env overrides.
+        for name, value in nccl_debug_env(run_dir).items():
+            if name not in spec.env:
+                env[name] = value
         return LaunchRequest(
             job_id=str(job.id),
             attempt=number,
@@ -866,6 +964,20 @@ class Controller:
             placement=dict(job.placement),
             attempt_key=key,
         )
+
+    def _checkpoint_interval(self, job: JobRecord, spec: JobSpec, number: int) -> int:
+        """The spec's interval; with auto_interval, a restart uses the Young/Daly interval
+        from the failures seen so far and the measured save cost (docs/goodput.md)."""
+        if not spec.checkpoint.auto_interval or number <= 1:
+            return spec.checkpoint.interval
+        from tensoryard.server.summary import summarize
+
+        advice = summarize(
+            self.store, job.id, now=datetime.fromtimestamp(self.clock(), UTC)
+        ).checkpoint_advice
+        if advice is None or advice.interval_steps is None:
+            return spec.checkpoint.interval
+        return advice.interval_steps
 
     def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
         """Hand a recorded attempt to the executor, in the background when configured."""
@@ -893,6 +1005,7 @@ class Controller:
                 job.id, request.env["TYARD_JOB_TOKEN"], attempt=attempt.number
             )
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (Path(job.run_dir) / "nccl").mkdir(exist_ok=True, mode=0o700)  # NCCL makes no dirs
             try:
                 handle = self.executor.launch(request)
             except (ExecutorError, OSError) as exc:

@@ -75,14 +75,16 @@ def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
     inv = collect_inventory()
     cpu = config.cpu_slots if config.cpu_slots is not None else float(inv.cpu_slots)
     model = inv.healthy_gpus[0].model if inv.healthy_gpus else None
-    return (
+    names = config.local_nodes or (inv.hostname,)
+    return tuple(
         NodeCapacity(
-            name=inv.hostname,
-            cpu_slots=cpu,
-            memory_bytes=inv.memory_bytes,
-            gpu_indices=tuple(g.index for g in inv.healthy_gpus),
-            gpu_model=model,
-        ),
+            name=name,
+            cpu_slots=cpu / len(names),
+            memory_bytes=inv.memory_bytes // len(names),
+            gpu_indices=tuple(g.index for g in inv.healthy_gpus) if i == 0 else (),
+            gpu_model=model if i == 0 else None,
+        )
+        for i, name in enumerate(names)
     )
 
 

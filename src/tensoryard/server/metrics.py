@@ -32,10 +32,19 @@ from prometheus_client.registry import Collector
 
 from tensoryard.spec.states import JobState
 from tensoryard.store import JobRecord, Store, TeamRecord
+from tensoryard.store.models import NODE_STATES
 
 __all__ = ["RESTART_REASONS", "LoopMetrics", "StateCollector", "restart_reason"]
 
-RESTART_REASONS = ("failed", "hung", "not-started", "lost", "launch-failed", "preempted")
+RESTART_REASONS = (
+    "failed",
+    "hung",
+    "not-started",
+    "lost",
+    "launch-failed",
+    "preempted",
+    "node-drained",
+)
 
 _PENDING_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
 _CYCLE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -46,6 +55,8 @@ def restart_reason(text: str) -> str:
     lowered = text.lower()
     if "preempted" in lowered:
         return "preempted"
+    if lowered.startswith("node ") and " drained: " in lowered:
+        return "node-drained"
     if "hung" in lowered:
         return "hung"
     if "did not start" in lowered:
@@ -55,6 +66,18 @@ def restart_reason(text: str) -> str:
     if "lost" in lowered or "could not be polled" in lowered or "is gone" in lowered:
         return "lost"
     return "failed"
+
+
+BADPUT_KINDS = (
+    "startup",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "lost",
+    "hang",
+    "other",
+    "queueing",
+    "restart_wait",
+)
 
 
 class LoopMetrics:
@@ -95,8 +118,17 @@ class LoopMetrics:
 
     def admitted(self, job: JobRecord, now: float) -> None:
         """`job` as it was while PENDING: `updated_at` is when it entered that state."""
+        self._declare(job.team)
         self.admissions.labels(job.team).inc()
         self.pending_seconds.labels(job.team).observe(max(now - job.updated_at.timestamp(), 0.0))
+
+    def _declare(self, team: str) -> None:
+        """Start a team's event counters at 0 once it runs something, so that the dashboards'
+        and rules' increase() sees the first preemption or restart, not only the second."""
+        self.preemptions.labels(team)
+        self.preemption_gpu_hours.labels(team)
+        for reason in RESTART_REASONS:
+            self.restarts.labels(team, reason)
 
     def preempted(self, job: JobRecord, gpus: int, since_checkpoint_s: float) -> None:
         self.preemptions.labels(job.team).inc()
@@ -169,6 +201,15 @@ class StateCollector(Collector):
         active = self.store.active_jobs()
         yield from self._gpus(records, active)
         yield from self._running(active, now)
+        nodes = GaugeMetricFamily(
+            "tyard_node_state",
+            "1 for the node's cordon state (ready, cordoned, draining), 0 for the others.",
+            labels=["node", "state"],
+        )
+        for node in self.store.list_nodes():
+            for name in NODE_STATES:
+                nodes.add_metric([node.name, name], 1.0 if node.state == name else 0.0)
+        yield nodes
 
     def _gpus(self, teams: list[TeamRecord], active: list[JobRecord]) -> Iterable[Metric]:
         total = float(self.total_gpus())
@@ -209,8 +250,17 @@ class StateCollector(Collector):
                 ("tyard_job_last_checkpoint_age_seconds", "Time since the last checkpoint."),
                 ("tyard_job_last_step_age_seconds", "Time since the last reported step."),
                 ("tyard_job_heartbeat_age_seconds", "Time since the last heartbeat."),
+                ("tyard_job_allocated_seconds", "Time the job's attempts held resources."),
+                ("tyard_job_productive_seconds", "Time in training steps that were kept."),
+                ("tyard_job_allocated_goodput", "Productive time / allocated time."),
             )
         }
+        badput = GaugeMetricFamily(
+            "tyard_job_badput_seconds",
+            "Time lost, by kind (allocated: startup, checkpoint_save, checkpoint_restore, lost, "
+            "hang, other; not allocated: queueing, restart_wait).",
+            labels=[*labels, "kind"],
+        )
         for job in active:
             if job.state is not JobState.RUNNING or job.attempts == 0:
                 continue
@@ -233,12 +283,28 @@ class StateCollector(Collector):
             if job.last_heartbeat is not None:
                 age = now - job.last_heartbeat.timestamp()
                 fam["tyard_job_heartbeat_age_seconds"].add_metric(key, age)
-            goodput = self._goodput(job, now)
-            if goodput is not None:
-                fam["tyard_job_goodput"].add_metric(key, goodput)
+            self._add_goodput(fam, badput, key, job, now)
         yield from fam.values()
+        yield badput
 
-    def _goodput(self, job: JobRecord, now: float) -> float | None:
+    def _add_goodput(
+        self,
+        fam: dict[str, GaugeMetricFamily],
+        badput: GaugeMetricFamily,
+        key: list[str],
+        job: JobRecord,
+        now: float,
+    ) -> None:
         from tensoryard.server.summary import summarize  # the one goodput computation
 
-        return summarize(self.store, job.id, now=datetime.fromtimestamp(now, UTC)).goodput
+        summary = summarize(self.store, job.id, now=datetime.fromtimestamp(now, UTC))
+        if summary.goodput is not None:
+            fam["tyard_job_goodput"].add_metric(key, summary.goodput)
+        b = summary.breakdown
+        if b is None or b.allocated_s <= 0:
+            return
+        fam["tyard_job_allocated_seconds"].add_metric(key, b.allocated_s)
+        fam["tyard_job_productive_seconds"].add_metric(key, b.productive_s)
+        fam["tyard_job_allocated_goodput"].add_metric(key, b.goodput)
+        for kind in BADPUT_KINDS:
+            badput.add_metric([*key, kind], getattr(b, f"{kind}_s"))

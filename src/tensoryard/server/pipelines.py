@@ -15,7 +15,11 @@ run twice by mistake, never submits a step twice. Per pipeline, in step order:
 4. when every step ended, the pipeline ends: CANCELLED on request, FAILED when a step failed or
    was cancelled, else SUCCEEDED.
 
-Step kinds other than ``job`` (a future ``register`` step) plug in at `_STEP_RUNNERS`.
+Step kinds plug in at `_STEP_RUNNERS`: ``job`` submits a job; ``register`` promotes the
+newest checkpoint of an earlier step's job to a model version (`ModelRegistry`), tagged
+``pipeline-step=PIPELINE/STEP`` so a pass repeated after a crash finds the version it made
+instead of registering a second one. Expressions may read a model's metrics:
+``models.MODEL.ALIAS.metrics.KEY`` (null when there is no such model, version or metric).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tensoryard.errors import Conflict, SpecError
+from tensoryard.errors import Conflict, NotFound, SpecError, StoreError
 from tensoryard.pipelines.outputs import read_outputs_file
-from tensoryard.spec.expr import ExprError, Value
+from tensoryard.registry.service import ModelRegistry
+from tensoryard.spec.expr import ExprError, Value, render_template
 from tensoryard.spec.pipeline import PipelineSpec, StepSpec, chain_hash, resolve_job
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
@@ -51,8 +56,15 @@ class _Run:
     spec: PipelineSpec
     steps: dict[str, StepRecord]
 
-    def resolver(self) -> Callable[[tuple[str, ...]], Value]:
+    def resolver(self, store: Store | None = None) -> Callable[[tuple[str, ...]], Value]:
         def resolve(parts: tuple[str, ...]) -> Value:
+            if parts[0] == "models" and len(parts) == 5 and store is not None:
+                try:
+                    version = store.get_version(self.record.team, parts[1], parts[2])
+                except (NotFound, SpecError):
+                    return None
+                metric = version.metrics.get(parts[4])
+                return metric if isinstance(metric, str | int | float | bool) else None
             if parts[0] == "params" and len(parts) == 2:
                 if parts[1] not in self.record.params:
                     raise ExprError(f"params.{parts[1]} is not set")
@@ -77,9 +89,12 @@ class _Run:
 class PipelineAdvancer:
     """Moves pipelines forward; `advance()` is one pass (idempotent, safe to repeat)."""
 
-    def __init__(self, store: Store, *, runs_dir: Path) -> None:
+    def __init__(
+        self, store: Store, *, runs_dir: Path, registry: ModelRegistry | None = None
+    ) -> None:
         self.store = store
         self.runs_dir = runs_dir
+        self.registry = registry
         self._specs: dict[int, PipelineSpec] = {}
 
     def advance(self) -> int:
@@ -182,7 +197,7 @@ class PipelineAdvancer:
             return
         if any(s not in DONE_OK for s in states.values()):
             return  # still waiting
-        resolve = run.resolver()
+        resolve = run.resolver(self.store)
         condition = step.condition()
         if condition is not None:
             try:
@@ -203,7 +218,7 @@ class PipelineAdvancer:
         current = run.steps[step.name]
         source = f"pipeline {run.record.id} step {step.name}"
         try:
-            job, own = resolve_job(run.spec, step, run.resolver(), source=source)
+            job, own = resolve_job(run.spec, step, run.resolver(self.store), source=source)
         except (ExprError, SpecError) as exc:
             self._set(run, step.name, "FAILED", f"cannot build its job: {exc}")
             return
@@ -224,6 +239,65 @@ class PipelineAdvancer:
             input_hash=digest,
             run_dir_root=self.runs_dir,
             reason=reason,
+        )
+
+    def _run_register_step(self, run: _Run, step: StepSpec) -> None:
+        spec = step.register_
+        assert spec is not None  # a register step always has one (StepSpec checks it)
+        if self.registry is None:
+            self._set(run, step.name, "FAILED", "this control plane has no model registry")
+            return
+        source = run.steps[spec.from_step]
+        if source.job_id is None:
+            self._set(run, step.name, "FAILED", f"step {spec.from_step} ran no job to register")
+            return
+        resolve = run.resolver(self.store)
+        try:
+            metrics = {
+                k: _number_or_text(render_template(v, resolve)) for k, v in spec.metrics.items()
+            }
+            tags = {k: render_template(v, resolve) for k, v in spec.tags.items()}
+        except ExprError as exc:
+            self._set(run, step.name, "FAILED", f"cannot resolve register: {exc}")
+            return
+        marker = f"{run.record.id}/{step.name}"
+        team = run.record.team
+        earlier = [
+            v
+            for v in self.store.find_versions(teams=[team], tag=(REGISTER_TAG, marker))
+            if v.model == spec.model
+        ]
+        try:
+            if earlier:  # registered before a crash: do not register twice
+                version = earlier[0]
+            else:
+                version = self.registry.register_checkpoint(
+                    team,
+                    spec.model,
+                    source.job_id,
+                    created_by=run.record.user,
+                    metrics=metrics,
+                    tags={**tags, REGISTER_TAG: marker},
+                    aliases=list(spec.aliases),
+                    description=spec.description
+                    or f"registered by pipeline {run.record.id} step {step.name}",
+                )
+        except (NotFound, SpecError, Conflict, StoreError) as exc:
+            self._set(run, step.name, "FAILED", f"cannot register {spec.model}: {exc}")
+            return
+        aliases = f" as {', '.join(spec.aliases)}" if spec.aliases else ""
+        self._set(
+            run,
+            step.name,
+            "SUCCEEDED",
+            f"registered {team}/{spec.model} version {version.version}{aliases} from job "
+            f"{source.job_id}",
+            outputs={
+                "model": spec.model,
+                "version": version.version,
+                "artifact": version.artifact,
+                "job_id": source.job_id,
+            },
         )
 
     def _cache_hit(self, run: _Run, step: StepSpec, digest: str) -> StepRecord | None:
@@ -287,8 +361,21 @@ class PipelineAdvancer:
 
 _STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, _Run, StepSpec], None]] = {
     "job": PipelineAdvancer._run_job_step,
+    "register": PipelineAdvancer._run_register_step,
 }
 """Step kind -> how a ready step runs. A `register` kind (model registry) plugs in here."""
+
+
+REGISTER_TAG = "pipeline-step"
+"""Tag on versions a register step made: ``PIPELINE/STEP`` (finds them again after a crash)."""
+
+
+def _number_or_text(text: str) -> float | int | str:
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and "." not in text else number
 
 
 def _value(resolve: Callable[[tuple[str, ...]], Value], parts: tuple[str, ...]) -> str:

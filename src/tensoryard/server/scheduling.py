@@ -69,6 +69,7 @@ class NodeCapacity:
     block: str = ""  # spine block above the switch
     cordoned: bool = False  # takes no new jobs (cordoned, not ready, tainted)
     unavailable_gpus: tuple[int, ...] = ()  # held by workloads tensoryard did not start
+    state: str = "ready"  # ready | cordoned | draining (the health loop; no new placements)
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ def _node(n: NodeCapacity) -> Node:
         mem_total=n.memory_bytes,
         switch=n.switch,
         block=n.block,
-        cordoned=n.cordoned,
+        cordoned=n.cordoned or n.state == "cordoned",
+        draining=n.state == "draining",
         unavailable_gpus=n.unavailable_gpus,
     )
 

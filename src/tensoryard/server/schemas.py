@@ -215,6 +215,13 @@ class EventIn(BaseModel):
     message: str = Field(..., max_length=10_000)
 
 
+class TimingsIn(BaseModel):
+    """Cumulative seconds of the attempt so far (a re-sent report sets the same values)."""
+
+    checkpoint_save_s: float = Field(0.0, ge=0, le=1e9)
+    checkpoint_restore_s: float = Field(0.0, ge=0, le=1e9)
+
+
 class ReportIn(BaseModel):
     """What the in-job runtime sends (docs/contracts.md section 2)."""
 
@@ -224,11 +231,48 @@ class ReportIn(BaseModel):
     metrics: list[MetricIn] = Field(default_factory=list)
     checkpoints: list[CheckpointIn] = Field(default_factory=list)
     events: list[EventIn] = Field(default_factory=list)
+    timings: TimingsIn | None = None
 
 
 class ReportOut(BaseModel):
     ok: bool = True
     cancel: bool = False
+
+
+class GoodputBreakdownOut(BaseModel):
+    """Where the time went (docs/goodput.md): allocated = productive + the allocated badput."""
+
+    allocated_s: float
+    productive_s: float
+    goodput: float = Field(..., description="productive_s / allocated_s")
+    startup_s: float
+    checkpoint_save_s: float
+    checkpoint_restore_s: float
+    lost_s: float
+    hang_s: float
+    other_s: float
+    queueing_s: float = Field(..., description="not allocated: submitted -> first attempt")
+    restart_wait_s: float = Field(..., description="not allocated: between attempts")
+
+
+class CheckpointAdviceOut(BaseModel):
+    """The Young/Daly checkpoint interval for the observed failure rate and save cost."""
+
+    current_interval_steps: int
+    auto: bool = Field(..., description="applied to the next attempt (checkpoint.auto_interval)")
+    interval_s: float
+    interval_steps: int | None
+    save_s: float
+    mtbf_s: float
+    source: str
+
+
+class TeamGoodputOut(BaseModel):
+    """A team's goodput: the sum of its jobs' breakdowns."""
+
+    team: str
+    jobs: int
+    breakdown: GoodputBreakdownOut
 
 
 class SummaryOut(BaseModel):
@@ -246,6 +290,8 @@ class SummaryOut(BaseModel):
     goodput: float | None
     steps_lost: int
     last_checkpoint_step: int | None
+    breakdown: GoodputBreakdownOut | None = None
+    checkpoint_advice: CheckpointAdviceOut | None = None
 
 
 class UserIn(BaseModel):

@@ -96,6 +96,19 @@ class CheckpointSpec(StrictModel):
     )
     interval: int = Field(50, ge=1, le=10_000_000, description="Write a checkpoint every N steps.")
     keep: int = Field(3, ge=1, le=1000, description="Keep the last K checkpoints.")
+    auto_interval: bool = Field(
+        False,
+        description="On each restart, use the Young/Daly interval computed from the failures "
+        "seen and the measured save cost (interval is the first attempt's).",
+    )
+    async_save: bool = Field(
+        False, description="Save in the background: training waits only for a CPU snapshot."
+    )
+    layout: Literal["auto", "full", "sharded"] = Field(
+        "auto",
+        description="auto: sharded (torch.distributed.checkpoint) for FSDP/DTensor models, "
+        "full (rank 0) otherwise.",
+    )
 
 
 class RestartPolicy(StrictModel):

@@ -19,7 +19,7 @@ JobSpec whose strings (command arguments, env values, workdir) may hold ``${{ ..
 checked here with placeholders and resolved again when the step is submitted.
 
 A step's ``kind`` is the extension point for steps that are not jobs (a model-registry
-``register`` step will plug in here); today the only kind is ``job``.
+``register`` step promotes a checkpoint to the model registry).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.spec._common import (
@@ -48,6 +48,7 @@ __all__ = [
     "STEP_KINDS",
     "ParamValue",
     "PipelineSpec",
+    "RegisterSpec",
     "StepSpec",
     "chain_hash",
     "input_hash",
@@ -59,17 +60,44 @@ __all__ = [
 ]
 
 ParamValue = str | int | float | bool | None
-STEP_KINDS = ("job",)
-"""Kinds of step a pipeline may hold. `register` (model registry) is planned, not built."""
+STEP_KINDS = ("job", "register")
+"""Kinds of step a pipeline may hold: a job, or registering a step's checkpoint as a model."""
 MAX_STEPS = 100
 _PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
+class RegisterSpec(StrictModel):
+    """A `register` step: the newest checkpoint of an earlier step's job becomes the next
+    version of a model of the pipeline's team (lineage from that job), with aliases moved to
+    it in the same transaction."""
+
+    model: str = Field(..., pattern=NAME_PATTERN, description="Model name (created on first use).")
+    from_step: str = Field(
+        ...,
+        pattern=NAME_PATTERN,
+        description="The step whose job's newest checkpoint is registered.",
+    )
+    metrics: dict[str, str] = Field(
+        default_factory=dict,
+        description="Metrics recorded on the version (may use ${{ }}; numbers stay numbers).",
+    )
+    aliases: list[str] = Field(
+        default_factory=list, description="Aliases moved to the new version, like `production`."
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="key=value tags (may use ${{ }})."
+    )
+    description: str = Field("", max_length=4000)
+
+
 class StepSpec(StrictModel):
-    """One step: a job that runs when its `needs` succeeded and its `if` holds."""
+    """One step: a job (or a model registration) that runs when its `needs` succeeded and
+    its `if` holds."""
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Step name, unique in the pipeline.")
-    kind: Literal["job"] = Field("job", description="What the step does; today always a job.")
+    kind: Literal["job", "register"] = Field(
+        "job", description="What the step does: run a job (default) or register a model."
+    )
     needs: list[str] = Field(
         default_factory=list,
         description="Steps that must succeed first (steps referenced in ${{ }} are added).",
@@ -87,9 +115,28 @@ class StepSpec(StrictModel):
         default_factory=dict,
         description="Named values given to the job as TYARD_INPUT_<NAME> (may use ${{ }}).",
     )
-    job: dict[str, Any] = Field(..., description="A JobSpec; strings may use ${{ }}.")
+    job: dict[str, Any] | None = Field(
+        None, description="A JobSpec (kind job); strings may use ${{ }}."
+    )
+    register_: RegisterSpec | None = Field(
+        None, alias="register", description="What to register (kind register)."
+    )
 
     model_config = StrictModel.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _body_matches_kind(self) -> StepSpec:
+        if self.kind == "job" and (self.job is None or self.register_ is not None):
+            raise ValueError(
+                "a job step needs `job:` and no `register:` (fix: add `job:`, or set "
+                "`kind: register`)"
+            )
+        if self.kind == "register" and (self.register_ is None or self.job is not None):
+            raise ValueError(
+                "a register step needs `register:` and no `job:` (fix: give `register: {model: "
+                "NAME, from_step: STEP}`)"
+            )
+        return self
 
     @field_validator("inputs")
     @classmethod
@@ -152,6 +199,8 @@ class PipelineSpec(StrictModel):
         out: dict[str, list[str]] = {}
         for step in self.steps:
             deps = list(step.needs)
+            if step.register_ is not None and step.register_.from_step not in deps:
+                deps.append(step.register_.from_step)
             for ref in _step_refs(step):
                 if ref not in deps:
                     deps.append(ref)
@@ -188,6 +237,8 @@ def load_pipeline_spec(path: str | Path) -> PipelineSpec:
     spec = parse_pipeline_spec(data, source=str(file))
     base = file.resolve().parent
     for step in spec.steps:
+        if step.job is None:
+            continue
         workdir = step.job.get("workdir")
         if workdir is None:
             step.job["workdir"] = str(base)
@@ -237,7 +288,11 @@ def _strings(step: StepSpec) -> list[tuple[str, str]]:
             for i, v in enumerate(value):
                 walk(v, f"{path}.{i}")
 
-    walk(step.job, "job")
+    if step.job is not None:
+        walk(step.job, "job")
+    if step.register_ is not None:
+        walk(step.register_.metrics, "register.metrics")
+        walk(step.register_.tags, "register.tags")
     walk(step.inputs, "inputs")
     return found
 
@@ -268,6 +323,14 @@ def _check_graph(spec: PipelineSpec) -> list[FieldIssue]:
                 issues.append(
                     FieldIssue(f"steps.{i}.needs.{j}", f"step {need!r} needs itself", "remove it")
                 )
+        if step.register_ is not None and step.register_.from_step not in seen:
+            issues.append(
+                FieldIssue(
+                    f"steps.{i}.register.from_step",
+                    f"{step.register_.from_step!r} is not a step",
+                    f"use one of: {known}",
+                )
+            )
         for ref in _step_refs(step):
             if ref not in seen:
                 issues.append(
@@ -328,7 +391,8 @@ def _check_steps(spec: PipelineSpec) -> list[FieldIssue]:
         if step.if_ is not None:
             whole = TEMPLATE_RE.fullmatch(step.if_.strip())
             issues += _check_expr(spec, whole.group(1) if whole else step.if_, f"steps.{i}.if")
-        issues += _check_job(spec, step, i)
+        if step.job is not None:
+            issues += _check_job(spec, step, i)
     return issues
 
 
@@ -361,7 +425,17 @@ def _ref_problem(spec: PipelineSpec, parts: tuple[str, ...]) -> tuple[str, str] 
         if len(parts) != 4 or parts[2] != "outputs":
             return f"{name!r} is not a step output", "write steps.STEP.outputs.KEY"
         return None  # the step exists (checked with the graph) and runs before this one
-    return f"unknown name {name!r}", "use params.NAME or steps.STEP.outputs.KEY"
+    if parts[0] == "models":
+        if len(parts) != 5 or parts[3] != "metrics":
+            return (
+                f"{name!r} is not a model metric",
+                "write models.MODEL.ALIAS_OR_VERSION.metrics.KEY (null when there is none)",
+            )
+        return None
+    return (
+        f"unknown name {name!r}",
+        "use params.NAME, steps.STEP.outputs.KEY or models.MODEL.ALIAS.metrics.KEY",
+    )
 
 
 _PLACEHOLDER = "placeholder"
@@ -380,7 +454,7 @@ def _check_job(spec: PipelineSpec, step: StepSpec, index: int) -> list[FieldIssu
         raw = _job_mapping(spec, step, placeholder)
     except ExprError:
         return []  # depends on values only known when the step runs: checked then
-    team = step.job.get("team")
+    team = (step.job or {}).get("team")
     issues = []
     if team is not None and team != spec.team:
         issues.append(
@@ -409,7 +483,7 @@ def _job_mapping(spec: PipelineSpec, step: StepSpec, resolve: Any) -> dict[str, 
             return [render(v) for v in value]
         return value
 
-    raw: dict[str, Any] = render(copy.deepcopy(step.job))
+    raw: dict[str, Any] = render(copy.deepcopy(step.job or {}))
     raw.setdefault("name", f"{spec.name}-{step.name}"[:63].rstrip("-"))
     raw["team"] = spec.team
     raw["user"] = spec.user

@@ -94,6 +94,8 @@ def attempt_record(a: Attempt) -> AttemptRecord:
         last_heartbeat=a.last_heartbeat,
         attempt_key=a.attempt_key or "",
         running_at=a.running_at,
+        checkpoint_save_s=a.checkpoint_save_s,
+        checkpoint_restore_s=a.checkpoint_restore_s,
     )
 
 

@@ -48,6 +48,8 @@ __all__ = [
     "ModelAlias",
     "ModelTag",
     "ModelVersion",
+    "Node",
+    "NodeEvent",
     "Pipeline",
     "PipelineStep",
     "Team",
@@ -184,6 +186,10 @@ class Attempt(Base):
     """Names every process/object of the attempt; recorded before anything is launched."""
     running_at: Mapped[datetime | None]
     """When the attempt's workers were confirmed running (its run time starts here)."""
+    checkpoint_save_s: Mapped[float | None] = mapped_column(Float)
+    """Seconds checkpoint saves blocked training in this attempt (reported by the runtime)."""
+    checkpoint_restore_s: Mapped[float | None] = mapped_column(Float)
+    """Seconds the attempt spent loading its checkpoint before the first step."""
 
 
 class Event(Base):
@@ -472,6 +478,40 @@ class ModelAlias(Base):
         Integer, ForeignKey("model_versions.id", ondelete="CASCADE")
     )
     updated_at: Mapped[datetime]
+
+
+NODE_NAME_LEN = 253  # a DNS subdomain, as Kubernetes node names
+NODE_STATES = ("ready", "cordoned", "draining")
+NODE_STATE_VALUES = ", ".join(f"'{s}'" for s in NODE_STATES)
+
+
+class Node(Base):
+    """A node the control plane places jobs on, with its cordon state (the health loop)."""
+
+    __tablename__ = "nodes"
+    __table_args__ = (CheckConstraint(f"state IN ({NODE_STATE_VALUES})", name="state"),)
+
+    name: Mapped[str] = mapped_column(String(NODE_NAME_LEN), primary_key=True)
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    changed_at: Mapped[datetime]
+
+
+class NodeEvent(Base):
+    """One line of a node's history: registered, cordoned, drained, uncordoned."""
+
+    __tablename__ = "node_events"
+    __table_args__ = (Index(None, "node", "id"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(
+        String(NODE_NAME_LEN), ForeignKey("nodes.name", ondelete="CASCADE")
+    )
+    ts: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(USER_LEN + 64))
+    message: Mapped[str] = mapped_column(Text)
 
 
 class Deployment(Base):

@@ -24,6 +24,8 @@ __all__ = [
     "JobTokenGrant",
     "MemberRecord",
     "MetricRecord",
+    "NodeEventRecord",
+    "NodeRecord",
     "PipelineRecord",
     "StepProgress",
     "StepRecord",
@@ -96,6 +98,8 @@ class AttemptRecord:
     last_heartbeat: datetime | None
     attempt_key: str = ""
     running_at: datetime | None = None
+    checkpoint_save_s: float | None = None
+    checkpoint_restore_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -277,3 +281,27 @@ class PipelineRecord:
             if step.name == name:
                 return step
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node and its health-loop state: ready, cordoned (no new placements) or draining
+    (cordoned, and its running jobs are requeued from their last checkpoint)."""
+
+    name: str
+    state: str
+    reason: str
+    created_at: datetime
+    changed_at: datetime
+
+
+@dataclass(frozen=True)
+class NodeEventRecord:
+    """One line of a node's history."""
+
+    id: int
+    node: str
+    ts: datetime
+    kind: str  # registered | cordon | drain | uncordon
+    actor: str
+    message: str

@@ -29,6 +29,7 @@ from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
 from tensoryard.store._identity import IdentityMixin
 from tensoryard.store._inputs import JOB_FIELDS
+from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
 from tensoryard.store._serving import ServingMixin
@@ -74,7 +75,7 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, PipelineMixin, RegistryMixin, ServingMixin):
+class Store(IdentityMixin, PipelineMixin, RegistryMixin, NodesMixin, ServingMixin):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then
@@ -530,6 +531,8 @@ class Store(IdentityMixin, PipelineMixin, RegistryMixin, ServingMixin):
         reason: str | None = None,
         finished: bool = False,
         resumed_from_step: int | None = None,
+        checkpoint_save_s: float | None = None,
+        checkpoint_restore_s: float | None = None,
     ) -> AttemptRecord:
         """Change the given fields of an attempt; ``finished=True`` stamps ``finished_at``."""
         with self._tx(f"update attempt {number} of job {job_id}", write=True) as s:
@@ -546,6 +549,10 @@ class Store(IdentityMixin, PipelineMixin, RegistryMixin, ServingMixin):
                 attempt.reason = reason
             if resumed_from_step is not None:
                 attempt.resumed_from_step = resumed_from_step
+            if checkpoint_save_s is not None:
+                attempt.checkpoint_save_s = checkpoint_save_s
+            if checkpoint_restore_s is not None:
+                attempt.checkpoint_restore_s = checkpoint_restore_s
             if finished and attempt.finished_at is None:
                 attempt.finished_at = self._now()
             return _rows.attempt_record(attempt)
@@ -994,6 +1001,17 @@ class Store(IdentityMixin, PipelineMixin, RegistryMixin, ServingMixin):
                 int(a): (int(lo), int(hi), int(n), float(sec or 0.0))
                 for a, lo, hi, n, sec in s.execute(query)
             }
+
+    def step_times(self, job_id: int) -> dict[int, tuple[float, float]]:
+        """Attempt -> (when its first step started, when its last step ended), Unix seconds."""
+        started = Metric.ts - func.coalesce(Metric.step_time_s, 0.0)
+        query = (
+            select(Metric.attempt, func.min(started), func.max(Metric.ts))
+            .where(Metric.job_id == job_id)
+            .group_by(Metric.attempt)
+        )
+        with self._tx(f"read step times of job {job_id}", write=False) as s:
+            return {int(a): (float(lo), float(hi)) for a, lo, hi in s.execute(query)}
 
     def metric_totals(self, job_id: int, attempt: int, *, max_step: float) -> tuple[int, float]:
         """(rows, seconds in steps) of an attempt's steps up to ``max_step``."""

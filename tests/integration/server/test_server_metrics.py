@@ -112,6 +112,7 @@ def test_team_gpus_split_borrowed_use_over_the_idle_quotas_that_lend_it() -> Non
         ("launch of attempt 2 failed: no such file", "launch-failed"),
         ("the job supervisor (pid 4) is gone and left no exit record", "lost"),
         ("rank 1 exited with code 137", "failed"),
+        ("node n3 drained: XID 79 on GPU 2", "node-drained"),
     ],
 )
 def test_restart_reasons_map_to_a_fixed_label_set(text: str, label: str) -> None:

@@ -25,9 +25,14 @@ def test_the_dev_overlay_runs_one_replica_with_a_generated_database_secret(tmp_p
     assert pod["serviceAccountName"] == "tensoryard-control-plane"
     env = pod["containers"][0]["env"][0]
     assert env["valueFrom"]["secretKeyRef"] == {"name": "tensoryard-db", "key": "url"}
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     assert all(
-        o["metadata"].get("namespace") == "tensoryard" for o in objects if o["kind"] != "Namespace"
+        o["metadata"].get("namespace") == "tensoryard"
+        for o in objects
+        if o["kind"] not in cluster_scoped
     )
+    binding = next(o for o in objects if o["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "tensoryard"
 
 
 def test_the_production_overlay_adds_replicas_and_prometheus_operator_objects(

@@ -106,9 +106,9 @@ def test_the_debug_env_puts_everything_into_the_run_dir():
     assert env == {
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_FILE": "/runs/llama/attempt-3/nccl/nccl-%h-%p.log",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/runs/llama/attempt-3/nccl/flight_recorder_rank_",
+        "TORCH_FR_DUMP_TEMP_FILE": "/runs/llama/attempt-3/nccl/flight_recorder_rank_",
     }
 
 

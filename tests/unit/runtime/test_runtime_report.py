@@ -262,3 +262,20 @@ def test_a_metric_that_is_not_a_number_is_refused_with_a_fix(tmp_path: Path) -> 
 def test_a_bad_heartbeat_period_names_the_variable() -> None:
     with pytest.raises(RuntimeSetupError, match="TYARD_HEARTBEAT_S"):
         ReporterConfig.from_env({"TYARD_HEARTBEAT_S": "soon"})
+
+
+def test_checkpoint_timings_survive_a_failed_send_and_the_newest_values_win(
+    tmp_path: Path, server: RecordingReportServer
+) -> None:
+    server.fail_with(503)
+    reporter = Reporter(online(tmp_path, server))
+    reporter.set_timings(checkpoint_save_s=0.5, checkpoint_restore_s=0.1)
+    reporter.report(1, step_time_s=0.1, loss=1.0)
+    wait_until(lambda: reporter.failed_requests >= 1)  # refused: put back for the next try
+    server.fail_with(None)
+    assert reporter.flush(5)
+    reporter.set_timings(checkpoint_save_s=0.75, checkpoint_restore_s=0.1)
+    assert reporter.flush(5)
+    reporter.close()
+    sent = [r.body["timings"]["checkpoint_save_s"] for r in server.requests if "timings" in r.body]
+    assert sent[0] == 0.5 and sent[-1] == 0.75

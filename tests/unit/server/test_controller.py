@@ -19,6 +19,7 @@ from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.server.summary import summarize
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import JobState
 from tensoryard.store import Store
@@ -49,6 +50,7 @@ class ScriptedExecutor:
     terminated: list[str] = field(default_factory=list)
     fail_launch: bool = False
     seen_intent: list[str] = field(default_factory=list)
+    requests: list[LaunchRequest] = field(default_factory=list)
 
     def prepare(self, request: LaunchRequest) -> dict[str, Any]:
         return {"key": request.attempt_key}
@@ -61,6 +63,7 @@ class ScriptedExecutor:
         if self.fail_launch:
             raise ExecutorError("no such command")
         self.launches.setdefault(request.attempt_key, 1)
+        self.requests.append(request)
         return {"key": request.attempt_key}
 
     def poll(self, handle: dict[str, Any]) -> AttemptStatus:
@@ -398,3 +401,28 @@ def test_new_submissions_reschedule_at_a_bounded_rate_but_a_freed_slot_at_once(
     world.executor.finish(world.key(running), AttemptPhase.SUCCEEDED)
     world.cycle(advance=0.01)  # the slot came free: scheduled in the same cycle
     assert world.state(waiting) is JobState.STARTING
+
+
+@pytest.mark.parametrize("auto", [True, False], ids=["auto interval", "fixed interval"])
+def test_a_restart_gets_the_young_daly_checkpoint_interval_only_when_asked(
+    world: World, auto: bool
+) -> None:
+    job_id = world.submit(checkpoint={"interval": 100, "auto_interval": auto, "async_save": True})
+    world.cycle(2)
+    first = world.executor.requests[-1].env
+    assert first["TYARD_CHECKPOINT_INTERVAL"] == "100"
+    assert (first["TYARD_CHECKPOINT_ASYNC"], first["TYARD_CHECKPOINT_LAYOUT"]) == ("1", "auto")
+    rows = [{"step": s, "ts": world.clock.t + s, "step_time_s": 1.0, "values": {}} for s in
+            range(1, 21)]  # fmt: skip
+    world.store.add_metrics(job_id, 1, rows)
+    world.store.add_checkpoint(job_id, 1, step=10, path="c10", ts=world.clock.t + 10)
+    world.store.update_attempt(job_id, 1, checkpoint_save_s=2.0)
+    world.clock.t += 3600
+    world.executor.finish(world.key(job_id), AttemptPhase.FAILED, "exit code 1")
+    world.cycle(4, advance=5)
+    assert world.store.get_job(job_id).attempts == 2
+    advice = summarize(world.store, job_id, now=world.clock.dt()).checkpoint_advice
+    assert advice is not None and advice.interval_steps is not None
+    expected = str(advice.interval_steps) if auto else "100"
+    assert world.executor.requests[-1].env["TYARD_CHECKPOINT_INTERVAL"] == expected
+    assert advice.interval_steps != 100  # the advice differs, so the test tells them apart

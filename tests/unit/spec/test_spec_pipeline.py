@@ -110,16 +110,37 @@ def test_references_add_dependencies_and_the_order_follows_them() -> None:
             "remove it; every step runs in the pipeline's team",
         ),
         (
-            pipeline({"name": "a", "kind": "register", "job": job()}),
+            pipeline({"name": "a", "kind": "deploy", "job": job()}),
             "steps.0.kind",
-            "Input should be 'job'",
+            "Input should be 'job' or 'register'",
             "use one of the allowed values",
+        ),
+        (
+            pipeline({"name": "a", "kind": "register", "job": job()}),
+            "steps.0",
+            "a register step needs `register:` and no `job:`",
+            "give `register: {model: NAME, from_step: STEP}`",
+        ),
+        (
+            pipeline(
+                {"name": "a", "job": job()},
+                {"name": "r", "kind": "register", "register": {"model": "m", "from_step": "b"}},
+            ),
+            "steps.1.register.from_step",
+            "'b' is not a step",
+            "use one of: a, r",
+        ),
+        (
+            pipeline({"name": "a", "job": job("${{ models.m.production.loss }}")}),
+            "steps.0.job.command.1",
+            "'models.m.production.loss' is not a model metric",
+            "write models.MODEL.ALIAS_OR_VERSION.metrics.KEY (null when there is none)",
         ),
         (
             pipeline({"name": "a", "job": job("${{ os.system }}")}),
             "steps.0.job.command.1",
             "unknown name 'os.system'",
-            "use params.NAME or steps.STEP.outputs.KEY",
+            "use params.NAME, steps.STEP.outputs.KEY or models.MODEL.ALIAS.metrics.KEY",
         ),
     ],
     ids=[
@@ -132,7 +153,10 @@ def test_references_add_dependencies_and_the_order_follows_them() -> None:
         "two steps with one name",
         "an invalid job inside a step",
         "a step in another team",
-        "a step kind that is not built",
+        "a step kind that does not exist",
+        "a register step with a job body",
+        "a register step from a step that does not exist",
+        "a model reference without metrics",
         "a name that is neither a parameter nor an output",
     ],
 )
@@ -184,11 +208,17 @@ def test_a_resolved_job_carries_values_inputs_and_a_hash_of_what_changes_its_res
     assert resolve_job(spec, spec.step("b"), lambda p: values[p])[1] == digest
 
 
+TINY = REPO / "examples" / "tiny_gpt"
+
+
 def test_the_example_pipeline_loads_with_workdirs_from_its_directory() -> None:
     spec = load_pipeline_spec(REPO / "examples" / "pipelines" / "tiny-gpt.yaml")
-    assert spec.order() == ["pretrain", "finetune", "eval-base", "evaluate", "candidate"]
-    assert spec.step("pretrain").job["workdir"] == str(REPO / "examples" / "tiny_gpt")
-    assert spec.step("candidate").job["workdir"] == str(REPO / "examples" / "pipelines")
+    assert spec.order() == ["pretrain", "finetune", "eval-base", "evaluate", "register"]
+    assert spec.step("pretrain").job == {**spec.step("pretrain").job, "workdir": str(TINY)}
+    register = spec.step("register")
+    assert register.kind == "register" and register.register_ is not None
+    assert register.register_.from_step == "finetune" and register.job is None
+    assert set(spec.dependencies()["register"]) == {"finetune", "evaluate", "eval-base"}
 
 
 def test_yaml_syntax_errors_point_at_the_line(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Model registry: models per team, immutable versions with lineage, tags, aliases.
 
 Revision ID: 0006_registry
-Revises: 0009_pipelines
+Revises: 0005_pipelines
 Create Date: 2026-12-02
 
 A migration is a frozen snapshot: it spells out its types instead of importing the models.
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006_registry"
-down_revision: str | Sequence[str] | None = "0009_pipelines"
+down_revision: str | Sequence[str] | None = "0005_pipelines"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

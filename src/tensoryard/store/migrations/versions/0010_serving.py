@@ -1,7 +1,7 @@
 """Model serving: deployments and their replica processes.
 
 Revision ID: 0010_serving
-Revises: 0006_registry
+Revises: 0008_goodput
 Create Date: 2026-12-02
 
 A deployment is the desired state (model, engine, replica count, options, idle timeout); each
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010_serving"
-down_revision: str | Sequence[str] | None = "0006_registry"
+down_revision: str | Sequence[str] | None = "0008_goodput"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

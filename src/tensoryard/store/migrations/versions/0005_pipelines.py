@@ -1,6 +1,6 @@
 """Pipelines: a run of a PipelineSpec and its steps.
 
-Revision ID: 0009_pipelines
+Revision ID: 0005_pipelines
 Revises: 0004_submit_key
 Create Date: 2026-12-02
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009_pipelines"
+revision: str = "0005_pipelines"
 down_revision: str | Sequence[str] | None = "0004_submit_key"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,0 +1,444 @@
+"""Goodput under failure: tensoryard's restarts vs plain `torchrun --max-restarts`, one run.
+
+The tiny GPT example (examples/tiny_gpt, 2 ranks, DDP on gloo, CPU) runs for `--duration`
+seconds in three arms, one after the other in this process:
+
+- failure_free: submitted to a real `tyard server` (embedded SQLite, local executor), no faults;
+- tensoryard:   the same job, with rank 1 killed every `--kill-every` seconds (from
+                `--first-kill`) and rank 1 SIGSTOPped once at `--hang-at` (a hang); async
+                checkpoints; restarts on the held allocation (RESTARTING, no queue), hang
+                detection by the control plane (`health.min_stall`);
+- torchrun:     the same script under plain `torchrun --max-restarts`, the same checkpoint
+                interval (synchronous saves, the runtime's default), the same fault schedule
+                (faults by `tensoryard.agent.chaos`, the code behind `tyard chaos`).
+
+Goodput of an arm = seconds in training steps that were kept (not redone after a restart) /
+wall seconds from launch to the end of the arm. Also: time from each kill to the first step
+after recovery, time to detect the hang, and the checkpoint stall per save (sync vs async)
+measured on a larger model in this process. Every ratio is reported.
+
+    python benchmarks/goodput.py --json benchmarks/out/goodput.json
+    python benchmarks/goodput.py --duration 60 --kill-every 25 --first-kill 15 --hang-at 45 \\
+        --json /tmp/goodput.json        # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import write_results_line  # noqa: E402
+
+from tensoryard.agent.chaos import ChaosRecord, inject, run_schedule  # noqa: E402
+from tensoryard.agent.chaos import find_rank as find_pid  # noqa: E402
+from tensoryard.client import Client  # noqa: E402
+from tensoryard.errors import ClientError  # noqa: E402
+from tensoryard.runtime.goodput import StepTime, compute_goodput  # noqa: E402
+from tensoryard.spec.job import load_job_spec  # noqa: E402
+from tensoryard.spec.states import TERMINAL_STATES  # noqa: E402
+
+NAME = "goodput"
+EXAMPLE = ROOT / "examples" / "tiny_gpt"
+STEPS = 1_000_000  # runs until the arm's time is up
+
+
+@dataclass
+class Plan:
+    duration: float
+    kills: list[float]  # seconds after launch
+    hang_at: float | None
+    interval: int  # checkpoint interval, steps
+
+
+@dataclass
+class Arm:
+    name: str
+    started: float
+    ended: float = 0.0
+    rows: list[dict[str, Any]] = field(default_factory=list)  # with "segment"
+    faults: list[ChaosRecord] = field(default_factory=list)
+    hang_detected_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def read_rows(path: Path, segment: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{**row, "segment": segment} for row in rows]
+
+
+def split_segments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One file written across torchrun's restarts: a new segment where the step goes back."""
+    out, segment, previous = [], 1, None
+    for row in rows:
+        if previous is not None and row["step"] <= previous:
+            segment += 1
+        previous = row["step"]
+        out.append({**row, "segment": segment})
+    return out
+
+
+# -- fault injection ------------------------------------------------------------------------
+
+
+def inject_faults(run_dir: str, plan: Plan, launched: float, arm: Arm) -> threading.Thread:
+    """Kill rank 1 at each planned time, then stop it once (a hang) at hang_at."""
+
+    def run() -> None:
+        for at in plan.kills:
+            arm.faults += run_schedule(
+                run_dir,
+                1,
+                "kill",
+                every=0,
+                count=1,
+                start_after=max(0.0, launched + at - time.time()),
+            )
+        if plan.hang_at is not None:
+            delay = launched + plan.hang_at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            pid = find_pid(run_dir, 1)
+            if pid is not None:
+                now = time.time()
+                inject("stop", pid)  # left stopped until someone notices
+                arm.faults.append(ChaosRecord(now, "stop", run_dir, 1, pid, True, "hang"))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- the tensoryard arms --------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        port = free_port()
+        cmd = [sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(home)]
+        cmd += ["--port", str(port), "--cpu-slots", "2", "--log-level", "warning"]
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = (home / "server.out").open("ab")
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                Client(self.url, None, timeout=2).healthz()
+                break
+            except ClientError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError(f"server did not start; see {home / 'server.out'}")
+        self.client = Client(self.url, (home / "admin.token").read_text().strip(), timeout=60)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def tensoryard_arm(name: str, work: Path, plan: Plan, faults: bool) -> Arm:
+    server = Server(work / name / "home")
+    try:
+        spec = load_job_spec(EXAMPLE / "job.yaml")
+        spec.command = ["train.py", "--steps", str(STEPS)]
+        spec.user = os.environ.get("USER") or "bench"
+        spec.checkpoint.interval = plan.interval
+        spec.checkpoint.async_save = True
+        spec.restart.max_restarts = 100
+        spec.restart.backoff = 0.0
+        spec.health.min_stall = 10.0
+        spec.health.stall_factor = 10.0
+        spec.max_runtime = plan.duration * 4
+        client = server.client
+        launched = time.time()
+        job_id = int(client.submit(spec.model_dump(mode="json"))["id"])
+        arm = Arm(name, launched)
+        run_dir = str(client.job(job_id)["run_dir"])
+        thread = inject_faults(run_dir, plan, launched, arm) if faults else None
+        time.sleep(max(0.0, launched + plan.duration - time.time()))
+        arm.ended = time.time()
+        client.cancel(job_id)
+        wait_terminal(client, job_id)
+        if thread is not None:
+            thread.join(timeout=5)
+        job = client.job(job_id)
+        attempts = client.attempts(job_id)
+        for attempt in attempts:
+            path = Path(job["run_dir"]) / f"attempt-{attempt['number']}" / "metrics.jsonl"
+            arm.rows += read_rows(path, attempt["number"])
+        summary = client.summary(job_id)
+        arm.extra = {"summary": summary, "attempts": len(attempts)}
+        hang = next((f for f in arm.faults if f.action == "stop"), None)
+        if hang is not None:
+            for event in client.events(job_id):
+                if "hung:" in event["message"]:
+                    ts = datetime.fromisoformat(event["ts"]).timestamp()
+                    if ts >= hang.at:
+                        arm.hang_detected_s = ts - hang.at
+                        break
+        return arm
+    finally:
+        server.stop()
+
+
+def wait_terminal(client: Client, job_id: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.job(job_id)["state"] in TERMINAL_STATES:
+            return
+        time.sleep(0.5)
+
+
+# -- the torchrun arm -----------------------------------------------------------------------
+
+
+def torchrun_arm(work: Path, plan: Plan) -> Arm:
+    root = work / "torchrun"
+    root.mkdir(parents=True)
+    job = f"bench-torchrun-{secrets.token_hex(4)}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "TYARD_JOB_ID": job,
+        "TYARD_ATTEMPT": "1",
+        "TYARD_RUN_DIR": str(root / "run"),
+        "TYARD_CHECKPOINT_DIR": str(root / "ckpt"),
+        "TYARD_CHECKPOINT_INTERVAL": str(plan.interval),
+        "TYARD_CHECKPOINT_KEEP": "3",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=100"]
+    cmd += ["--nproc-per-node=2", str(EXAMPLE / "train.py"), "--steps", str(STEPS)]
+    log = (root / "torchrun.out").open("wb")
+    launched = time.time()
+    proc = subprocess.Popen(
+        cmd, cwd=EXAMPLE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    arm = Arm("torchrun", launched)
+    thread = inject_faults(str(root / "run"), plan, launched, arm)
+    time.sleep(max(0.0, launched + plan.duration - time.time()))
+    arm.ended = time.time()
+    stopped = find_pid(str(root / "run"), 1)
+    if stopped is not None:  # let a stopped rank die on the way out
+        os.kill(stopped, signal.SIGCONT)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+    thread.join(timeout=5)
+    rows = read_rows(root / "run" / "attempt-1" / "metrics.jsonl", 1)
+    arm.rows = split_segments(rows)
+    arm.extra = {"restarts": max((r["segment"] for r in arm.rows), default=1) - 1}
+    return arm
+
+
+# -- analysis -------------------------------------------------------------------------------
+
+
+def analyse(arm: Arm) -> dict[str, Any]:
+    """Goodput over the arm's wall time, recovery after each fault, hang detection."""
+    rows = [r for r in arm.rows if r["ts"] <= arm.ended]
+    wall = arm.ended - arm.started
+    steps = [StepTime(r["segment"], r["step"], r.get("step_time_s")) for r in rows]
+    result = compute_goodput(steps, {1: None}, wall)
+    recoveries = []
+    for fault in arm.faults:
+        if not fault.ok:
+            continue
+        before = [r for r in rows if r["ts"] <= fault.at]
+        segment = before[-1]["segment"] if before else 1
+        after = [r for r in rows if r["ts"] > fault.at and r["segment"] > segment]
+        recoveries.append(
+            {
+                "fault": fault.action,
+                "at_s": round(fault.at - arm.started, 1),
+                "recovery_s": round(after[0]["ts"] - fault.at, 2) if after else None,
+            }
+        )
+    return {
+        "arm": arm.name,
+        "wall_s": round(wall, 1),
+        "goodput": round(result.goodput, 4),
+        "productive_s": round(result.productive_s, 1),
+        "steps_kept": result.steps_kept,
+        "steps_lost": result.steps_lost,
+        "lost_s": round(result.lost_s, 1),
+        "recoveries": recoveries,
+        "hang_detected_s": (None if arm.hang_detected_s is None else round(arm.hang_detected_s, 1)),
+        **{k: v for k, v in arm.extra.items() if k != "summary"},
+        "breakdown": (arm.extra.get("summary") or {}).get("breakdown"),
+    }
+
+
+# -- checkpoint stall: sync vs async --------------------------------------------------------
+
+
+def save_stall(work: Path, repeats: int) -> dict[str, Any]:
+    """Seconds a save blocks training, sync vs async, on a larger tiny GPT (in this process)."""
+    import torch
+
+    sys.path.insert(0, str(EXAMPLE))
+    from model import GPTConfig, TinyGPT
+
+    from tensoryard.runtime.checkpoint import Checkpointer
+
+    torch.manual_seed(0)
+    config = GPTConfig(seq_len=128, d_model=384, n_layers=6, n_heads=6, dropout=0.0)
+    model = TinyGPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randint(0, 256, (4, 129))
+    loss = model(batch[:, :-1], batch[:, 1:])
+    loss.backward()
+    optimizer.step()  # optimizer state exists, as in training
+    params = sum(p.numel() for p in model.parameters())
+    out: dict[str, Any] = {"params": params}
+    for mode in ("sync", "async"):
+        ckpt = Checkpointer(work / f"stall-{mode}", keep=1, async_save=mode == "async")
+        stalls, totals = [], []
+        for step in range(1, repeats + 1):
+            ckpt.save(step, model, optimizer)
+            stalls.append(ckpt.last_stall_s or 0.0)
+            ckpt.wait()
+            totals.append(ckpt.last_save_s or 0.0)
+        out[mode] = {
+            "stall_s": round(statistics.median(stalls), 4),
+            "save_s": round(statistics.median(totals), 4),
+            "bytes": ckpt.checkpoints()[0].size_bytes,
+        }
+    out["async_over_sync_stall"] = round(out["async"]["stall_s"] / out["sync"]["stall_s"], 3)
+    return out
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def fmt_recoveries(arm: dict[str, Any]) -> str:
+    kills = [r["recovery_s"] for r in arm["recoveries"] if r["fault"] == "kill"]
+    return "/".join("never" if k is None else f"{k:.1f}" for k in kills) or "-"
+
+
+def results_line(report: dict[str, Any]) -> tuple[str, str]:
+    free, ty, tr = (report["arms"][k] for k in ("failure_free", "tensoryard", "torchrun"))
+    stall = report["save_stall"]
+    kills = [r["recovery_s"] for r in ty["recoveries"] if r["fault"] == "kill"]
+    hang = ty["hang_detected_s"]
+    vs_free = ty["goodput"] / free["goodput"] if free["goodput"] else 0.0
+    vs_torchrun = ty["goodput"] / tr["goodput"] if tr["goodput"] else float("inf")
+    plan = report["plan"]
+    torchrun_hang = (
+        "recovered"
+        if any(r["fault"] == "stop" and r["recovery_s"] for r in tr["recoveries"])
+        else "no detection, no recovery within the run"
+    )
+    text = (
+        f"{plan['duration']:.0f}s per arm, kills at {plan['kills']}s, hang at {plan['hang_at']}s, "
+        f"checkpoint every {plan['interval']} steps: goodput tensoryard {ty['goodput']:.1%} vs "
+        f"failure-free {free['goodput']:.1%} ({vs_free:.2f}x) vs torchrun --max-restarts "
+        f"{tr['goodput']:.1%} ({vs_torchrun:.2f}x); recovery after kill (s) tensoryard "
+        f"{fmt_recoveries(ty)} vs torchrun {fmt_recoveries(tr)}; hang detected after "
+        f"{'never' if hang is None else f'{hang:.0f}s'} (torchrun: {torchrun_hang}); "
+        f"save stall {stall['async']['stall_s'] * 1000:.0f} ms async vs "
+        f"{stall['sync']['stall_s'] * 1000:.0f} ms sync = {stall['async_over_sync_stall']:.1%} "
+        f"({stall['params'] / 1e6:.1f}M params, {stall['sync']['bytes'] / 1e6:.0f} MB)"
+    )
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "not met"
+
+    recovered = bool(kills) and all(k is not None and k < 10 for k in kills)
+    met = [
+        f">=95% of failure-free: {verdict(vs_free >= 0.95)}",
+        f"recovery <10 s: {verdict(recovered)}",
+        f"hang <60 s: {verdict(hang is not None and hang < 60)}",
+        f"async stall <10% of sync: {verdict(stall['async_over_sync_stall'] < 0.10)}",
+    ]
+    return text, "; ".join(met)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=240.0, help="seconds per arm")
+    parser.add_argument("--kill-every", type=float, default=80.0)
+    parser.add_argument("--first-kill", type=float, default=50.0)
+    parser.add_argument("--hang-at", type=float, default=190.0, help="negative: no hang")
+    parser.add_argument("--interval", type=int, default=60, help="checkpoint interval, steps")
+    parser.add_argument("--stall-repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
+    args = parser.parse_args(argv)
+    hang_at = args.hang_at if args.hang_at >= 0 else None
+    last = hang_at if hang_at is not None else args.duration
+    kills, at = [], args.first_kill
+    while at < min(last, args.duration) - 10:
+        kills.append(at)
+        at += args.kill_every
+    plan = Plan(args.duration, kills, hang_at, args.interval)
+    report: dict[str, Any] = {"plan": plan.__dict__, "arms": {}}
+    with tempfile.TemporaryDirectory(prefix="tyard-goodput-") as tmp:
+        work = Path(tmp)
+        print("checkpoint stall, sync vs async ...", flush=True)
+        report["save_stall"] = save_stall(work, args.stall_repeats)
+        for name, run in (
+            ("failure_free", lambda: tensoryard_arm("failure_free", work, plan, faults=False)),
+            ("tensoryard", lambda: tensoryard_arm("tensoryard", work, plan, faults=True)),
+            ("torchrun", lambda: torchrun_arm(work, plan)),
+        ):
+            print(f"arm {name}: {plan.duration:.0f}s ...", flush=True)
+            report["arms"][name] = analyse(run())
+            print(json.dumps({k: v for k, v in report["arms"][name].items() if k != "breakdown"}))
+    text, met = results_line(report)
+    report["result"], report["met"] = text, met
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1))
+    print(text)
+    print(met)
+    if not args.no_results:
+        cmd = "python benchmarks/goodput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        goal = (
+            "goodput >=95% of failure-free; recovery <10 s; hang detected <60 s; "
+            "async save stall <10% of sync"
+        )
+        write_results_line(NAME, cmd, text, goal, met)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Per-rank step time and data-loader wait of the jobs on this node, from the files the
+runtime leaves in each job's run directory (``tensoryard.runtime.rank_stats``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.metrics_core import Metric
+
+from tensoryard.observability import metrics as m
+from tensoryard.observability.base import CollectorErrors, family
+
+__all__ = ["RankStatsCollector", "RankStatsSource"]
+
+
+@dataclass(frozen=True)
+class RankStatsSource:
+    """Where a job's rank files lie on this node (`<run_dir>/ranks`)."""
+
+    directory: Path
+    job: str
+    team: str
+
+
+class RankStatsCollector:
+    """`tyard_job_rank_step_time_seconds` and `tyard_job_data_wait_seconds` per rank. A file
+    older than `max_age_s` (a rank of an earlier attempt, or one that stopped) is left out, so
+    a hung rank's series goes stale and the hang rules see it."""
+
+    NAME = "ranks"
+
+    def __init__(
+        self,
+        sources: Callable[[], Iterable[RankStatsSource]],
+        *,
+        max_age_s: float = 300.0,
+        wall: Callable[[], float] = time.time,
+        errors: CollectorErrors | None = None,
+    ) -> None:
+        self.sources = sources
+        self.max_age_s = max_age_s
+        self.wall = wall
+        self.errors = errors if errors is not None else CollectorErrors()
+
+    def collect(self) -> Iterable[Metric]:
+        step_time = family(m.JOB_RANK_STEP_TIME)
+        data_wait = family(m.JOB_DATA_WAIT)
+        now = self.wall()
+        for source in self.sources():
+            try:
+                files = sorted(source.directory.glob("rank-*.json"))
+            except OSError as exc:
+                self.errors.record(self.NAME, str(source.directory), exc)
+                continue
+            for path in files:
+                try:
+                    record = json.loads(path.read_text(encoding="utf-8"))
+                    rank, ts = int(record["rank"]), float(record["ts"])
+                    step_s, wait_s = float(record["step_time_s"]), float(record["data_wait_s"])
+                except FileNotFoundError:
+                    continue  # replaced or removed between the listing and the read
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    self.errors.record(self.NAME, str(path), exc)
+                    continue
+                if now - ts > self.max_age_s:
+                    continue
+                labels = [source.job, source.team, str(rank)]
+                step_time.add_metric(labels, step_s)
+                data_wait.add_metric(labels, wait_s)
+        yield step_time
+        yield data_wait

@@ -1,0 +1,68 @@
+"""Per-rank step time and data-loader wait, left in the run directory for the node agent.
+
+Each rank rewrites ``<run_dir>/ranks/rank-<R>.json`` (atomically, at most once a second) with
+its last step, that step's duration and how long it waited for its batch. The node agent
+exports them as ``tyard_job_rank_step_time_seconds`` and ``tyard_job_data_wait_seconds``
+(labels job, team, rank), which the straggler and data-loader-stall rules read. A file, not a
+request: every rank has one, it costs no network and no control-plane load, and it survives
+the control plane being down. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["RankStats", "rank_stats_path"]
+
+
+def rank_stats_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "ranks" / f"rank-{rank}.json"
+
+
+class RankStats:
+    """Keeps one rank's last step's numbers and writes them at most every `every_s` seconds."""
+
+    def __init__(
+        self,
+        run_dir: str | Path | None,
+        rank: int,
+        attempt: int,
+        *,
+        every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = None if run_dir is None else rank_stats_path(run_dir, rank)
+        self.rank, self.attempt = rank, attempt
+        self.every_s = every_s
+        self.clock, self.wall = clock, wall
+        self._last_write = float("-inf")
+        self._failed = False
+
+    def step(self, step: int, step_time_s: float, data_wait_s: float) -> None:
+        """Record a finished step; written now if the last write is `every_s` old."""
+        if self.path is None or self._failed:
+            return
+        now = self.clock()
+        if now - self._last_write < self.every_s:
+            return
+        self._last_write = now
+        record = {
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "step": step,
+            "step_time_s": round(step_time_s, 6),
+            "data_wait_s": round(data_wait_s, 6),
+            "ts": self.wall(),
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            self._failed = True  # a read-only or full disk must not cost the job a step

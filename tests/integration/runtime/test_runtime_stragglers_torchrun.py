@@ -1,0 +1,43 @@
+"""Straggler detection under real torchrun (2 ranks, DDP on gloo): a rank whose forward pass is
+3x slower is named in the job's events, and so is its recovery."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensoryard.runtime.testing import RecordingReportServer
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("_straggler_worker.py")
+
+
+def test_a_slow_rank_is_named_in_the_events_and_so_is_its_recovery(tmp_path: Path) -> None:
+    with RecordingReportServer() as server:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "TYARD_JOB_ID": "1",
+            "TYARD_ATTEMPT": "1",
+            "TYARD_RUN_DIR": str(tmp_path / "run"),
+            "TYARD_SERVER_URL": server.url,
+        }
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc-per-node=2", str(WORKER)]
+        proc = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        events = [
+            (e["kind"], e["message"]) for r in server.requests for e in r.body.get("events", [])
+        ]
+    named = [m for k, m in events if m.startswith("straggler: rank 1")]
+    recovered = [m for k, m in events if m.startswith("straggler recovered: rank 1")]
+    assert len(named) == 1 and len(recovered) == 1, events
+    assert not any("rank 0" in m for _, m in events if "straggler" in m)
+    assert ("warning", named[0]) in events
