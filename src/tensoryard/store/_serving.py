@@ -1,4 +1,4 @@
-"""Deployments and replica rows: the store's serving half (migration 0010_serving).
+"""Deployments and replica rows: the store's serving half (migration 0009_serving).
 
 A mixin of :class:`tensoryard.store.Store`. A replica row is written (slot, port, state
 ``starting``) before its process is spawned, so a control plane that dies in between finds the

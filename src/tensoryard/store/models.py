@@ -515,7 +515,7 @@ class NodeEvent(Base):
 
 
 class Deployment(Base):
-    """A served model (migration 0010_serving): the desired state of its replicas."""
+    """A served model (migration 0009_serving): the desired state of its replicas."""
 
     __tablename__ = "deployments"
 

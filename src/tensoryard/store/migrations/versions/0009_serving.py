@@ -1,6 +1,6 @@
 """Model serving: deployments and their replica processes.
 
-Revision ID: 0010_serving
+Revision ID: 0009_serving
 Revises: 0008_goodput
 Create Date: 2026-12-02
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010_serving"
+revision: str = "0009_serving"
 down_revision: str | Sequence[str] | None = "0008_goodput"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
