@@ -24,7 +24,7 @@ def write_results_line(
             lines.append(line)
         else:
             end = start
-            while end + 1 < len(lines) and lines[end + 1].startswith("| "):
+            while end + 1 < len(lines) and lines[end + 1].startswith("|"):
                 end += 1
             lines.insert(end + 1, line)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
