@@ -45,10 +45,29 @@ def _unavailable(message: str) -> None:
     pytest.skip(f"Kubernetes test environment unavailable: {message}")
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux; a default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port_base() -> int:
-    """The first of PORTS_PER_ENV consecutive loopback ports that are all free right now."""
+    """The first of PORTS_PER_ENV consecutive loopback ports that are all free right now.
+
+    Chosen outside the ephemeral range: there the components' own outgoing connections (the
+    API server has hundreds open to etcd) could take a port before its listener binds it.
+    """
+    low, high = _ephemeral_ports()
+    candidates = [
+        b for b in range(20000, 60000 - PORTS_PER_ENV) if b + PORTS_PER_ENV <= low or b > high
+    ]
+    if not candidates:
+        candidates = list(range(20000, 60000 - PORTS_PER_ENV))
     for _ in range(50):
-        base = random.randrange(20000, 60000 - PORTS_PER_ENV)
+        base = random.choice(candidates)
         try:
             for port in range(base, base + PORTS_PER_ENV):
                 with socket.socket() as sock:

@@ -13,6 +13,7 @@ plane cancels the job or the process gets SIGTERM (after writing a checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -242,8 +243,13 @@ class Session:
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
 
-    def close(self) -> None:
-        """Flush the reporter and leave the process group."""
+    def close(self, *, clean: bool = False) -> None:
+        """Flush the reporter and leave the process group.
+
+        clean: every rank is ending normally; they then leave together (a barrier), so that
+        no rank tears its connections down while a peer still uses them (gloo aborts a process
+        whose peer closed a connection under it).
+        """
         if self._closed:
             return
         self._closed = True
@@ -255,6 +261,9 @@ class Session:
                 f"(goodput {estimate.goodput:.2f})"
             )
         self.reporter.close()
+        if clean:
+            with contextlib.suppress(RuntimeError, ValueError):
+                self.dist.barrier()
         shutdown()
 
     def __enter__(self) -> Session:
@@ -268,7 +277,7 @@ class Session:
     ) -> None:
         if isinstance(exc, Exception):  # not SystemExit / KeyboardInterrupt
             self.reporter.event(f"training failed: {type(exc).__name__}: {exc}", kind="error")
-        self.close()
+        self.close(clean=exc is None)
 
 
 def session(

@@ -32,7 +32,8 @@ def test_a_slow_rank_is_named_in_the_events_and_so_is_its_recovery(tmp_path: Pat
         proc = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=240, check=False
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # The workers' own output comes before torchrun's summary: keep all of it.
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-20000:]
         events = [
             (e["kind"], e["message"]) for r in server.requests for e in r.body.get("events", [])
         ]
