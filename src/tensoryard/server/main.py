@@ -149,6 +149,11 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     registry.register(
         StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in capacity()))
     )
+    observed_pods = getattr(executor, "observed_pods", None)
+    if observed_pods is not None:  # Kubernetes: the platform's pods, joinable to DCGM series
+        from tensoryard.executors.kubernetes.pod_metrics import PodCollector
+
+        registry.register(PodCollector(observed_pods))
     controller = Controller(
         store=store,
         executor=executor,

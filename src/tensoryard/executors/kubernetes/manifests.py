@@ -27,6 +27,7 @@ __all__ = [
     "LABEL_ATTEMPT",
     "LABEL_ATTEMPT_KEY",
     "LABEL_JOB_ID",
+    "LABEL_TEAM",
     "AttemptWorkload",
     "owner_reference",
     "render_headless_service",
@@ -38,6 +39,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_JOB_ID = "tensoryard.io/job-id"
 LABEL_ATTEMPT = "tensoryard.io/attempt"
 LABEL_ATTEMPT_KEY = "tensoryard.io/attempt-key"
+LABEL_TEAM = "tensoryard.io/team"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 REPLICATED_JOB = "node"
 CONTAINER = "trainer"
@@ -64,6 +66,8 @@ class AttemptWorkload:
     """Attempt number, from 1; labels `tensoryard.io/attempt`."""
     attempt_key: str
     """Unique key of this attempt (executor-made); labels `tensoryard.io/attempt-key`."""
+    team: str = ""
+    """The job's team; labels `tensoryard.io/team` (metrics join pods to teams by it)."""
     image: str
     """Container image of the training process."""
     command: Sequence[str]
@@ -123,7 +127,11 @@ class AttemptWorkload:
         )
         reserved = sorted(RESERVED_ENV & set(self.env))
         _check(not reserved, "env", f"may not set {', '.join(reserved)} (set by tensoryard)")
-        for field_name, value in (("job_id", str(self.job_id)), ("attempt_key", self.attempt_key)):
+        for field_name, value in (
+            ("job_id", str(self.job_id)),
+            ("attempt_key", self.attempt_key),
+            ("team", self.team),
+        ):
             _check(
                 bool(_LABEL_VALUE.match(value)) and len(value) <= 63,
                 field_name,
@@ -131,11 +139,14 @@ class AttemptWorkload:
             )
 
     def labels(self) -> dict[str, str]:
-        return {
+        labels = {
             LABEL_JOB_ID: str(self.job_id),
             LABEL_ATTEMPT: str(self.attempt),
             LABEL_ATTEMPT_KEY: self.attempt_key,
         }
+        if self.team:
+            labels[LABEL_TEAM] = self.team
+        return labels
 
 
 def _check(ok: object, name: str, message: str) -> None:
