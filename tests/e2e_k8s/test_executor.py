@@ -489,3 +489,33 @@ def test_the_control_plane_exports_its_pods_mapped_to_jobs_and_why_pods_wait(
     assert (bad["pod"], "Pending") in phases
     assert {(n, "Running") for n in pods} <= phases
     assert client.job(stuck)["state"] == "STARTING"
+
+
+def test_a_finished_attempt_is_deleted_after_keep_finished_and_its_outcome_stays(
+    api_client: Any, core: Any, namespace: str, identity: Path, switch_nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    switch_nodes(["leaf-a", "leaf-a"])
+    server, client = _start(servers, tmp_path, identity, namespace, "--keep-finished", "3")
+    job_id = _submit(server, job_spec(tmp_path / "job.yaml", nodes=2, gpus=8))
+    job = wait_for(client, job_id, {"SUCCEEDED", "FAILED"}, timeout=90)
+    assert job["state"] == "SUCCEEDED", job
+
+    # The JobSet controller deletes the finished JobSet; the garbage collector its Jobs,
+    # pods, Service and the token Secret it owns.
+    def gone() -> bool:
+        return _objects(api_client, namespace, job_id) == {
+            "jobsets": [],
+            "jobs": [],
+            "pods": [],
+            "secrets": [],
+        }
+
+    wait_until(gone, timeout=90, what=f"job {job_id}'s objects deleted after 3 s")
+    # The outcome and the log tails were kept in the run dir first: a restarted control plane
+    # still answers from them.
+    server.stop()
+    client = server.start()
+    assert client.job(job_id)["state"] == "SUCCEEDED"
+    logs = tyard(server, "logs", str(job_id))
+    assert logs.returncode == 0 and "the log of pod" in logs.stdout, logs.stderr

@@ -64,3 +64,7 @@ class KubernetesConfig:
     """How long one listing of nodes and pods serves the scheduler before it is refreshed."""
     log_tail_lines: int = 500
     """Lines of each pod's log kept in the run dir when an attempt ends."""
+    keep_finished_s: int | None = 3600
+    """Seconds a finished attempt's JobSet/Job (and with it its pods, Service and token Secret)
+    stays for inspection before Kubernetes deletes it (`ttlSecondsAfterFinished`); the outcome
+    and log tails are kept in the run dir first. None: never deleted by tensoryard."""

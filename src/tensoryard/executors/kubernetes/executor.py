@@ -127,6 +127,7 @@ def workload_for(
         pvc_mount_path=config.pvc_mount_path,
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations=dict(config.pod_annotations),
+        ttl_after_finished_s=config.keep_finished_s,
     )
 
 

@@ -99,6 +99,9 @@ class AttemptWorkload:
     """Seconds a pod gets between SIGTERM and SIGKILL when deleted (to write a checkpoint)."""
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     """Extra annotations on every pod (e.g. for a cluster's admission or monitoring)."""
+    ttl_after_finished_s: int | None = None
+    """`ttlSecondsAfterFinished` of the JobSet / Job: Kubernetes deletes the finished attempt's
+    objects after that long (None: kept until tensoryard or an admin deletes them)."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -114,6 +117,11 @@ class AttemptWorkload:
         _check(self.nodes >= 1, "nodes", "must be at least 1")
         _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
         _check(self.termination_grace_s >= 0, "termination_grace_s", "must be 0 or more")
+        _check(
+            self.ttl_after_finished_s is None or self.ttl_after_finished_s >= 0,
+            "ttl_after_finished_s",
+            "must be 0 or more (None keeps finished attempts)",
+        )
         _check(bool(self.command), "command", "must name a program to run")
         _check(
             not self.node_names or len(self.node_names) == self.nodes,
@@ -296,6 +304,7 @@ def render_jobset(w: AttemptWorkload) -> dict[str, Any]:
             "failurePolicy": {"maxRestarts": 0},
             "successPolicy": {"operator": "All"},
             "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": job_template}],
+            **_ttl(w),
         },
     }
 
@@ -311,8 +320,18 @@ def render_indexed_job(w: AttemptWorkload) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(w, w.name),
-        "spec": _job_spec(w, template),
+        "spec": {**_job_spec(w, template), **_ttl(w)},
     }
+
+
+def _ttl(w: AttemptWorkload) -> dict[str, int]:
+    """The owner's ttlSecondsAfterFinished (never on a JobSet's child Jobs: the JobSet owns
+    them and goes first)."""
+    return (
+        {}
+        if w.ttl_after_finished_s is None
+        else {"ttlSecondsAfterFinished": w.ttl_after_finished_s}
+    )
 
 
 def render_headless_service(w: AttemptWorkload, *, owner_uid: str | None = None) -> dict[str, Any]:
