@@ -128,6 +128,13 @@ def server(
             "(--no-watch: LIST calls on every poll)."
         ),
     ] = True,
+    cordon_nodes: Annotated[
+        bool,
+        typer.Option(
+            help="[kubernetes] Cordon the Kubernetes Node too when tensoryard cordons or drains "
+            "a node (unschedulable, taint tensoryard.io/unhealthy; needs `patch nodes`)."
+        ),
+    ] = True,
     cancel_grace: Annotated[
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
@@ -164,6 +171,7 @@ def server(
             block_label=block_label,
             pod_annotations=pod_annotation or [],
             watch=watch,
+            cordon_nodes=cordon_nodes,
         )
     config = ServerConfig(
         executor="kubernetes" if executor == "kubernetes" else "local",
