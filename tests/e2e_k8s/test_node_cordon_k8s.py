@@ -8,6 +8,8 @@ kwok's fake nodes).
 - A Node an admin cordoned by hand stays cordoned after tensoryard's own uncordon.
 - A cordon recorded in the nodes table whose Node patch never happened (a control plane
   killed in between) is carried out when the control plane starts again, and so is an uncordon.
+- Without the `patch nodes` grant the server refuses to start, naming it; with
+  --no-cordon-nodes it starts and never writes a Node.
 - deploy/kubernetes-overlays/agent applies for real; the DaemonSet controller and
   kube-scheduler put its pods on exactly the GPU-labelled nodes, a cordoned one included.
 
@@ -18,7 +20,10 @@ nodes` grant is tested too), never as admin.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ import yaml
 from tensoryard.executors.kubernetes.nodes import ANNOTATION_OWNER, ANNOTATION_REASON, TAINT_KEY
 from tensoryard.server.config import ServerConfig
 from tensoryard.store import Store
-from tests.e2e.conftest import ServerProcess, wait_for
+from tests.e2e.conftest import ServerProcess, free_port, wait_for
 from tests.e2e_k8s.conftest import GPU_TAINT, GPU_TOLERATION, K8sEnv, fake_gpu_node, wait_until
 from tests.e2e_k8s.platform import (
     COMPLETE_DELAY,
@@ -361,3 +366,40 @@ def test_the_agent_daemonset_applies_and_runs_on_exactly_the_gpu_labelled_nodes(
     from kubernetes import client
 
     client.AppsV1Api(api_client).delete_namespaced_daemon_set("tensoryard-agent", namespace)
+
+
+def test_without_the_patch_nodes_grant_the_server_refuses_to_start_unless_told_not_to_cordon(
+    api_client: Any, core: Any, namespace: str, identity: Path, nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    from kubernetes import client
+
+    (name,) = nodes(1)
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    role = rbac.read_cluster_role(f"{SERVICE_ACCOUNT}-{namespace}")
+    for rule in role.rules:
+        if "nodes" in rule.resources:
+            rule.verbs = [v for v in rule.verbs if v != "patch"]
+    rbac.replace_cluster_role(role.metadata.name, role)
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path / "r"),
+         "--port", str(free_port()), "--executor", "kubernetes", "--kubeconfig", str(identity),
+         "--namespace", namespace, "--node-selector", f"tensoryard.io/test-pool={namespace}"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert refused.returncode == 1
+    message = " ".join((refused.stdout + refused.stderr).split())
+    assert "may not patch nodes (cluster-wide)" in message, message
+    assert "fix: apply deploy/kubernetes/rbac.yaml" in message
+
+    server, client_ = start_server(tmp_path / "home", identity, namespace, "--no-cordon-nodes")
+    servers.append(server)
+    wait_until(lambda: any(n["name"] == name for n in client_.nodes()), timeout=30, what="node")
+    client_.cordon(name, "maintenance", drain=True)
+    history = wait_until(lambda: client_.node_history(name), timeout=10, what="history")
+    assert history[0]["kind"] == "drain"
+    time.sleep(3)  # several control-loop cycles: none may write the Node
+    node = _node(core, name)
+    assert not node["spec"].get("unschedulable")
+    assert TAINT_KEY not in {t["key"] for t in node["spec"]["taints"]}
