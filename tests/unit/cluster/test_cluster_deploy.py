@@ -75,6 +75,15 @@ def test_the_agent_daemonset_is_scraped_as_the_rules_and_the_plan_expect(tmp_pat
         == labels["app.kubernetes.io/name"]
     )
     assert keep[("__meta_kubernetes_pod_container_port_name",)] in ports
+    # Both make the node's name the agent's `instance` (and `node`): what a drain names.
+    for relabels in (job["relabel_configs"], endpoint["relabelings"]):
+        targets = {
+            r.get("target_label", r.get("targetLabel")): r.get(
+                "source_labels", r.get("sourceLabels")
+            )
+            for r in relabels
+        }
+        assert targets["instance"] == targets["node"] == ["__meta_kubernetes_pod_node_name"]
     # On GPU nodes only, and still there when tensoryard cordons the node.
     (term,) = pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
