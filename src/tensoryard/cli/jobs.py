@@ -137,6 +137,13 @@ def server(
             min=-1,
         ),
     ] = 3600,
+    cordon_nodes: Annotated[
+        bool,
+        typer.Option(
+            help="[kubernetes] Cordon the Kubernetes Node too when tensoryard cordons or drains "
+            "a node (unschedulable, taint tensoryard.io/unhealthy; needs `patch nodes`)."
+        ),
+    ] = True,
     cancel_grace: Annotated[
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
@@ -174,6 +181,7 @@ def server(
             pod_annotations=pod_annotation or [],
             watch=watch,
             keep_finished_s=None if keep_finished < 0 else keep_finished,
+            cordon_nodes=cordon_nodes,
         )
     config = ServerConfig(
         executor="kubernetes" if executor == "kubernetes" else "local",

@@ -46,6 +46,7 @@ def kubernetes_config(
     pod_annotations: list[str] | None = None,
     watch: bool = True,
     keep_finished_s: int | None = 3600,
+    cordon_nodes: bool = True,
 ) -> KubernetesConfig:
     """A KubernetesConfig from command-line values (SpecError naming the option)."""
     if workload not in ("auto", "jobset", "job"):
@@ -68,6 +69,7 @@ def kubernetes_config(
         pod_annotations=_pairs(pod_annotations or [], "--pod-annotation"),
         watch=watch,
         keep_finished_s=keep_finished_s,
+        cordon_nodes=cordon_nodes,
     )
 
 
