@@ -167,9 +167,9 @@ class StepSpec(StrictModel):
                 "deploy": "give `deploy: {model: MODEL@ALIAS}` or `deploy: {model: "
                 "'MODEL:${{ steps.STEP.outputs.version }}'}`",
             }
-            others = " or ".join(f"`{k}:`" for k in bodies if k != self.kind)
+            others = " and no " + " or ".join(f"`{k}:`" for k in extra) if extra else ""
             raise ValueError(
-                f"a {self.kind} step needs `{self.kind}:` and no {others} (fix: {fixes[self.kind]})"
+                f"a {self.kind} step needs `{self.kind}:`{others} (fix: {fixes[self.kind]})"
             )
         return self
 
