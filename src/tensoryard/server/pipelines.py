@@ -388,8 +388,13 @@ class PipelineAdvancer:
         if key not in self._applied:
             pinned = f"{outputs.get('model')}:{outputs.get('version')}"
             try:
-                deployment = _resolved_deployment(spec, run.resolver(self.store), model=pinned)
-                plan = self.deployer.plan(run.record.team, deployment)
+                deployment = _resolved_deployment(spec, run.resolver(self.store))
+                version = outputs.get("version")
+                plan = self.deployer.plan(
+                    run.record.team,
+                    deployment,
+                    version=version if isinstance(version, int) else None,
+                )
                 how = self.deployer.apply(plan, created_by=run.record.user)
             except (ExprError, TensoryardError, OSError) as exc:
                 self._set(run, step.name, "FAILED", f"cannot deploy {pinned}: {exc}")
@@ -509,14 +514,14 @@ REGISTER_TAG = "pipeline-step"
 
 
 def _resolved_deployment(
-    spec: DeploySpec, resolve: Callable[[tuple[str, ...]], Value], *, model: str | None = None
+    spec: DeploySpec, resolve: Callable[[tuple[str, ...]], Value]
 ) -> DeploymentSpec:
     """The step's deployment with ``${{ }}`` in its model and string options resolved."""
     options = {
         k: render_template(v, resolve) if isinstance(v, str) and "${{" in v else v
         for k, v in spec.options.items()
     }
-    return spec.deployment(model or render_template(spec.model, resolve).strip(), options)
+    return spec.deployment(render_template(spec.model, resolve).strip(), options)
 
 
 def check_deploy_steps(spec: PipelineSpec) -> None:

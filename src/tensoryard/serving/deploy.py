@@ -88,9 +88,14 @@ class Deployer:
         self.manager = manager
         self.gateway_url = gateway_url.rstrip("/")
 
-    def plan(self, team: str, spec: DeploymentSpec) -> PlannedDeployment:
+    def plan(
+        self, team: str, spec: DeploymentSpec, *, version: int | None = None
+    ) -> PlannedDeployment:
         """Check the spec like the deployments API and resolve its model in the registry
-        (pulling a llama.cpp version's GGUF); SpecError naming the field otherwise."""
+        (pulling a llama.cpp version's GGUF); SpecError naming the field otherwise.
+
+        ``version`` pins the version an earlier plan resolved (an alias may have moved
+        since); the deployment's reference text stays the spec's."""
         check_engine(spec.engine, spec.options)
         source = parse_model_source(spec.model)
         if source.path is not None:
@@ -104,17 +109,21 @@ class Deployer:
                     )
                 ]
             )
-        version = self.weights.version(team, source)
         assert source.name is not None
-        pinned = ModelSource(name=source.name, version=version.version)
-        ref, path = f"{source.ref} (version {version.version})", ""
+        if version is not None:
+            source_version = ModelSource(name=source.name, version=version)
+        else:
+            source_version = source
+        found = self.weights.version(team, source_version)
+        pinned = ModelSource(name=source.name, version=found.version)
+        ref, path = f"{source.ref} (version {found.version})", ""
         if spec.engine == "llama.cpp":
             path = str(self.weights.resolve(team, pinned).path)
         return PlannedDeployment(
             name=spec.name or source.default_name(),
             team=team,
             model=source.name,
-            version=version.version,
+            version=found.version,
             model_ref=ref,
             model_path=path,
             engine=spec.engine,

@@ -14,7 +14,11 @@ from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.spec.pipeline import parse_pipeline_spec
 
 TRAIN = {"name": "train", "job": {"launcher": "python", "command": ["t.py"]}}
-REGISTER = {"name": "register", "kind": "register", "register": {"model": "m", "from_step": "train"}}
+REGISTER = {
+    "name": "register",
+    "kind": "register",
+    "register": {"model": "m", "from_step": "train"},
+}
 
 
 def deploy(**body: Any) -> dict[str, Any]:
