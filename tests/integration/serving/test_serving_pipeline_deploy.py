@@ -1,18 +1,28 @@
 """A pipeline train -> register -> deploy -> call, through the real control plane over HTTP:
 the jobs run as processes on the local executor, the deploy step creates a deployment whose
 replicas run the mock engine (real processes on real ports), and the last job calls the
-gateway with the deploy step's outputs. A bad deploy step is a 422 naming the field."""
+gateway with the deploy step's outputs. A bad deploy step is a 422 naming the field. The
+SmolLM2 example runs on real llama.cpp replicas where the engine is installed."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
+
+from tensoryard.cli.main import app as cli
+from tensoryard.errors import ConfigError
+from tensoryard.serving.engine import engine_available
+from tensoryard.serving.source import ensure_smollm2
 
 pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "pipelines" / "serve-smollm2.yaml"
 
 TRAIN = """
 import os, pathlib
@@ -117,5 +127,43 @@ def test_train_register_deploy_and_call_the_gateway_through_the_server(
             assert described["ready_replicas"] == 1 and described["team"] == "default"
             listed = c.get("/v1/models").json()
             assert [m["id"] for m in listed["data"]] == ["tiny-chat"]
+    finally:
+        s.plane.controller.stop()
+
+
+def test_the_smollm2_example_registers_deploys_on_llama_cpp_and_answers(
+    serving_plane: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/pipelines/serve-smollm2.yaml as a user runs it (`tyard pipeline run --wait`);
+    skipped with the fix when the llama.cpp engine or the SmolLM2 wheel is missing."""
+    missing = engine_available()
+    if missing:
+        pytest.skip(missing)
+    try:
+        ensure_smollm2()
+    except ConfigError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable: {exc}")
+    s = serving_plane()
+    monkeypatch.setenv("TYARD_SERVER", s.url)
+    monkeypatch.setenv("TYARD_TOKEN", s.token)
+    s.plane.controller.start()
+    try:
+        ran = CliRunner().invoke(
+            cli, ["pipeline", "run", str(EXAMPLE), "--wait", "--json"], catch_exceptions=False
+        )
+        assert ran.exit_code == 0, ran.output
+        final = json.loads(ran.stdout)
+        steps = {st["name"]: st for st in final["steps"]}
+        assert [st["state"] for st in final["steps"]] == ["SUCCEEDED"] * 3, steps
+        assert steps["deploy"]["outputs"]["gateway_model"] == "smollm2-chat"
+        chat = {"model": "smollm2-chat", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
+        with s.http() as c:
+            described = c.get("/api/v1/deployments/smollm2-chat").json()
+            assert described["model"] == "smollm2:1 (version 1)"
+            assert described["model_path"].endswith(".gguf")
+            answer = c.post("/v1/chat/completions", json=chat)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"].strip()
     finally:
         s.plane.controller.stop()
