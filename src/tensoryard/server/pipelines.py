@@ -59,7 +59,7 @@ from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
 from tensoryard.store.records import STEP_TERMINAL
 
 if TYPE_CHECKING:
-    from tensoryard.serving.deploy import Deployer
+    from tensoryard.serving.deploy import Deployer, DeploymentStatus
 
 __all__ = ["PipelineAdvancer", "check_deploy_steps", "collect_outputs"]
 
@@ -352,8 +352,7 @@ class PipelineAdvancer:
             run,
             step.name,
             "RUNNING",
-            f"deploying {plan.model} version {plan.version} as {plan.name} "
-            f"({plan.replicas} {plan.engine} replica(s))",
+            _deploying(plan.name, plan.model, plan.version, 0, plan.replicas),
             outputs={
                 "deployment": plan.name,
                 "gateway_model": plan.name,
@@ -386,61 +385,39 @@ class PipelineAdvancer:
             return
         key = (run.record.id, step.name)
         if key not in self._applied:
-            pinned = f"{outputs.get('model')}:{outputs.get('version')}"
-            try:
-                deployment = _resolved_deployment(spec, run.resolver(self.store))
-                version = outputs.get("version")
-                plan = self.deployer.plan(
-                    run.record.team,
-                    deployment,
-                    version=version if isinstance(version, int) else None,
-                )
-                how = self.deployer.apply(plan, created_by=run.record.user)
-            except (ExprError, TensoryardError, OSError) as exc:
-                self._set(run, step.name, "FAILED", f"cannot deploy {pinned}: {exc}")
+            if not self._apply_deploy(run, step):
                 return
             self._applied.add(key)
-            log.info("pipeline %d step %s: deployment %s %s", *key, name, how)
         status = self.deployer.status(name)
-        if status.is_ready:
-            self._applied.discard(key)
-            self._set(
-                run,
-                step.name,
-                "SUCCEEDED",
-                f"deployment {name} ready: {status.ready} of {status.replicas} replica(s) "
-                f"answer {outputs.get('model')} version {outputs.get('version')}; call it at "
-                f"{outputs.get('endpoint')} with model {name!r}",
-                outputs={**outputs, "ready_replicas": status.ready},
-            )
-            return
-        crashed = [(slot, n) for slot, n in status.failed if n >= spec.max_restarts]
-        if crashed:
-            slot, restarts = crashed[0]
-            self._applied.discard(key)
-            self._set(
-                run,
-                step.name,
-                "FAILED",
-                f"replica {slot} of deployment {name} exited {restarts + 1} time(s) while "
-                f"starting (max_restarts {spec.max_restarts}); its log ends: "
-                f"{self.deployer.replica_log_tail(name, slot)} (the deployment is left "
-                f"running; `tyard deployments delete {name}` removes it)",
-            )
-            return
         started = current.started_at
-        if started is not None:
-            waited = (self.clock() - _utc(started)).total_seconds()
-            if waited > spec.ready_timeout_s:
-                self._applied.discard(key)
-                self._set(
-                    run,
-                    step.name,
-                    "FAILED",
-                    f"deployment {name} not ready after {waited:.0f} s (ready_timeout_s "
-                    f"{spec.ready_timeout_s:g}): {status.ready} of {status.replicas} "
-                    "replica(s) ready; see `tyard deployments describe " + name + "`",
-                )
+        waited = (self.clock() - _utc(started)).total_seconds() if started else 0.0
+        state, reason = _deploy_outcome(
+            spec, outputs, status, waited, tail=self.deployer.replica_log_tail
+        )
+        if state != "RUNNING":
+            self._applied.discard(key)
+        if state != "RUNNING" or reason != current.reason:
+            extra = {"ready_replicas": status.ready} if state == "SUCCEEDED" else {}
+            self._set(run, step.name, state, reason, outputs={**outputs, **extra})
+
+    def _apply_deploy(self, run: _Run, step: StepSpec) -> bool:
+        """Create or update the step's deployment (idempotent), pinned to the version the
+        step resolved when it started; False when the step FAILED instead."""
+        assert step.deploy_ is not None and self.deployer is not None
+        outputs = run.steps[step.name].outputs
+        version = outputs.get("version")
+        pinned = f"{outputs.get('model')}:{version}"
+        try:
+            deployment = _resolved_deployment(step.deploy_, run.resolver(self.store))
+            plan = self.deployer.plan(
+                run.record.team, deployment, version=version if isinstance(version, int) else None
+            )
+            how = self.deployer.apply(plan, created_by=run.record.user)
+        except (ExprError, TensoryardError, OSError) as exc:
+            self._set(run, step.name, "FAILED", f"cannot deploy {pinned}: {exc}")
+            return False
+        log.info("pipeline %d step %s: deployment %s %s", run.record.id, step.name, plan.name, how)
+        return True
 
     def _cache_hit(self, run: _Run, step: StepSpec, digest: str) -> StepRecord | None:
         found = self.store.find_cached_step(run.record.team, digest)
@@ -522,6 +499,48 @@ def _resolved_deployment(
         for k, v in spec.options.items()
     }
     return spec.deployment(render_template(spec.model, resolve).strip(), options)
+
+
+def _deploying(name: str, model: Any, version: Any, ready: int, replicas: int) -> str:
+    return f"deploying {model} version {version} as {name}: {ready} of {replicas} replica(s) ready"
+
+
+def _deploy_outcome(
+    spec: DeploySpec,
+    outputs: dict[str, Any],
+    status: DeploymentStatus,
+    waited_s: float,
+    *,
+    tail: Callable[[str, int], str],
+) -> tuple[str, str]:
+    """(state, reason) of a deploy step from its deployment's replica states: SUCCEEDED when
+    every replica answers, FAILED on a crash loop, a deleted deployment or the timeout, else
+    RUNNING with the progress."""
+    name = str(outputs.get("deployment", ""))
+    model, version = outputs.get("model"), outputs.get("version")
+    if not status.exists:
+        return "FAILED", f"deployment {name} was deleted while the step waited for it"
+    if status.is_ready:
+        return "SUCCEEDED", (
+            f"deployment {name} ready: {status.ready} of {status.replicas} replica(s) answer "
+            f"{model} version {version}; call it at {outputs.get('endpoint')} with model "
+            f"{name!r}"
+        )
+    crashed = [(slot, n) for slot, n in status.failed if n >= spec.max_restarts]
+    if crashed:
+        slot, restarts = crashed[0]
+        return "FAILED", (
+            f"replica {slot} of deployment {name} exited {restarts + 1} time(s) while starting "
+            f"(max_restarts {spec.max_restarts}); its log ends: {tail(name, slot)} (the "
+            f"deployment is left running; `tyard deployments delete {name}` removes it)"
+        )
+    if waited_s > spec.ready_timeout_s:
+        return "FAILED", (
+            f"deployment {name} not ready after {waited_s:.0f} s (ready_timeout_s "
+            f"{spec.ready_timeout_s:g}): {status.ready} of {status.replicas} replica(s) ready; "
+            f"see `tyard deployments describe {name}`"
+        )
+    return "RUNNING", _deploying(name, model, version, status.ready, status.replicas)
 
 
 def check_deploy_steps(spec: PipelineSpec) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,30 @@ def test_a_deployment_name_of_another_team_is_not_taken_over(world: World) -> No
     assert step.state == "FAILED"
     assert "deployment 'm-serve' belongs to team 'vision'" in step.reason
     assert store.get_deployment("m-serve").model_ref == "theirs"
+
+
+def test_a_deployment_not_ready_in_time_or_deleted_meanwhile_fails_the_step(world: World) -> None:
+    store = world.store
+    world.register("m", b"weights v1", aliases=["production"])
+    an_hour_later = PipelineAdvancer(
+        store,
+        runs_dir=world.runs,
+        deployer=world.deployer(),
+        clock=lambda: datetime.now(UTC) + timedelta(hours=1),
+    )
+    late = world.until_done(an_hour_later, world.start(ready_timeout_s=60))
+    reason = late.step("deploy").reason
+    assert late.state == "FAILED" and "deployment m-serve not ready after 36" in reason, reason
+    assert "(ready_timeout_s 60): 0 of 1 replica(s) ready" in reason
+
+    advancer = world.advancer()
+    gone = world.start(name="m-other")
+    advancer.advance()
+    waiting = store.get_pipeline(gone).step("deploy")
+    assert waiting.state == "RUNNING"
+    assert waiting.reason == "deploying m version 1 as m-other: 0 of 1 replica(s) ready"
+    store.delete_deployment("m-other")
+    done = world.until_done(advancer, gone)
+    assert (
+        done.step("deploy").reason == "deployment m-other was deleted while the step waited for it"
+    )
