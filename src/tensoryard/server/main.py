@@ -26,6 +26,7 @@ from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller, NodeSync
 from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.serving.deploy import Deployer
 from tensoryard.serving.plane import ServingPlane
 from tensoryard.spec.job import JobSpec
 from tensoryard.store import NodeRecord, Store
@@ -180,6 +181,10 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         registry,
         log_dir=config.home / "serving",
         artifacts=ArtifactStore(open_blobs(config.artifact_store_url)),
+    )
+    # pipelines' deploy steps create deployments through the same serving plane
+    controller.pipelines.deployer = Deployer(
+        store, serving.weights, serving.manager, gateway_url=config.report_url
     )
     return ControlPlane(config, store, executor, controller, token, registry, backend.fits, serving)
 
