@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
 from tensoryard.serving.deploy import check_engine
+from tensoryard.serving.engine import ENGINES
 from tensoryard.serving.replicas import ReplicaManager
 from tensoryard.serving.source import parse_model_source
 from tensoryard.serving.weights import RegistryWeights
@@ -118,6 +119,10 @@ def add_deployment_routes(
         if body.engine == "llama.cpp":
             resolved = weights.resolve(body.team, source)  # pulls a registry version once
             ref, path = resolved.ref, str(resolved.path)
+        elif source.name is not None and body.engine in ENGINES:
+            # pinned to the version served, as for llama.cpp: an alias can move (the mock
+            # test engine serves any name and loads nothing)
+            ref = f"{source.ref} (version {weights.version(body.team, source).version})"
         name = body.name or source.default_name()
         store.create_deployment(
             name,

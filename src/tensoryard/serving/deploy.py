@@ -13,6 +13,8 @@ after a crash) never makes a second deployment.
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +28,9 @@ from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.store import Store
 from tensoryard.store._serving import DeploymentRecord
 
-__all__ = ["Deployer", "DeploymentStatus", "PlannedDeployment", "check_engine"]
+__all__ = ["AliasFollower", "Deployer", "DeploymentStatus", "PlannedDeployment", "check_engine"]
+
+log = logging.getLogger("tensoryard.serving")
 
 TEST_ENGINES = ("mock",)  # tensoryard.serving.mock_engine: gateway tests, no model loaded
 
@@ -216,3 +220,76 @@ def _matches(current: DeploymentRecord, plan: PlannedDeployment) -> bool:
         and current.options == plan.options
         and current.idle_timeout_s == plan.idle_timeout_s
     )
+
+
+_PINNED = re.compile(
+    r"^(?P<model>[a-z0-9][a-z0-9._-]{0,62})@(?P<alias>[a-z0-9][a-z0-9._-]{0,62})"
+    r" \(version (?P<version>\d+)\)$"
+)
+
+
+class AliasFollower:
+    """Rolling update when an alias moves: a deployment of ``MODEL@ALIAS`` (stored with the
+    version the alias named then) is updated to the alias's new version, with the same
+    engine, options and replica count; the supervisor then rolls its replicas over (the old
+    ones answer until the new ones are ready). Called by the replica supervisor every few
+    seconds with the stored deployments.
+
+    A version that cannot be served (no single GGUF, a pull that fails) is logged once and
+    not tried again until the alias moves once more; the deployment keeps serving the old one.
+    An alias that was deleted leaves the deployment as it is."""
+
+    def __init__(self, store: Store, weights: RegistryWeights, manager: ReplicaManager) -> None:
+        self.deployer = Deployer(store, weights, manager, gateway_url="")
+        self.store = store
+        self._refused: set[tuple[str, int]] = set()
+
+    def __call__(self, records: list[DeploymentRecord]) -> None:
+        for rec in records:
+            pinned = _PINNED.match(rec.model_ref)
+            if pinned is None:
+                continue  # a file, or MODEL:VERSION: nothing moves under it
+            model, alias = pinned["model"], pinned["alias"]
+            try:
+                current = self.store.get_version(rec.team, model, alias)
+            except NotFound:
+                continue
+            if current.version == int(pinned["version"]):
+                continue
+            if (rec.name, current.version) in self._refused:
+                continue
+            options = {k: v for k, v in rec.options.items() if k != "router"}
+            router = str(rec.options.get("router", "prefix"))
+            try:
+                spec = DeploymentSpec(
+                    model=f"{model}@{alias}",
+                    name=rec.name,
+                    engine=rec.engine,
+                    replicas=rec.replicas,
+                    options=options,
+                    idle_timeout_s=rec.idle_timeout_s,
+                    router=router,  # type: ignore[arg-type]  # stored from a valid spec
+                )
+                plan = self.deployer.plan(rec.team, spec, version=current.version)
+                self.deployer.apply(plan, created_by="alias-follower")
+            except (SpecError, NotFound, Conflict, OSError) as exc:
+                self._refused.add((rec.name, current.version))
+                log.warning(
+                    "deployment %s: %s@%s moved to version %d, which cannot be served (%s); "
+                    "it keeps serving version %s",
+                    rec.name,
+                    model,
+                    alias,
+                    current.version,
+                    exc,
+                    pinned["version"],
+                )
+                continue
+            log.info(
+                "deployment %s: %s@%s moved from version %s to %d: rolling update",
+                rec.name,
+                model,
+                alias,
+                pinned["version"],
+                current.version,
+            )

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from tensoryard.registry import ArtifactStore
 from tensoryard.server.guard import Guard
 from tensoryard.serving.api import add_deployment_routes
+from tensoryard.serving.deploy import AliasFollower
 from tensoryard.serving.gateway import add_gateway_routes
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_command
@@ -42,6 +43,7 @@ class ServingPlane:
         metrics = ServingMetrics(registry)
         manager = ReplicaManager(store, log_dir=log_dir, metrics=metrics, command_for=command_for)
         weights = RegistryWeights(store, artifacts, log_dir / "models")
+        manager.follow = AliasFollower(store, weights, manager)
         return cls(store, manager, metrics, weights)
 
     def mount(self, app: FastAPI, guard: Guard) -> None:

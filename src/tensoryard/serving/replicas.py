@@ -9,10 +9,16 @@ the processes on this machine, in numbered phases:
 3. start missing replicas (the row with its port is written before the spawn) and stop surplus;
 4. a process that exited is restarted after a backoff (0.5 s doubling per restart, at
    most 30 s; its row counts the restart); a starting one becomes ready
-   only when the model answers a one-token generation (not when the port opens).
+   only when the model answers a one-token generation (not when the port opens);
+5. rolling update: when a deployment changes what it serves (an alias moved, a deploy step
+   updated it), its ready replicas retire (slot RETIRING_SLOT + n, moved in the same
+   transaction as the change) and keep answering while the new ones start; once every new
+   replica is ready, each retiring one is stopped as soon as it has no request in flight (at
+   most DRAIN_S later). New replicas that never become ready leave the old ones serving.
 
 After a control-plane restart the rows still hold each replica's pid and port: a process that
-is still alive and answers is re-attached, anything else is started again.
+is still alive and answers is re-attached (a retiring one as retiring), anything else is
+started again.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from tensoryard.serving.engine import GATEWAY_OPTIONS, engine_command, parse_eng
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
 from tensoryard.store import Store
-from tensoryard.store._serving import DeploymentRecord
+from tensoryard.store._serving import RETIRING_SLOT, DeploymentRecord, ReplicaRecord
 
 __all__ = ["Replica", "ReplicaManager", "free_port"]
 
@@ -46,6 +52,8 @@ log = logging.getLogger("tensoryard.serving")
 CommandFor = Callable[[DeploymentRecord, int], list[str]]
 ADOPT_TIMEOUT_S = 10.0  # a new deployment is adopted within one tick when the supervisor runs
 MAX_BACKOFF_S = 30.0  # a replica that keeps crashing is restarted at most this rarely
+FOLLOW_S = 2.0  # how often deployments of MODEL@ALIAS look whether their alias moved
+DRAIN_S = 60.0  # a retiring replica still busy this long after the new ones are ready is stopped
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -121,6 +129,8 @@ class _Deployment:
     last_request: float = 0.0
     asleep: bool = False  # scaled to zero after idling
     waiting: int = 0
+    retiring: dict[int, Replica] = field(default_factory=dict)  # serving the previous model
+    drain_from: float | None = None  # when every new replica was first seen ready
 
 
 class ReplicaManager:
@@ -150,6 +160,9 @@ class ReplicaManager:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=probe_timeout_s)
+        # called with the stored deployments every FOLLOW_S (the plane sets an AliasFollower)
+        self.follow: Callable[[list[DeploymentRecord]], None] | None = None
+        self._followed_at = float("-inf")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -166,7 +179,11 @@ class ReplicaManager:
             self._thread.join(timeout=30)
         if stop_replicas:
             with self._lock:
-                reps = [r for d in self._deps.values() for r in d.replicas.values()]
+                reps = [
+                    r
+                    for d in self._deps.values()
+                    for r in (*d.replicas.values(), *d.retiring.values())
+                ]
             for r in reps:
                 _terminate(r)
         self._http.close()
@@ -193,7 +210,7 @@ class ReplicaManager:
     def replicas(self, name: str) -> list[Replica]:
         with self._lock:
             dep = self._deps.get(name)
-            return list(dep.replicas.values()) if dep else []
+            return [*dep.replicas.values(), *dep.retiring.values()] if dep else []
 
     def record(self, name: str) -> DeploymentRecord:
         with self._lock:
@@ -235,7 +252,11 @@ class ReplicaManager:
         try:
             while True:
                 with self._lock:
-                    ready = [r for r in dep.replicas.values() if r.ready]
+                    # the new model's replicas; during a rolling update, until one of them
+                    # is ready, the previous model's
+                    ready = [r for r in dep.replicas.values() if r.ready] or [
+                        r for r in dep.retiring.values() if r.ready and not r.exited()
+                    ]
                     if ready:
                         loads = [ReplicaLoad(r.id, r.in_flight) for r in ready]
                         route = dep.router.pick(prompt, loads)
@@ -273,43 +294,89 @@ class ReplicaManager:
 
     def reconcile(self) -> None:
         """One pass of the numbered phases in the module docstring."""
+        # 0. deployments of an alias that moved are updated (then rolled over below)
+        if self.follow is not None and self.clock() - self._followed_at >= FOLLOW_S:
+            self._followed_at = self.clock()
+            try:
+                self.follow(self.store.list_deployments())
+            except Exception:  # the alias check must never stop the supervision
+                log.exception("following moved aliases failed")
         # 1. stored deployments; forget deleted ones
         records = {d.name: d for d in self.store.list_deployments()}
+        rows: dict[str, dict[int, ReplicaRecord]] = {}
+        for name, rec in records.items():  # the replica rows of deployments that changed
+            known = self._deps.get(name)
+            if known is not None and _serves_differently(known.record, rec):
+                rows[name] = {r.slot: r for r in self.store.list_replicas(name)}
+        leftover: list[Replica] = []
         with self._lock:
             gone = [self._deps.pop(n) for n in list(self._deps) if n not in records]
             for name, rec in records.items():
                 if name not in self._deps:
                     self._deps[name] = self._adopt(rec)
                 elif _serves_differently(self._deps[name].record, rec):
-                    # updated (a pipeline's deploy step): its replica rows are gone; replace
-                    # the processes (not a rolling update: requests wait for the new ones)
-                    log.info("deployment %s changed (%s): replacing replicas", name, rec.model_ref)
-                    gone.append(self._deps.pop(name))
-                    router = ROUTERS[str(rec.options.get("router", "prefix"))]()
-                    self._deps[name] = _Deployment(rec, router, last_request=self.clock())
+                    log.info("deployment %s changed (%s): rolling update", name, rec.model_ref)
+                    old = self._deps.pop(name)
+                    self._deps[name] = self._roll(old, rec, rows.get(name, {}), leftover)
                 else:
                     self._deps[name].record = rec
             deps = list(self._deps.values())
         for d in gone:
-            for r in d.replicas.values():
+            for r in (*d.replicas.values(), *d.retiring.values()):
                 _terminate(r)
+        for r in leftover:
+            _terminate(r)
         for dep in deps:
             self._reconcile_one(dep)
+
+    def _roll(
+        self,
+        old: _Deployment,
+        rec: DeploymentRecord,
+        rows: dict[int, ReplicaRecord],
+        leftover: list[Replica],
+    ) -> _Deployment:
+        """The deployment after `rec` changed what it serves: ready old replicas whose rows
+        the update moved to retiring slots keep serving; every other old process goes into
+        `leftover` (to be stopped)."""
+        router = ROUTERS[str(rec.options.get("router", "prefix"))]()
+        new = _Deployment(rec, router, last_request=self.clock())
+        for r in old.retiring.values():  # retiring since an earlier update: kept if its row is
+            row = rows.get(r.slot)
+            if row is not None and row.pid == r.pid and not r.exited():
+                new.retiring[r.slot] = r
+            else:
+                leftover.append(r)
+        for r in old.replicas.values():
+            row = rows.get(RETIRING_SLOT + r.slot)
+            if r.ready and row is not None and row.pid == r.pid and not r.exited():
+                r.slot = RETIRING_SLOT + r.slot
+                new.retiring[r.slot] = r
+            else:
+                leftover.append(r)
+        return new
 
     def _adopt(self, rec: DeploymentRecord) -> _Deployment:
         """A deployment first seen by this process: re-attach to live replicas from the rows."""
         router = ROUTERS[str(rec.options.get("router", "prefix"))]()
         dep = _Deployment(record=rec, router=router, last_request=self.clock())
         for row in self.store.list_replicas(rec.name):
+            retiring = row.slot >= RETIRING_SLOT
             if row.pid is not None and _alive(row.pid) and self._answers(row.port):
                 log.info("re-attached to replica %s/%d (pid %d)", rec.name, row.slot, row.pid)
-                dep.replicas[row.slot] = Replica(
+                replica = Replica(
                     rec.name, row.slot, row.port, row.pid, ready=True, restarts=row.restarts
                 )
+                if retiring:  # a rolling update was under way: it goes on
+                    dep.retiring[row.slot] = replica
+                    continue
+                dep.replicas[row.slot] = replica
                 self.store.put_replica(
                     rec.name, row.slot, port=row.port, state="ready", pid=row.pid
                 )
             else:
+                if retiring and row.pid is not None and _alive(row.pid):
+                    _terminate(Replica(rec.name, row.slot, row.port, row.pid))
                 self.store.remove_replica(rec.name, row.slot)  # started again below
         return dep
 
@@ -359,6 +426,33 @@ class ReplicaManager:
                     dep.last_request = max(dep.last_request, self.clock())
                 self.store.put_replica(rec.name, r.slot, port=r.port, state="ready", pid=r.pid)
                 log.info("replica %s ready on port %d", r.id, r.port)
+        # 5. rolling update: stop the previous model's replicas once the new ones all answer
+        if dep.retiring:
+            self._retire(dep, target, now)
+
+    def _retire(self, dep: _Deployment, target: int, now: float) -> None:
+        with self._lock:
+            ready = sum(1 for r in dep.replicas.values() if r.ready)
+            if ready < target:
+                dep.drain_from = None  # (a new replica crashed meanwhile: keep serving)
+                done: list[Replica] = [r for r in dep.retiring.values() if r.exited()]
+            else:
+                if dep.drain_from is None:
+                    dep.drain_from = now
+                    log.info(
+                        "deployment %s: %d new replica(s) ready, retiring %d",
+                        dep.record.name,
+                        ready,
+                        len(dep.retiring),
+                    )
+                late = now - dep.drain_from > DRAIN_S
+                done = [r for r in dep.retiring.values() if r.in_flight == 0 or late]
+            for r in done:
+                dep.retiring.pop(r.slot, None)
+        for r in done:
+            _terminate(r)
+            dep.router.forget(r.id)
+            self.store.remove_replica(dep.record.name, r.slot)
 
     def _spawn(self, dep: _Deployment, slot: int, *, restarts: int) -> None:
         rec = dep.record

@@ -18,9 +18,12 @@ from sqlalchemy.orm import Session
 from tensoryard.errors import Conflict, NotFound
 from tensoryard.store.models import Deployment, DeploymentReplica, Team
 
-__all__ = ["REPLICA_STATES", "DeploymentRecord", "ReplicaRecord", "ServingMixin"]
+__all__ = ["REPLICA_STATES", "RETIRING_SLOT", "DeploymentRecord", "ReplicaRecord", "ServingMixin"]
 
-REPLICA_STATES = ("starting", "ready", "failed", "stopped")
+REPLICA_STATES = ("starting", "ready", "failed", "stopped", "retiring")
+RETIRING_SLOT = 1000
+"""Slots from here hold the replicas of what a deployment served before its last update: they
+keep answering until the new replicas are ready (a rolling update), then they are stopped."""
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,12 @@ class ServingMixin:
         options: dict[str, Any],
         idle_timeout_s: float | None,
     ) -> DeploymentRecord:
-        """Change what a deployment serves, and forget its replica rows in the same
-        transaction: the supervisor replaces the replicas, and nothing reads an old replica's
-        ``ready`` as the new model's. Conflict when the deployment belongs to another team."""
+        """Change what a deployment serves. In the same transaction its replica rows move to
+        retiring slots (RETIRING_SLOT + slot, state "retiring"): nothing reads an old replica's
+        ``ready`` as the new model's, the old replicas keep answering while the new ones start
+        (a rolling update), and a control plane that crashes at any point still finds every old
+        process (so none is left running). Rows already retiring from an earlier update stay.
+        Conflict when the deployment belongs to another team."""
         with self._tx(f"update deployment {name!r}", write=True) as s:
             row = s.get(Deployment, name, with_for_update=True)
             if row is None:
@@ -184,7 +190,22 @@ class ServingMixin:
             row.options = dict(options)
             row.idle_timeout_s = idle_timeout_s
             row.updated_at = self._now()
-            s.execute(delete(DeploymentReplica).where(DeploymentReplica.deployment == name))
+            current = s.scalars(
+                select(DeploymentReplica).where(
+                    DeploymentReplica.deployment == name,
+                    DeploymentReplica.slot < RETIRING_SLOT,
+                )
+            ).all()
+            for rep in current:
+                if rep.pid is None or rep.state != "ready":
+                    s.delete(rep)  # not serving anyone: nothing to hand over
+                    continue
+                old = s.get(DeploymentReplica, (name, RETIRING_SLOT + rep.slot))
+                if old is not None:
+                    s.delete(old)  # the supervisor stops its process (it has no row now)
+                    s.flush()
+                rep.slot = RETIRING_SLOT + rep.slot
+                rep.state = "retiring"
             s.flush()
             return _dep(row)
 

@@ -153,7 +153,7 @@ def test_a_control_plane_dying_at_the_deploy_step_makes_one_deployment_and_keeps
     assert len(store.list_deployments()) == 1
 
 
-def test_a_moved_alias_updates_the_deployment_and_replaces_its_replicas(world: World) -> None:
+def test_a_moved_alias_updates_the_deployment_and_rolls_its_replicas_over(world: World) -> None:
     store = world.store
     world.register("m", b"weights v1", aliases=["production"])
     first = world.until_done(world.advancer(), world.start())
@@ -166,8 +166,12 @@ def test_a_moved_alias_updates_the_deployment_and_replaces_its_replicas(world: W
     assert second.step("deploy").outputs["version"] == 2
     deployment = store.get_deployment("m-serve")
     assert deployment.model_ref == "m@production (version 2)"
-    after = pids(store, "m-serve")
-    assert len(after) == 1 and after != before
+    # a rolling update: the old replica answers until the new one is ready, then it retires
+    deadline = time.monotonic() + 30
+    while len(after := pids(store, "m-serve")) != 1:
+        assert time.monotonic() < deadline, store.list_replicas("m-serve")
+        time.sleep(0.1)
+    assert after != before
     assert len(store.list_deployments()) == 1
 
 
