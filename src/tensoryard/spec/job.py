@@ -33,6 +33,7 @@ __all__ = [
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+METRIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$"
 
 # Sanity ceilings: beyond these a value is a typo, not a request.
 MAX_NODES = 4096
@@ -89,20 +90,35 @@ class ResourcesSpec(StrictModel):
         return self.nodes * self.gpus_per_node
 
 
+def _keep_best_mapping(value: Any) -> Any:
+    if isinstance(value, str | int | float | list):
+        raise ValueError(
+            f"{value!r} is not a mapping (fix: keep_best: {{metric: eval_loss, mode: min, "
+            "count: 1})"
+        )
+    return value
+
+
 class KeepBestSpec(StrictModel):
     """Keep the `count` best checkpoints by a metric the job reports at the checkpoint's step."""
 
     metric: str = Field(
-        ...,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_./-]*$",
-        description="A metric the job reports at its checkpoint steps, like eval_loss.",
+        ..., description="A metric the job reports at its checkpoint steps, like eval_loss."
     )
     mode: Literal["min", "max"] = Field(
         "min", description="min: lower is better (a loss); max: higher is better (accuracy)."
     )
     count: int = Field(1, ge=1, le=1000, description="How many of the best to keep.")
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, value: str) -> str:
+        if not re.match(METRIC_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a metric name (fix: the name the job reports, like "
+                "eval_loss: letters, digits, '_', '.', '/' or '-', at most 128)"
+            )
+        return value
 
 
 class CheckpointSpec(StrictModel):
@@ -117,7 +133,7 @@ class CheckpointSpec(StrictModel):
     )
     interval: int = Field(50, ge=1, le=10_000_000, description="Write a checkpoint every N steps.")
     keep: int = Field(3, ge=1, le=1000, description="Keep the last K checkpoints.")
-    keep_best: KeepBestSpec | None = Field(
+    keep_best: Annotated[KeepBestSpec | None, BeforeValidator(_keep_best_mapping)] = Field(
         None,
         description="Also keep the best checkpoints by a metric, like "
         "{metric: eval_loss, mode: min, count: 1}.",
