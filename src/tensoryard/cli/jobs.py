@@ -132,6 +132,15 @@ def server(
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
     ] = 10.0,
+    artifact_gc_grace: Annotated[
+        float,
+        typer.Option(
+            "--artifact-gc-grace",
+            help="Seconds a chunk must stay unreferenced before `tyard models gc` frees it "
+            "(longer than one upload batch takes).",
+            min=0,
+        ),
+    ] = 3600.0,
     local_nodes: Annotated[
         str | None,
         typer.Option(
@@ -178,6 +187,7 @@ def server(
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
         artifacts_url=artifacts,
+        artifact_gc_grace_s=artifact_gc_grace,
         local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():
