@@ -141,7 +141,10 @@ def test_retention_settings_are_read_next_to_keep() -> None:
     )
     assert spec.checkpoint.keep == 2
     assert spec.checkpoint.keep_best is not None
-    assert (spec.checkpoint.keep_best.metric, spec.checkpoint.keep_best.mode) == ("eval_loss", "min")
+    assert (spec.checkpoint.keep_best.metric, spec.checkpoint.keep_best.mode) == (
+        "eval_loss",
+        "min",
+    )
     assert spec.checkpoint.keep_best.count == 1
     assert spec.checkpoint.keep_every == 1000
 
