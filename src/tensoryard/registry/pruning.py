@@ -34,6 +34,7 @@ __all__ = [
 log = logging.getLogger("tensoryard.retention")
 
 _STEP_DIR = re.compile(r"^step-[0-9]+$")
+_SHOWN_KEPT = 12  # kept checkpoints named in an event (keep_every can keep hundreds)
 
 
 def policy_of_spec(checkpoint: CheckpointSpec) -> RetentionPolicy:
@@ -118,8 +119,8 @@ class CheckpointPruner:
     def _plan(self, job_id: int, policy: RetentionPolicy) -> RetentionPlan:
         checkpoints = self.store.list_checkpoints(job_id)
         metrics: dict[int, dict[str, float]] = {}
-        for row in self.store.list_metrics(job_id):
-            metrics.setdefault(row.step, {}).update(row.values)
+        if policy.keep_best is not None and checkpoints:  # only the checkpoint steps' rows
+            metrics = self.store.metrics_at_steps(job_id, [c.step for c in checkpoints])
         pinned = {
             v.checkpoint_step
             for v in self.store.find_versions(job_id=job_id)
@@ -161,7 +162,10 @@ def _message(plan: RetentionPlan, retire: list[Retirement], policy: RetentionPol
     """``retention: deleted step 200, 300 (policy: last 3, best 1 by eval_loss (min)); kept
     step 100 (best 1 by eval_loss), 400 (newest, last 3)``."""
     deleted = ", ".join(str(r.step) for r in retire)
-    kept = "; ".join(f"{c.step} ({', '.join(plan.reasons[c.step])})" for c in plan.keep)
+    shown = plan.keep[-_SHOWN_KEPT:]
+    kept = "; ".join(f"{c.step} ({', '.join(plan.reasons[c.step])})" for c in shown)
+    if len(plan.keep) > len(shown):
+        kept = f"{len(plan.keep) - len(shown)} older and {kept}"
     text = f"retention: deleted step {deleted} (policy: {describe_policy(policy)}); kept {kept}"
     left = [r for r in retire if not r.delete_files]
     if left:

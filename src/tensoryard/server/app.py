@@ -339,7 +339,7 @@ def create_app(
         job = store.get_job(job_id)
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
-        known = _known_checkpoints(store, job_id) if body.checkpoints else set()
+        known = _known_checkpoints(store, job_id, body) if body.checkpoints else set()
         added = 0
         for c in body.checkpoints:
             if (c.step, c.path) in known:  # a re-sent report: stored (or retired) already
@@ -521,10 +521,11 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
         )
 
 
-def _known_checkpoints(store: Store, job_id: int) -> set[tuple[int, str]]:
+def _known_checkpoints(store: Store, job_id: int, body: ReportIn) -> set[tuple[int, str]]:
     """(step, path) of the job's checkpoints, stored or already removed by retention."""
     stored = {(c.step, c.path) for c in store.list_checkpoints(job_id)}
-    return stored | {(r.step, r.path) for r in store.checkpoint_removals(job_id)}
+    steps = [c.step for c in body.checkpoints]
+    return stored | store.removed_checkpoint_keys(job_id, steps)
 
 
 def _apply_retention(store: Store, job: JobRecord) -> None:

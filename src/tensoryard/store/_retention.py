@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tensoryard.store.models import Checkpoint, CheckpointRemoval, Job
+from tensoryard.store.models import Checkpoint, CheckpointRemoval, Job, Metric
 
 if TYPE_CHECKING:
     from tensoryard.store.models import Event
@@ -109,6 +109,22 @@ class RetentionMixin:
                 self._event(s, job_id, "retention", message)
         return out
 
+    def metrics_at_steps(self, job_id: int, steps: Sequence[int]) -> dict[int, dict[str, float]]:
+        """The values reported at ``steps`` (all attempts, a later attempt's win), without
+        reading the job's other metric rows."""
+        out: dict[int, dict[str, float]] = {}
+        wanted = sorted(set(steps))
+        with self._tx(f"read metrics of job {job_id} at checkpoint steps", write=False) as s:
+            for start in range(0, len(wanted), 500):
+                query = (
+                    select(Metric)
+                    .where(Metric.job_id == job_id, Metric.step.in_(wanted[start : start + 500]))
+                    .order_by(Metric.attempt)
+                )
+                for row in s.scalars(query):
+                    out.setdefault(row.step, {}).update(row.values)
+        return out
+
     def pending_checkpoint_removals(
         self, job_id: int | None = None, *, limit: int = 1000
     ) -> list[CheckpointRemovalRecord]:
@@ -130,6 +146,15 @@ class RetentionMixin:
                 .where(CheckpointRemoval.id.in_(list(ids)), CheckpointRemoval.removed_at.is_(None))
                 .values(removed_at=self._now())
             )
+
+    def removed_checkpoint_keys(self, job_id: int, steps: Sequence[int]) -> set[tuple[int, str]]:
+        """(step, path) of the job's removed checkpoints at ``steps``: a re-sent report's
+        checkpoints that must not be stored again."""
+        query = select(CheckpointRemoval.step, CheckpointRemoval.path).where(
+            CheckpointRemoval.job_id == job_id, CheckpointRemoval.step.in_(sorted(set(steps)))
+        )
+        with self._tx(f"read checkpoint removals of job {job_id}", write=False) as s:
+            return {(int(step), str(path)) for step, path in s.execute(query)}
 
     def checkpoint_removals(self, job_id: int) -> list[CheckpointRemovalRecord]:
         """Every checkpoint of a job that retention removed, by step."""

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
-from tensoryard.store import Store
+from tensoryard.store import Retirement, Store
 from tensoryard.store.models import Base
 
 SPEC = {
@@ -151,3 +151,24 @@ def test_artifact_gc_is_admin_only_keeps_registered_versions_and_a_dry_run_chang
     chunks = {p.name for p in (Path(plane.config.artifact_store_url) / "chunks").rglob("*")}
     assert {c for c in chunks if len(c) == 64} == kept.chunk_hashes()  # no orphans
     artifacts.verify(kept.digest)
+
+
+def test_a_restarted_control_loop_finishes_removals_a_crash_interrupted(
+    api: TestClient, plane: ControlPlane
+) -> None:
+    job = api.post("/api/v1/jobs", json={"spec": SPEC}).json()
+    store = plane.store
+    paths = []
+    for step in (100, 200, 300):
+        path = Path(job["run_dir"]) / "checkpoints" / f"step-{step:09d}"
+        path.mkdir(parents=True)
+        store.add_checkpoint(job["id"], 1, step=step, path=str(path), ts=time.time())
+        paths.append(path)
+    # the retention transaction committed, then the process died before any directory went
+    retire = [Retirement(100, str(paths[0]), True), Retirement(200, str(paths[1]), True)]
+    store.retire_checkpoints(job["id"], retire, message="retention: deleted step 100, 200")
+
+    assert plane.controller.lead()  # a (re)started loop recovers first
+
+    assert [p.exists() for p in paths] == [False, False, True]
+    assert store.pending_checkpoint_removals() == []
