@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,11 @@ class PruneResult:
 class CheckpointPruner:
     """Applies retention policies to jobs' checkpoints in the store and on disk."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, after_rows: Callable[[], None] = lambda: None) -> None:
+        """``after_rows`` runs between the transaction and the directory deletions (the
+        control plane's crash point for fault-injection tests)."""
         self.store = store
+        self.after_rows = after_rows
 
     def apply(
         self,
@@ -101,6 +105,8 @@ class CheckpointPruner:
         ]
         message = _message(plan, retire, policy)
         removed = self.store.retire_checkpoints(job_id, retire, message=message)
+        if removed:
+            self.after_rows()
         self._remove(removed)
         return PruneResult(plan, tuple(removed), message if removed else "")
 

@@ -36,6 +36,7 @@ from tensoryard.registry.pruning import CheckpointPruner
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
+from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
@@ -532,7 +533,8 @@ def _apply_retention(store: Store, job: JobRecord) -> None:
     """The job's retention policy, after a new checkpoint; a failure never fails the report
     (the next checkpoint, or the next start of the control loop, finishes the work)."""
     try:
-        CheckpointPruner(store).apply_to_job(job)
+        pruner = CheckpointPruner(store, after_rows=lambda: crashpoint("retention.after_rows"))
+        pruner.apply_to_job(job)
     except TensoryardError as exc:
         log.warning("job %s: retention failed, retried at the next checkpoint: %s", job.id, exc)
 
