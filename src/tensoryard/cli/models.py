@@ -396,8 +396,8 @@ def gc_cmd(
 ) -> None:
     """Garbage-collect the artifact store (platform admins): keep every registered version's
     chunks, free chunks unreferenced for a whole grace period. Safe while uploads run; a chunk
-    found unreferenced now is freed by a pass after the grace period (the server's
-    gc_grace_s), unless an upload uses it again."""
+    found unreferenced now is freed by a pass after the grace period (`tyard server
+    --artifact-gc-grace`, default 1 h), unless an upload uses it again."""
     with user_errors(), client_for(server, token) as c:
         if not json_out:
             err_console.print("collecting garbage in the artifact store...")
