@@ -178,6 +178,10 @@ class Client:
     def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
         return list(self._json("GET", f"{API}/jobs/{job_id}/checkpoints"))
 
+    def checkpoint_removals(self, job_id: int) -> list[dict[str, Any]]:
+        """Checkpoints the job's retention policy removed."""
+        return list(self._json("GET", f"{API}/jobs/{job_id}/checkpoint-removals"))
+
     def summary(self, job_id: int) -> dict[str, Any]:
         return dict(self._json("GET", f"{API}/jobs/{job_id}/summary"))
 
@@ -340,6 +344,11 @@ class Client:
     def artifacts_url(self) -> str:
         """The artifact store to push to before `register_version(artifact=...)`."""
         return str(self._json("GET", f"{API}/artifacts")["url"])
+
+    def gc_artifacts(self, *, dry_run: bool = False) -> dict[str, Any]:
+        """One GC pass over the artifact store (platform admins); what it kept and freed."""
+        params = {"dry_run": "true" if dry_run else "false"}
+        return dict(self._json("POST", f"{API}/artifacts/gc", params=params, timeout=None))
 
     def models(self, team: str | None = None) -> list[dict[str, Any]]:
         params = {"team": team} if team else {}

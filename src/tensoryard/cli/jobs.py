@@ -148,6 +148,15 @@ def server(
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
     ] = 10.0,
+    artifact_gc_grace: Annotated[
+        float,
+        typer.Option(
+            "--artifact-gc-grace",
+            help="Seconds a chunk must stay unreferenced before `tyard models gc` frees it "
+            "(longer than one upload batch takes).",
+            min=0,
+        ),
+    ] = 3600.0,
     local_nodes: Annotated[
         str | None,
         typer.Option(
@@ -196,6 +205,7 @@ def server(
         rate_limit_per_s=rate_limit,
         rate_limit_burst=int(4 * rate_limit),
         artifacts_url=artifacts,
+        artifact_gc_grace_s=artifact_gc_grace,
         local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():
@@ -305,8 +315,20 @@ def describe(
         attempts = client.attempts(job_id)
         events = client.events(job_id)
         summary = client.summary(job_id)
+        checkpoints = client.checkpoints(job_id)
+        removed = client.checkpoint_removals(job_id)
     if json_out:
-        print_json({**job, "attempts_detail": attempts, "events": events, "summary": summary})
+        print_json(
+            {
+                **job,
+                "attempts_detail": attempts,
+                "events": events,
+                "summary": summary,
+                "checkpoints": checkpoints,
+                "checkpoints_removed": removed,
+                "retention": retention_policy_text(job["spec"].get("checkpoint") or {}),
+            }
+        )
         return
     res = job["spec"]["resources"]
     console.print(
@@ -327,6 +349,7 @@ def describe(
         console.print(_summary_line(summary), highlight=False)
     for line in _goodput_lines(summary):
         console.print(line, highlight=False)
+    console.print(_checkpoint_line(job, checkpoints, removed), highlight=False)
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
         table.add_column(col, overflow="fold")
@@ -346,6 +369,29 @@ def describe(
     for e in events[-30:]:
         etable.add_row(e["ts"][11:19], e["kind"], escape(e["message"]))
     console.print(etable)
+
+
+def retention_policy_text(checkpoint: dict[str, Any]) -> str:
+    """``keep last 3, best 1 by eval_loss (min), every 1000``: a spec's retention policy."""
+    parts = [f"last {checkpoint.get('keep', 3)}"]
+    best = checkpoint.get("keep_best")
+    if best:
+        parts.append(f"best {best.get('count', 1)} by {best['metric']} ({best.get('mode', 'min')})")
+    if checkpoint.get("keep_every"):
+        parts.append(f"every {checkpoint['keep_every']}")
+    return "keep " + ", ".join(parts) + "; never the newest or a registered one"
+
+
+def _checkpoint_line(
+    job: dict[str, Any], checkpoints: list[dict[str, Any]], removed: list[dict[str, Any]]
+) -> str:
+    """The checkpoints kept, the retention policy and what it deleted."""
+    steps = ", ".join(str(c["step"]) for c in checkpoints) or "none yet"
+    policy = retention_policy_text(job["spec"].get("checkpoint") or {})
+    gone = ", ".join(str(r["step"]) for r in removed[-20:])
+    more = f"{len(removed) - 20} more and " if len(removed) > 20 else ""
+    deleted = f"deleted step {more}{gone}" if removed else "deleted nothing yet"
+    return f"checkpoints: {steps}; retention ({policy}): {deleted}"
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

@@ -128,7 +128,7 @@ def render(
                 "TYARD_ATTEMPT": str(attempt),
                 "TYARD_SERVER_URL": "<the server's report URL>",
                 "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
-                "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+                "TYARD_CHECKPOINT_KEEP": "0",  # the control plane applies retention
             },
             placement={n: [] for n in node or []},
             attempt_key=key,

@@ -1,4 +1,4 @@
-"""`tyard models list|show|register|alias|tag|lineage|export|import`: the model registry.
+"""`tyard models list|show|register|alias|tag|lineage|export|import|gc`: the model registry.
 
 Artifact bytes go straight to the artifact store (the control plane names it; ``--store``
 overrides), never through the API; the registration itself is one API call.
@@ -383,6 +383,49 @@ def import_hf(
     print_json(version) if json_out else console.print(
         f"imported as {team}/{model}:{version['version']}"
     )
+
+
+@models_app.command("gc")
+def gc_cmd(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what a pass would free; change nothing.")
+    ] = False,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Garbage-collect the artifact store (platform admins): keep every registered version's
+    chunks, free chunks unreferenced for a whole grace period. Safe while uploads run; a chunk
+    found unreferenced now is freed by a pass after the grace period (`tyard server
+    --artifact-gc-grace`, default 1 h), unless an upload uses it again."""
+    with user_errors(), client_for(server, token) as c:
+        if not json_out:
+            err_console.print("collecting garbage in the artifact store...")
+        result = c.gc_artifacts(dry_run=dry_run)
+    if json_out:
+        print_json(result)
+        return
+    verb = "would free" if dry_run else "freed"
+    console.print(
+        f"kept {result['chunks_kept']} chunks ({_size(result['bytes_kept'])}); {verb} "
+        f"{result['chunks_freed']} chunks ({_size(result['bytes_freed'])}) and "
+        f"{result['manifests_deleted']} manifests"
+    )
+    console.print(
+        f"{result['chunks_waiting']} unreferenced chunks wait out the {result['grace_s']:g}s "
+        f"grace period ({result['chunks_condemned']} newly found); "
+        f"{result['leases_expired']} lapsed upload leases"
+        + (" (dry run: nothing changed)" if dry_run else "")
+    )
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
 
 
 def register(app: typer.Typer) -> None:

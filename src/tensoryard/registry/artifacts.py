@@ -174,11 +174,22 @@ class PushResult:
 
 @dataclass(frozen=True)
 class GcResult:
+    """What one GC pass did (or, with ``dry_run``, would do)."""
+
     chunks_deleted: int
+    """Chunks freed: unreferenced for a whole grace period."""
     bytes_deleted: int
     chunks_condemned: int
+    """Chunks newly found unreferenced; a pass at least ``gc_grace_s`` later frees them."""
     manifests_deleted: int
     leases_expired: int
+    chunks_kept: int = 0
+    """Chunks referenced by a kept or young manifest or by an unexpired upload lease."""
+    bytes_kept: int = 0
+    chunks_waiting: int = 0
+    """Condemned chunks still inside their grace period after this pass (newly condemned
+    included)."""
+    dry_run: bool = False
 
 
 @dataclass
@@ -398,42 +409,62 @@ class ArtifactStore:
 
     # -- garbage collection -----------------------------------------------------------------
 
-    def gc(self, keep: Iterable[str]) -> GcResult:
-        """One GC pass keeping the manifests ``keep`` (and everything young or leased)."""
+    def gc(self, keep: Iterable[str], *, dry_run: bool = False) -> GcResult:
+        """One GC pass keeping the manifests ``keep`` (and everything young or leased).
+
+        ``dry_run`` counts what the pass would delete and condemn and changes nothing (no
+        manifest, chunk, lease or condemned list is touched)."""
         now = self._clock()
         grace = timedelta(seconds=self.config.gc_grace_s)
         keep_set = set(keep)
-        referenced, leases_expired = self._leased_chunks(now)
+        referenced, leases_expired = self._leased_chunks(now, dry_run=dry_run)
         manifests_deleted = 0
         for blob in list(self.blobs.list("manifests/")):
             digest = blob.key.rsplit("/", 1)[-1].removesuffix(".json")
             if digest in keep_set or blob.modified > now - grace:
                 referenced |= Manifest.parse(self.blobs.get(blob.key), digest).chunk_hashes()
             else:
-                self.blobs.delete(blob.key)
+                if not dry_run:
+                    self.blobs.delete(blob.key)
                 manifests_deleted += 1
         condemned = self._condemned_times()
         still: dict[str, tuple[datetime, datetime]] = {}
-        deleted = deleted_bytes = newly = 0
+        deleted = deleted_bytes = newly = kept = kept_bytes = 0
         for blob in list(self.blobs.list("chunks/")):
             digest = blob.key.rsplit("/", 1)[-1]
-            if digest in referenced or len(digest) != _HASH_LEN:
+            if len(digest) != _HASH_LEN:
+                continue
+            if digest in referenced:
+                kept += 1
+                kept_bytes += blob.size
                 continue
             since, seen_modified = condemned.get(digest, (None, None))
             if since is None or blob.modified != seen_modified:
                 still[digest] = (now, blob.modified)  # newly unreferenced, or rewritten
                 newly += 1
             elif now - since >= grace:
-                self.blobs.delete(blob.key)
+                if not dry_run:
+                    self.blobs.delete(blob.key)
                 deleted += 1
                 deleted_bytes += blob.size
             else:
                 still[digest] = (since, seen_modified)
-        body = {h: [t.isoformat(), m.isoformat()] for h, (t, m) in sorted(still.items())}
-        self.blobs.put(CONDEMNED_KEY, _dumps(body))
-        return GcResult(deleted, deleted_bytes, newly, manifests_deleted, leases_expired)
+        if not dry_run:
+            body = {h: [t.isoformat(), m.isoformat()] for h, (t, m) in sorted(still.items())}
+            self.blobs.put(CONDEMNED_KEY, _dumps(body))
+        return GcResult(
+            deleted,
+            deleted_bytes,
+            newly,
+            manifests_deleted,
+            leases_expired,
+            chunks_kept=kept,
+            bytes_kept=kept_bytes,
+            chunks_waiting=len(still),
+            dry_run=dry_run,
+        )
 
-    def _leased_chunks(self, now: datetime) -> tuple[set[str], int]:
+    def _leased_chunks(self, now: datetime, *, dry_run: bool = False) -> tuple[set[str], int]:
         claims: set[str] = set()
         expired = 0
         for blob in list(self.blobs.list("leases/")):
@@ -443,7 +474,8 @@ class ArtifactStore:
             except (DataError, ValueError, KeyError):
                 continue  # vanished (the upload finished) or being rewritten: skip
             if expires < now:
-                self.blobs.delete(blob.key)
+                if not dry_run:
+                    self.blobs.delete(blob.key)
                 expired += 1
             else:
                 claims.update(body.get("claims", []))

@@ -8,7 +8,6 @@ and all together, so a version is never half-registered.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ from blake3 import blake3
 
 from tensoryard.errors import DataError, FieldIssue, NotFound, SpecError
 from tensoryard.registry.artifacts import ArtifactStore, GcResult
-from tensoryard.registry.retention import RetentionPlan, RetentionPolicy, plan_retention
+from tensoryard.registry.pruning import CheckpointPruner
+from tensoryard.registry.retention import RetentionPlan, RetentionPolicy
 from tensoryard.store import AuditContext, ModelVersionRecord, Store
 
 __all__ = ["ModelRegistry", "data_manifest_hash", "detect_format", "lineage_from_spec"]
@@ -148,35 +148,15 @@ class ModelRegistry:
         """Delete the job's checkpoints the policy does not keep (rows, then directories).
 
         Steps promoted to a model version and the newest checkpoint are always kept. The rows
-        go first, in one transaction, so the database never points at a deleted directory; a
-        crash before the directories are removed leaves only unreferenced files behind."""
-        checkpoints = self.store.list_checkpoints(job_id)
-        metrics: dict[int, dict[str, float]] = {}
-        for row in self.store.list_metrics(job_id):
-            metrics.setdefault(row.step, {}).update(row.values)
-        pinned = {
-            v.checkpoint_step
-            for v in self.store.find_versions(job_id=job_id)
-            if v.checkpoint_step is not None
-        }
-        plan = plan_retention(checkpoints, metrics, policy, pinned=pinned)
-        if dry_run or not plan.delete:
-            return plan
-        self.store.forget_checkpoints(job_id, [(c.step, c.path) for c in plan.delete])
-        kept_paths = {Path(c.path) for c in plan.keep}
-        for ckpt in plan.delete:
-            path = Path(ckpt.path)
-            if path in kept_paths:
-                continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        return plan
+        go first, in one transaction with a removal intent for each, so the database never
+        points at a deleted directory and a crash before the directories are removed is
+        finished by `CheckpointPruner.finish_pending` (see registry/pruning.py)."""
+        return CheckpointPruner(self.store).apply(job_id, policy, dry_run=dry_run).plan
 
-    def gc(self) -> GcResult:
-        """One artifact GC pass keeping everything a registered version references."""
-        return self.artifacts.gc(keep=self.store.registry_artifacts())
+    def gc(self, *, dry_run: bool = False) -> GcResult:
+        """One artifact GC pass keeping everything a registered version references
+        (``dry_run``: count only, change nothing)."""
+        return self.artifacts.gc(keep=self.store.registry_artifacts(), dry_run=dry_run)
 
     def _checkpoint(self, job_id: int, step: int | None) -> Any:
         checkpoints = self.store.list_checkpoints(job_id)

@@ -292,6 +292,11 @@ class _Save:
 class Checkpointer:
     """Saves and resumes training state; every `interval` steps, keeping the last `keep`.
 
+    ``keep=0`` never deletes a checkpoint: the control plane sets it for every job it
+    launches and applies the job's retention policy itself when a checkpoint is reported
+    (keep last N, best by a metric, every K steps, never the newest or a promoted one; see
+    docs/artifacts.md). A standalone run keeps pruning to the last `keep` here.
+
     Defaults come from TYARD_CHECKPOINT_DIR (else $TYARD_RUN_DIR/checkpoints),
     TYARD_CHECKPOINT_INTERVAL, TYARD_CHECKPOINT_KEEP, TYARD_CHECKPOINT_LAYOUT (auto, full or
     sharded; default auto) and TYARD_CHECKPOINT_ASYNC (1 to save in the background).
@@ -315,11 +320,12 @@ class Checkpointer:
         if interval is None:
             interval = env_int(env, "TYARD_CHECKPOINT_INTERVAL", 50, minimum=1)
         if keep is None:
-            keep = env_int(env, "TYARD_CHECKPOINT_KEEP", 3, minimum=1)
+            keep = env_int(env, "TYARD_CHECKPOINT_KEEP", 3, minimum=0)
         self.interval, self.keep = interval, keep
-        if self.interval < 1 or self.keep < 1:
+        if self.interval < 1 or self.keep < 0:
             raise RuntimeSetupError(
-                f"checkpoint interval={self.interval} keep={self.keep}: both must be >= 1"
+                f"checkpoint interval={self.interval} keep={self.keep}: interval must be >= 1 "
+                "and keep >= 0 (0: never delete; the control plane applies retention)"
             )
         self.layout: LayoutChoice = layout if layout is not None else _env_layout(env)
         if self.layout not in LAYOUT_CHOICES:
@@ -577,6 +583,8 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
     def _prune(self, *, keep_step: int) -> None:
+        if self.keep == 0:  # the control plane applies the job's retention policy
+            return
         for index, (step, path) in enumerate(_step_dirs(self.dir)):
             if index >= self.keep and step != keep_step:
                 shutil.rmtree(path, ignore_errors=True)

@@ -57,6 +57,7 @@ class Action(StrEnum):
     MODEL_WRITE = "model.write"
     NODE_READ = "node.read"
     NODE_MANAGE = "node.manage"
+    ARTIFACT_GC = "artifact.gc"
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ RULES: dict[Action, Rule] = {
     Action.MODEL_WRITE: Rule("write", "register versions and move aliases", role="member"),
     Action.NODE_READ: Rule("read", "list nodes and their history", anyone=True),
     Action.NODE_MANAGE: Rule("admin", "cordon, drain or uncordon nodes and report node health"),
+    Action.ARTIFACT_GC: Rule("admin", "garbage-collect the artifact store"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,13 +27,16 @@ from tensoryard.errors import (
     RateLimited,
     SpecError,
     StoreError,
+    TensoryardError,
     Unauthenticated,
 )
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.pruning import CheckpointPruner
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
+from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
@@ -45,6 +49,7 @@ from tensoryard.server.schemas import (
     BatchSubmitIn,
     BatchSubmitOut,
     CheckpointOut,
+    CheckpointRemovalOut,
     ErrorOut,
     EventOut,
     JobListOut,
@@ -66,6 +71,8 @@ from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, Store
 
 __all__ = ["PUBLIC_PATHS", "create_app"]
+
+log = logging.getLogger("tensoryard.api")
 
 API = "/api/v1"
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -279,6 +286,14 @@ def create_app(
         visible_job(request, who, job_id)
         return [CheckpointOut.model_validate(c) for c in store.list_checkpoints(job_id)]
 
+    @app.get(f"{API}/jobs/{{job_id}}/checkpoint-removals", tags=["jobs"])
+    def checkpoint_removals(
+        job_id: JobId, request: Request, who: Principal = Depends(guard.user)
+    ) -> list[CheckpointRemovalOut]:
+        """The job's checkpoints that its retention policy removed, by step."""
+        visible_job(request, who, job_id)
+        return [CheckpointRemovalOut.model_validate(r) for r in store.checkpoint_removals(job_id)]
+
     @app.get(f"{API}/jobs/{{job_id}}/summary", tags=["jobs"])
     def summary(
         job_id: JobId, request: Request, who: Principal = Depends(guard.user)
@@ -325,13 +340,10 @@ def create_app(
         job = store.get_job(job_id)
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
-        known = (
-            {(c.step, c.path) for c in store.list_checkpoints(job_id)}
-            if body.checkpoints
-            else set()
-        )
+        known = _known_checkpoints(store, job_id, body) if body.checkpoints else set()
+        added = 0
         for c in body.checkpoints:
-            if (c.step, c.path) in known:  # a re-sent report: stored already
+            if (c.step, c.path) in known:  # a re-sent report: stored (or retired) already
                 continue
             store.add_checkpoint(
                 job_id, body.attempt, step=c.step, path=c.path, ts=c.ts, size_bytes=c.size_bytes
@@ -339,6 +351,9 @@ def create_app(
             store.add_event(
                 job_id, "checkpoint", f"checkpoint at step {c.step}", attempt=body.attempt
             )
+            added += 1
+        if added:
+            _apply_retention(store, job)
         if body.resumed_from_step is not None:
             store.update_attempt(job_id, body.attempt, resumed_from_step=body.resumed_from_step)
         if body.timings is not None:
@@ -505,6 +520,23 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
             f"a job may not post events of kind {', '.join(bad)}; allowed: "
             f"{', '.join(sorted(JOB_EVENT_KINDS))} (the control plane writes the others)"
         )
+
+
+def _known_checkpoints(store: Store, job_id: int, body: ReportIn) -> set[tuple[int, str]]:
+    """(step, path) of the job's checkpoints, stored or already removed by retention."""
+    stored = {(c.step, c.path) for c in store.list_checkpoints(job_id)}
+    steps = [c.step for c in body.checkpoints]
+    return stored | store.removed_checkpoint_keys(job_id, steps)
+
+
+def _apply_retention(store: Store, job: JobRecord) -> None:
+    """The job's retention policy, after a new checkpoint; a failure never fails the report
+    (the next checkpoint, or the next start of the control loop, finishes the work)."""
+    try:
+        pruner = CheckpointPruner(store, after_rows=lambda: crashpoint("retention.after_rows"))
+        pruner.apply_to_job(job)
+    except TensoryardError as exc:
+        log.warning("job %s: retention failed, retried at the next checkpoint: %s", job.id, exc)
 
 
 def _log_path(executor: Executor, job: JobRecord, attempt: Any, rank: int) -> Path:

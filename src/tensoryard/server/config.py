@@ -104,6 +104,9 @@ class ServerConfig:
     artifacts_url: str | None = None
     """Where model artifacts live: a directory or fsspec URL, or s3://bucket/prefix; None
     means `home/artifacts`. Clients push there directly (`GET /api/v1/artifacts` names it)."""
+    artifact_gc_grace_s: float = 3600.0
+    """Artifact GC frees a chunk only after it stayed unreferenced this long; it must exceed
+    the time one upload batch takes (`tyard models gc`)."""
     webhooks: tuple[WebhookConfig, ...] = ()
     """Receivers of model-registry events (HMAC-signed POSTs, retried with backoff)."""
 

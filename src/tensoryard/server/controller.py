@@ -38,6 +38,7 @@ from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, Ten
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
 from tensoryard.observability.nccl import nccl_debug_env
 from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry.pruning import CheckpointPruner, checkpoint_root
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
@@ -297,6 +298,7 @@ class Controller:
         self._nodes_read = float("-inf")
         self.store.register_nodes(n.name for n in self.capacity())
         self._load_scheduler_state()
+        self._finish_checkpoint_removals()
         for job, attempt in self.store.stray_attempts():
             self._guarded(job.id, self._close_stray, job, attempt)
         self._refresh()
@@ -315,6 +317,16 @@ class Controller:
                     f"{current.state}: re-attaching",
                     attempt=current.number,
                 )
+
+    def _finish_checkpoint_removals(self) -> None:
+        """Delete the checkpoint directories retention had retired when a crash stopped it."""
+        try:
+            finished = CheckpointPruner(self.store).finish_pending()
+        except TensoryardError as exc:  # retried at the next recovery; never blocks the loop
+            log.warning("retention: cannot finish pending checkpoint removals: %s", exc)
+            return
+        if finished:
+            log.info("retention: finished %d checkpoint removals a restart interrupted", finished)
 
     def _close_stray(self, job: JobRecord, attempt: AttemptRecord) -> None:
         killed = 0
@@ -954,7 +966,7 @@ class Controller:
 
     def _request(self, job: JobRecord, spec: JobSpec, number: int, key: str) -> LaunchRequest:
         run_dir = Path(job.run_dir)
-        ckpt_dir = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
+        ckpt_dir = checkpoint_root(run_dir, spec.checkpoint.dir)
         env = {
             "TYARD_JOB_ID": str(job.id),
             "TYARD_ATTEMPT": str(number),
@@ -963,7 +975,9 @@ class Controller:
             "TYARD_CHECKPOINT_INTERVAL": str(self._checkpoint_interval(job, spec, number)),
             "TYARD_CHECKPOINT_ASYNC": "1" if spec.checkpoint.async_save else "0",
             "TYARD_CHECKPOINT_LAYOUT": spec.checkpoint.layout,
-            "TYARD_CHECKPOINT_KEEP": str(spec.checkpoint.keep),
+            # 0: the runtime deletes nothing; the control plane applies the job's retention
+            # policy when a checkpoint is reported (registry/pruning.py)
+            "TYARD_CHECKPOINT_KEEP": "0",
             "TYARD_SERVER_URL": self.config.report_url,
             "TYARD_JOB_TOKEN": derive_job_token(self.job_key, key),
         }

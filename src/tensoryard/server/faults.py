@@ -25,6 +25,7 @@ POINTS = (
     "finish.after",  # attempt end and job move committed, token not yet revoked
     "preempt.after_signal",  # victim signalled, its reason recorded
     "schedule.after_admit",  # a job admitted, not yet launched
+    "retention.after_rows",  # checkpoint rows retired with removal intents, directories still there
 )
 
 _target: tuple[str, int] | None = None

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.base import Executor
-from tensoryard.registry import ArtifactStore, open_blobs
+from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
 from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
@@ -54,7 +54,10 @@ class ControlPlane:
             executor=self.executor,
             runs_dir=self.config.runs_dir,
             secrets=self.controller.secrets,
-            artifacts=ArtifactStore(open_blobs(self.config.artifact_store_url)),
+            artifacts=ArtifactStore(
+                open_blobs(self.config.artifact_store_url),
+                config=ArtifactConfig(gc_grace_s=self.config.artifact_gc_grace_s),
+            ),
             webhooks=WebhookNotifier(self.config.webhooks) if self.config.webhooks else None,
             registry=self.registry,
             kick=self.controller.kick,

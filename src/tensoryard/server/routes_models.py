@@ -116,6 +116,27 @@ class ArtifactsOut(BaseModel):
     url: str = Field(description="The artifact store clients push to before registering.")
 
 
+class GcOut(BaseModel):
+    """One artifact GC pass (registry/artifacts.py): what it kept and freed."""
+
+    dry_run: bool = Field(description="True: counted only, nothing was changed.")
+    chunks_kept: int = Field(
+        description="Chunks a registered version, a young manifest or a "
+        "running upload still references."
+    )
+    bytes_kept: int
+    chunks_freed: int = Field(description="Chunks deleted: unreferenced for a grace period.")
+    bytes_freed: int
+    chunks_condemned: int = Field(description="Chunks newly found unreferenced.")
+    chunks_waiting: int = Field(
+        description="Unreferenced chunks inside their grace period; "
+        "a pass after it frees them unless an upload uses them again."
+    )
+    manifests_deleted: int
+    leases_expired: int = Field(description="Upload leases that had lapsed (crashed uploads).")
+    grace_s: float = Field(description="The grace period between condemning and freeing.")
+
+
 def add_model_routes(
     app: FastAPI,
     *,
@@ -142,6 +163,33 @@ def add_model_routes(
     def artifacts(request: Request, who: Principal = Depends(guard.user)) -> ArtifactsOut:
         """Where to push artifacts before registering them (any signed-in user)."""
         return ArtifactsOut(url=registry.artifacts.blobs.url)
+
+    @app.post(f"{prefix}/artifacts/gc", tags=tags)
+    def gc_artifacts(
+        request: Request, dry_run: bool = False, who: Principal = Depends(guard.user)
+    ) -> GcOut:
+        """One garbage-collection pass over the artifact store, keeping every registered
+        version's artifact (platform admins). Safe while uploads run: a chunk is freed only
+        after staying unreferenced for the grace period, and never while an upload claims it."""
+        guard.check(request, who, Action.ARTIFACT_GC, obj="artifacts")
+        result = registry.gc(dry_run=dry_run)
+        if not dry_run:
+            detail = f"freed {result.chunks_deleted} chunks ({result.bytes_deleted} bytes)"
+            store.record_audit(
+                guard.context(request, who), str(Action.ARTIFACT_GC), "artifacts", detail=detail
+            )
+        return GcOut(
+            dry_run=dry_run,
+            chunks_kept=result.chunks_kept,
+            bytes_kept=result.bytes_kept,
+            chunks_freed=result.chunks_deleted,
+            bytes_freed=result.bytes_deleted,
+            chunks_condemned=result.chunks_condemned,
+            chunks_waiting=result.chunks_waiting,
+            manifests_deleted=result.manifests_deleted,
+            leases_expired=result.leases_expired,
+            grace_s=registry.artifacts.config.gc_grace_s,
+        )
 
     @app.get(f"{prefix}/models", tags=tags)
     def list_models(

@@ -17,6 +17,7 @@ __all__ = [
     "BatchSubmitIn",
     "BatchSubmitOut",
     "CheckpointOut",
+    "CheckpointRemovalOut",
     "ErrorOut",
     "EventOut",
     "JobListOut",
@@ -167,6 +168,20 @@ class CheckpointOut(_FromRecord):
     path: str
     ts: float
     size_bytes: int | None
+
+
+class CheckpointRemovalOut(_FromRecord):
+    """A checkpoint the job's retention policy removed (docs/artifacts.md)."""
+
+    step: int
+    path: str
+    size_bytes: int | None
+    delete_files: bool = Field(
+        description="False: the path was outside the job's checkpoint directory; only its row "
+        "was removed, the files were left."
+    )
+    retired_at: datetime
+    removed_at: datetime | None = Field(description="When its files were gone; None: pending.")
 
 
 class TeamIn(BaseModel):

@@ -10,6 +10,7 @@ from tensoryard.spec.cluster import (
 from tensoryard.spec.job import (
     CheckpointSpec,
     JobSpec,
+    KeepBestSpec,
     ResourcesSpec,
     RestartPolicy,
     SchedulingSpec,
@@ -29,6 +30,7 @@ __all__ = [
     "ClusterSpec",
     "CohortSpec",
     "JobSpec",
+    "KeepBestSpec",
     "NodeGroupSpec",
     "NodeInfo",
     "QueueSpec",

@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointSpec",
     "HealthSpec",
     "JobSpec",
+    "KeepBestSpec",
     "ResourcesSpec",
     "RestartPolicy",
     "SchedulingSpec",
@@ -32,6 +33,7 @@ __all__ = [
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+METRIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$"
 
 # Sanity ceilings: beyond these a value is a typo, not a request.
 MAX_NODES = 4096
@@ -88,14 +90,60 @@ class ResourcesSpec(StrictModel):
         return self.nodes * self.gpus_per_node
 
 
+def _keep_best_mapping(value: Any) -> Any:
+    if isinstance(value, str | int | float | list):
+        raise ValueError(
+            f"{value!r} is not a mapping (fix: keep_best: {{metric: eval_loss, mode: min, "
+            "count: 1})"
+        )
+    return value
+
+
+class KeepBestSpec(StrictModel):
+    """Keep the `count` best checkpoints by a metric the job reports at the checkpoint's step."""
+
+    metric: str = Field(
+        ..., description="A metric the job reports at its checkpoint steps, like eval_loss."
+    )
+    mode: Literal["min", "max"] = Field(
+        "min", description="min: lower is better (a loss); max: higher is better (accuracy)."
+    )
+    count: int = Field(1, ge=1, le=1000, description="How many of the best to keep.")
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_name(cls, value: str) -> str:
+        if not re.match(METRIC_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a metric name (fix: the name the job reports, like "
+                "eval_loss: letters, digits, '_', '.', '/' or '-', at most 128)"
+            )
+        return value
+
+
 class CheckpointSpec(StrictModel):
-    """Where the job keeps checkpoints and how often the runtime writes one."""
+    """Where the job keeps checkpoints, how often the runtime writes one and which to keep.
+
+    Retention: a checkpoint kept by any of `keep`, `keep_best` and `keep_every` stays; the
+    newest one and any promoted to a model version always stay. The control plane applies it
+    whenever the job reports a checkpoint (docs/artifacts.md)."""
 
     dir: str | None = Field(
         None, description="Checkpoint directory; defaults to the job's run directory."
     )
     interval: int = Field(50, ge=1, le=10_000_000, description="Write a checkpoint every N steps.")
     keep: int = Field(3, ge=1, le=1000, description="Keep the last K checkpoints.")
+    keep_best: Annotated[KeepBestSpec | None, BeforeValidator(_keep_best_mapping)] = Field(
+        None,
+        description="Also keep the best checkpoints by a metric, like "
+        "{metric: eval_loss, mode: min, count: 1}.",
+    )
+    keep_every: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="Also keep every checkpoint whose step is a multiple of this, like 1000.",
+    )
     auto_interval: bool = Field(
         False,
         description="On each restart, use the Young/Daly interval computed from the failures "

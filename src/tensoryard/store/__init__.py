@@ -6,6 +6,7 @@ default; any ``postgresql+psycopg://`` URL works in production.
 """
 
 from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
+from tensoryard.store._retention import CheckpointRemovalRecord, Retirement
 from tensoryard.store.records import (
     TEAM_ROLES,
     TOKEN_SCOPES,
@@ -39,6 +40,7 @@ __all__ = [
     "AuditContext",
     "AuditRecord",
     "CheckpointRecord",
+    "CheckpointRemovalRecord",
     "EventRecord",
     "IssuedToken",
     "JobPage",
@@ -51,6 +53,7 @@ __all__ = [
     "NodeEventRecord",
     "NodeRecord",
     "PipelineRecord",
+    "Retirement",
     "StepProgress",
     "StepRecord",
     "Store",

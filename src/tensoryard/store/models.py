@@ -37,6 +37,7 @@ __all__ = [
     "AuditEntry",
     "Base",
     "Checkpoint",
+    "CheckpointRemoval",
     "Deployment",
     "DeploymentReplica",
     "Event",
@@ -234,6 +235,24 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     ts: Mapped[float] = mapped_column(Float)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class CheckpointRemoval(Base):
+    """A checkpoint that retention deleted: written in the transaction that deletes its
+    `checkpoints` row (the intent); `removed_at` is set once its files are gone, so a restart
+    finishes a removal a crash interrupted, and a re-sent report cannot bring the row back."""
+
+    __tablename__ = "checkpoint_removals"
+    __table_args__ = (UniqueConstraint("job_id", "step", "path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    delete_files: Mapped[bool] = mapped_column(Boolean)
+    retired_at: Mapped[datetime]
+    removed_at: Mapped[datetime | None]
 
 
 class JobToken(Base):

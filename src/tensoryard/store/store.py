@@ -32,6 +32,7 @@ from tensoryard.store._inputs import JOB_FIELDS
 from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
+from tensoryard.store._retention import RetentionMixin
 from tensoryard.store._serving import ServingMixin
 from tensoryard.store.models import (
     Attempt,
@@ -75,7 +76,7 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, PipelineMixin, RegistryMixin, NodesMixin, ServingMixin):
+class Store(IdentityMixin, PipelineMixin, RegistryMixin, RetentionMixin, NodesMixin, ServingMixin):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then

@@ -186,6 +186,29 @@ def test_gc_deletes_unreferenced_chunks_only_after_the_grace_period(tmp_path: Pa
         store.manifest(dropped.digest)
 
 
+def test_a_gc_dry_run_counts_what_a_pass_would_do_and_changes_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    store = _store(tmp_path / "store", clock, gc_grace_s=60)
+    _random(tmp_path / "a" / "w.bin", 300_000, 8)
+    _random(tmp_path / "b" / "w.bin", 200_000, 9)
+    kept = store.push(tmp_path / "a").manifest
+    dropped = store.push(tmp_path / "b").manifest
+    clock.advance(3600)
+    store.gc(keep=[kept.digest])  # condemns b's chunks
+    clock.advance(120)  # they are due now
+    before = set(_chunk_files(tmp_path / "store"))
+
+    dry = store.gc(keep=[kept.digest], dry_run=True)
+
+    assert dry.dry_run and dry.chunks_deleted == len(dropped.chunk_hashes())
+    assert dry.bytes_deleted >= 200_000
+    assert dry.chunks_kept == len(kept.chunk_hashes()) and dry.bytes_kept >= 300_000
+    assert set(_chunk_files(tmp_path / "store")) == before  # nothing deleted
+    real = store.gc(keep=[kept.digest])
+    assert (real.chunks_deleted, real.bytes_deleted) == (dry.chunks_deleted, dry.bytes_deleted)
+    assert set(_chunk_files(tmp_path / "store")) == kept.chunk_hashes()
+
+
 def test_gc_running_during_an_upload_never_deletes_what_the_upload_relies_on(
     tmp_path: Path,
 ) -> None:

@@ -103,6 +103,18 @@ def test_only_the_last_k_checkpoints_are_kept(tmp_path: Path) -> None:
     assert [c.step for c in ckpt.checkpoints()] == [40, 30]
 
 
+def test_keep_zero_leaves_every_checkpoint_to_the_control_planes_retention(
+    tmp_path: Path,
+) -> None:
+    model, opt = make_model()
+    ckpt = Checkpointer(env={"TYARD_CHECKPOINT_DIR": str(tmp_path), "TYARD_CHECKPOINT_KEEP": "0"})
+    for step in (10, 20, 30, 40):
+        ckpt.save(step, model, opt)
+    assert ckpt.keep == 0
+    assert step_dirs(tmp_path) == [f"step-0000000{s}" for s in (10, 20, 30, 40)]
+    assert ckpt.load_latest(model, opt) == 40
+
+
 @pytest.mark.parametrize(
     ("interval", "step", "expected"),
     [(5, 5, True), (5, 10, True), (5, 4, False), (5, 0, False), (1, 1, True)],
@@ -266,12 +278,12 @@ def test_defaults_come_from_the_contract_environment(tmp_path: Path) -> None:
     ("env", "message"),
     [
         ({"TYARD_CHECKPOINT_DIR": "/x", "TYARD_CHECKPOINT_INTERVAL": "often"}, "INTERVAL"),
-        ({"TYARD_CHECKPOINT_DIR": "/x", "TYARD_CHECKPOINT_KEEP": "0"}, "TYARD_CHECKPOINT_KEEP"),
+        ({"TYARD_CHECKPOINT_DIR": "/x", "TYARD_CHECKPOINT_KEEP": "-1"}, "TYARD_CHECKPOINT_KEEP"),
         ({}, "TYARD_CHECKPOINT_DIR"),
     ],
     ids=[
         "a non-numeric interval names the variable",
-        "keeping zero checkpoints names the variable",
+        "keeping a negative number of checkpoints names the variable",
         "no directory at all says how to set one",
     ],
 )

@@ -75,6 +75,24 @@ BAD_CASES = [
         "one process per GPU",
     ),
     (with_(launcher="python", resources__processes_per_node=2), "", "launcher: torchrun"),
+    (with_(checkpoint__keep_best="eval_loss"), "checkpoint.keep_best", "{metric: eval_loss"),
+    (with_(checkpoint__keep_best={"mode": "min"}), "checkpoint.keep_best.metric", "add this"),
+    (
+        with_(checkpoint__keep_best={"metric": "eval loss"}),
+        "checkpoint.keep_best.metric",
+        "the name the job reports",
+    ),
+    (
+        with_(checkpoint__keep_best={"metric": "acc", "mode": "up"}),
+        "checkpoint.keep_best.mode",
+        "allowed values",
+    ),
+    (
+        with_(checkpoint__keep_best={"metric": "acc", "count": 0}),
+        "checkpoint.keep_best.count",
+        "larger value",
+    ),
+    (with_(checkpoint__keep_every=0), "checkpoint.keep_every", "larger value"),
 ]
 
 
@@ -97,6 +115,12 @@ BAD_CASES = [
         "an unreadable duration is rejected",
         "three processes on eight GPUs is rejected",
         "the python launcher with two processes is rejected",
+        "keep_best as a bare metric name says to give a mapping",
+        "keep_best without a metric is rejected",
+        "a keep_best metric with a space is rejected",
+        "a keep_best mode other than min or max is rejected",
+        "keeping the zero best is rejected",
+        "keep_every zero is rejected",
     ],
 )
 def test_bad_specs_name_the_field_and_the_fix(data: dict[str, Any], path: str, fix: str) -> None:
@@ -105,6 +129,24 @@ def test_bad_specs_name_the_field_and_the_fix(data: dict[str, Any], path: str, f
     issues = info.value.issues
     assert any(i.path == path for i in issues), [i.path for i in issues]
     assert fix in str(info.value)
+
+
+def test_retention_settings_are_read_next_to_keep() -> None:
+    spec = parse_job_spec(
+        with_(
+            checkpoint__keep=2,
+            checkpoint__keep_best={"metric": "eval_loss"},
+            checkpoint__keep_every=1000,
+        )
+    )
+    assert spec.checkpoint.keep == 2
+    assert spec.checkpoint.keep_best is not None
+    assert (spec.checkpoint.keep_best.metric, spec.checkpoint.keep_best.mode) == (
+        "eval_loss",
+        "min",
+    )
+    assert spec.checkpoint.keep_best.count == 1
+    assert spec.checkpoint.keep_every == 1000
 
 
 def test_a_spec_that_is_not_a_mapping_is_rejected() -> None:
