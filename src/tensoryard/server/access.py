@@ -57,6 +57,8 @@ class Action(StrEnum):
     MODEL_WRITE = "model.write"
     NODE_READ = "node.read"
     NODE_MANAGE = "node.manage"
+    WEBHOOK_READ = "webhook.read"
+    WEBHOOK_MANAGE = "webhook.manage"
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ RULES: dict[Action, Rule] = {
     Action.MODEL_WRITE: Rule("write", "register versions and move aliases", role="member"),
     Action.NODE_READ: Rule("read", "list nodes and their history", anyone=True),
     Action.NODE_MANAGE: Rule("admin", "cordon, drain or uncordon nodes and report node health"),
+    Action.WEBHOOK_READ: Rule("read", "list webhook deliveries"),
+    Action.WEBHOOK_MANAGE: Rule("write", "redeliver webhook deliveries"),
 }
 
 

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
-from tensoryard.registry.webhooks import WebhookNotifier
+from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
@@ -46,6 +46,7 @@ class ControlPlane:
     registry: CollectorRegistry
     fits: Callable[[JobSpec], None] = lambda spec: None
     serving: ServingPlane | None = None
+    webhooks: WebhookDispatcher | None = None
 
     def app(self) -> FastAPI:
         return create_app(
@@ -54,7 +55,7 @@ class ControlPlane:
             runs_dir=self.config.runs_dir,
             secrets=self.controller.secrets,
             artifacts=ArtifactStore(open_blobs(self.config.artifact_store_url)),
-            webhooks=WebhookNotifier(self.config.webhooks) if self.config.webhooks else None,
+            webhooks=self.webhooks,
             registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {
@@ -149,6 +150,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     registry.register(
         StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in capacity()))
     )
+    holder = f"{socket.gethostname()}:{config.port}:{config.home}"  # same after a restart
     controller = Controller(
         store=store,
         executor=executor,
@@ -156,16 +158,21 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         capacity=capacity,
         config=config,
         job_key=job_key,
-        holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
+        holder=holder,
         metrics=LoopMetrics(registry),
     )
+    # Routes events to the outbox even with no hook configured (then: none); started by
+    # run_server, so a plane built for a test or a one-off command sends nothing by itself.
+    webhooks = WebhookDispatcher(store, config.webhooks, owner=holder)
     serving = ServingPlane.build(
         store,
         registry,
         log_dir=config.home / "serving",
         artifacts=ArtifactStore(open_blobs(config.artifact_store_url)),
     )
-    return ControlPlane(config, store, executor, controller, token, registry, backend.fits, serving)
+    return ControlPlane(
+        config, store, executor, controller, token, registry, backend.fits, serving, webhooks
+    )
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -214,6 +221,8 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
     if plane.serving is not None:
         plane.serving.manager.start()  # re-attaches to or restarts replicas, then supervises
+    if plane.webhooks is not None:
+        plane.webhooks.start()  # sends what the outbox holds, from before a restart too
     server = uvicorn.Server(
         uvicorn.Config(
             plane.app(),
@@ -229,5 +238,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     finally:
         if plane.serving is not None:
             plane.serving.manager.stop()
+        if plane.webhooks is not None:
+            plane.webhooks.stop()
         plane.controller.stop()
         plane.store.close()

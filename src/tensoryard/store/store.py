@@ -33,6 +33,7 @@ from tensoryard.store._nodes import NodesMixin
 from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
 from tensoryard.store._serving import ServingMixin
+from tensoryard.store._webhooks import WebhookOutboxMixin
 from tensoryard.store.models import (
     Attempt,
     Checkpoint,
@@ -75,7 +76,9 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, PipelineMixin, RegistryMixin, NodesMixin, ServingMixin):
+class Store(
+    IdentityMixin, PipelineMixin, RegistryMixin, NodesMixin, ServingMixin, WebhookOutboxMixin
+):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then
