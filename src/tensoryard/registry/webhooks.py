@@ -172,6 +172,8 @@ class WebhookDispatcher:
         self.owner = owner
         self.poll_s = poll_s
         self.batch = batch
+        self.attempts = 0
+        """Attempts this dispatcher made (claimed rows), for logs and tests."""
         # a claim outlives the slowest POST of a batch, so it never lapses while we send
         self.lease_s = 30.0 + 2 * max((h.timeout_s for h in hooks), default=10.0) * (
             1 + batch // max(1, workers)
@@ -222,6 +224,7 @@ class WebhookDispatcher:
         rows = self.store.claim_webhook_deliveries(
             self.owner, limit=self.batch, lease_s=self.lease_s
         )
+        self.attempts += len(rows)
         for _ in self._pool.map(self._deliver, rows):
             pass
         return len(rows)
