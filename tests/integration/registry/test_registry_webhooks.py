@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from tensoryard.cli.main import app as cli
 from tensoryard.client import Client
 from tensoryard.errors import ClientError
 from tensoryard.registry import ArtifactStore, open_blobs
@@ -375,3 +378,51 @@ def test_an_event_not_yet_delivered_when_the_control_plane_is_killed_is_sent_aft
     # the attempt is counted when claimed, before the POST: a kill in between counts one more
     assert row.status == "delivered"
     assert len(receiver.requests) <= row.attempts <= len(receiver.requests) + 1
+
+
+def test_an_admin_lists_failed_deliveries_and_redelivers_one_from_the_cli(
+    receiver: Receiver, tmp_path: Path, migrated_sqlite_url: str
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    receiver.answers = [400]  # a bad answer: final, dead-lettered
+    hook = WebhookConfig(url=receiver.url, secret=SECRET)
+    config = ServerConfig(
+        home=tmp_path / "home", db_url=migrated_sqlite_url, port=port, webhooks=(hook,)
+    )
+    plane = build_control_plane(config)
+    assert plane.webhooks is not None
+    plane.store.ensure_team("nlp")
+    _register(plane.store)
+    plane.webhooks.start()  # sends it once: 400, dead-lettered
+    _wait("the dead letter", lambda: bool(plane.store.list_webhook_deliveries(status="failed")))
+    server = uvicorn.Server(uvicorn.Config(plane.app(), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait("uvicorn", lambda: server.started)
+    env = {"TYARD_SERVER": f"http://127.0.0.1:{port}", "TYARD_TOKEN": plane.admin_token}
+    try:
+        failed = CliRunner().invoke(
+            cli, ["models", "webhooks", "deliveries", "--failed", "--json"], env=env
+        )
+        wide = {**env, "COLUMNS": "250"}
+        table = CliRunner().invoke(cli, ["models", "webhooks", "deliveries"], env=wide)
+        row_id = json.loads(failed.stdout)[0]["id"]
+        again = CliRunner().invoke(cli, ["models", "webhooks", "redeliver", str(row_id)], env=env)
+        _wait("the redelivery", lambda: len(receiver.processed) == 1)
+        twice = CliRunner().invoke(cli, ["models", "webhooks", "redeliver", str(row_id)], env=env)
+        missing = CliRunner().invoke(cli, ["models", "webhooks", "redeliver", "999"], env=env)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        plane.webhooks.stop()
+        plane.store.close()
+
+    assert failed.exit_code == 0, failed.output
+    (dead,) = json.loads(failed.stdout)
+    assert (dead["status"], dead["last_status"], dead["attempts"]) == ("failed", 400, 1)
+    assert "HTTP 400 (not retried)" in table.stdout and "failed" in table.stdout
+    assert again.exit_code == 0 and "queued" in again.stdout, again.output
+    assert twice.exit_code != 0 and "was delivered" in twice.output
+    assert missing.exit_code != 0 and "does not exist" in missing.output
