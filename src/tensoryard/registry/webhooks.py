@@ -210,6 +210,7 @@ class WebhookDispatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the pass: a kick during it makes the next one start
             try:
                 sent = self.run_once()
             except Exception:  # the loop must outlive a database hiccup
@@ -217,7 +218,6 @@ class WebhookDispatcher:
                 sent = 0
             if sent < self.batch:  # a full batch: more may be due, go on at once
                 self._wake.wait(self.poll_s)
-            self._wake.clear()
 
     def run_once(self) -> int:
         """One pass: claim due rows, send them (concurrently), record outcomes; how many."""
