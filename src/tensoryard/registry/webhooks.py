@@ -34,10 +34,20 @@ from dataclasses import dataclass
 import httpx
 
 from tensoryard.errors import ConfigError
-from tensoryard.store import Store
-from tensoryard.store._webhooks import Outcome, WebhookDeliveryRecord
+from tensoryard.store import Store, WebhookDeliveryRecord
+from tensoryard.store._webhooks import Outcome
 
-__all__ = ["EVENTS", "Attempt", "WebhookConfig", "WebhookDispatcher", "backoff_s", "sign", "verify"]
+__all__ = [
+    "EVENTS",
+    "Attempt",
+    "WebhookConfig",
+    "WebhookDispatcher",
+    "backoff_s",
+    "body_of",
+    "post_once",
+    "sign",
+    "verify",
+]
 
 log = logging.getLogger("tensoryard.webhooks")
 EVENTS = (
