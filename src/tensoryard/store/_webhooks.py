@@ -173,9 +173,13 @@ class WebhookOutboxMixin:
             .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
             .limit(limit)
         )
+        with self._tx("find due webhook deliveries", write=False) as s:
+            candidates = list(s.scalars(due))
+        if not candidates:  # the common case: no write transaction (SQLite's lock) at all
+            return []
         claimed = []
         with self._tx("claim webhook deliveries", write=True) as s:
-            for row_id in list(s.scalars(due)):
+            for row_id in candidates:
                 result = s.execute(
                     update(WebhookDelivery)
                     .where(
