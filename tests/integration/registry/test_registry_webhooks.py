@@ -413,6 +413,7 @@ def test_an_admin_lists_failed_deliveries_and_redelivers_one_from_the_cli(
         _wait("the redelivery", lambda: len(receiver.processed) == 1)
         twice = CliRunner().invoke(cli, ["models", "webhooks", "redeliver", str(row_id)], env=env)
         missing = CliRunner().invoke(cli, ["models", "webhooks", "redeliver", "999"], env=env)
+        audit = plane.store.list_audit(action="webhook.")
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -426,3 +427,6 @@ def test_an_admin_lists_failed_deliveries_and_redelivers_one_from_the_cli(
     assert again.exit_code == 0 and "queued" in again.stdout, again.output
     assert twice.exit_code != 0 and "was delivered" in twice.output
     assert missing.exit_code != 0 and "does not exist" in missing.output
+    assert [(a.actor, a.action, a.object) for a in audit] == [
+        ("admin", "webhook.redeliver", f"webhook-delivery/{row_id}")
+    ]
