@@ -10,6 +10,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RATE = "$__rate_interval"
+# GPUs a job holds: the agent's series carry team; on Kubernetes the DCGM exporter's series
+# joined to platform pods (deploy/prometheus/rules/k8s.yml) do.
+OWNED_UTIL = 'DCGM_FI_DEV_GPU_UTIL{team!=""} or tyard:DCGM_FI_DEV_GPU_UTIL:by_job'
 
 
 def panel(
@@ -90,12 +93,13 @@ def cluster() -> dict[str, Any]:
             panel(
                 "GPU utilisation",
                 ("avg(DCGM_FI_DEV_GPU_UTIL)", "all GPUs"),
-                ('avg by (team) (DCGM_FI_DEV_GPU_UTIL{team!=""})', "{{team}}"),
+                # owned GPUs: the agent's series, or (Kubernetes) the DCGM exporter's joined
+                (f"avg by (team) ({OWNED_UTIL})", "{{team}}"),
                 unit="percent",
             ),
             panel(
                 "Allocated GPUs",
-                ('count(DCGM_FI_DEV_GPU_UTIL{job!=""})', "allocated"),
+                (f"count({OWNED_UTIL})", "allocated"),
                 ("count(DCGM_FI_DEV_GPU_UTIL)", "all"),
             ),
             panel("Queue length by team", ("sum by (team) (tyard_queue_length)", "{{team}}")),
@@ -159,16 +163,19 @@ def job() -> dict[str, Any]:
             panel(
                 "GPU utilisation per rank",
                 (f"DCGM_FI_DEV_GPU_UTIL{{{sel}}}", "rank {{rank}}"),
+                (f"tyard:DCGM_FI_DEV_GPU_UTIL:by_job{{{sel}}}", "rank {{rank}} GPU {{gpu}}"),
                 unit="percent",
             ),
             panel(
                 "GPU memory used per rank",
                 (f"DCGM_FI_DEV_FB_USED{{{sel}}}", "rank {{rank}}"),
+                (f"tyard:DCGM_FI_DEV_FB_USED:by_job{{{sel}}}", "rank {{rank}} GPU {{gpu}}"),
                 unit="mbytes",
             ),
             panel(
                 "GPU power per rank",
                 (f"DCGM_FI_DEV_POWER_USAGE{{{sel}}}", "rank {{rank}}"),
+                (f"tyard:DCGM_FI_DEV_POWER_USAGE:by_job{{{sel}}}", "rank {{rank}} GPU {{gpu}}"),
                 unit="watt",
             ),
             panel(

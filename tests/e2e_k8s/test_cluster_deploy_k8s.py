@@ -1,7 +1,8 @@
 """The rendered platform manifests pass the real API server's validation (server-side dry-run).
 
-Prometheus Operator kinds (ServiceMonitor, PrometheusRule) are left out here: the test control
-plane has no Prometheus Operator CRDs; tests/unit/cluster/test_cluster_deploy.py checks them.
+Prometheus Operator kinds (ServiceMonitor, PodMonitor, PrometheusRule) are left out here: the test
+control plane has no Prometheus Operator CRDs; tests/unit/cluster/test_cluster_deploy.py checks
+them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.e2e_k8s.conftest import K8sEnv
 from tests.unit.cluster.deploy_render import render
 
 pytestmark = pytest.mark.slow
-OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def kubectl(env: K8sEnv, *args: str) -> subprocess.CompletedProcess[str]:

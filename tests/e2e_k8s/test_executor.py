@@ -440,3 +440,82 @@ def test_a_launch_the_cluster_refuses_leaves_no_secret_behind_and_names_the_caus
         "pods": [],
         "secrets": [],
     }
+
+
+def _scrape(server: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = (server.home / "admin.token").read_text().strip()
+    resp = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    resp.raise_for_status()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def test_the_control_plane_exports_its_pods_mapped_to_jobs_and_why_pods_wait(
+    api_client: Any, core: Any, namespace: str, identity: Path, switch_nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    switch_nodes(["leaf-a", "leaf-a", "leaf-b"])
+    server, client = _start(servers, tmp_path, identity, namespace, *LONG_RUNNING)
+    running = _submit(server, job_spec(tmp_path / "job.yaml", nodes=2, gpus=8))
+    stuck = _submit(server, job_spec(tmp_path / "bad.yaml", nodes=1, image=UNPULLABLE_IMAGE))
+    pods = {p.metadata.name: p for p in _running_pods(core, namespace, running, 1, 2)}
+
+    def converged() -> dict[str, list[tuple[dict[str, str], float]]] | None:
+        out = _scrape(server)
+        info = [lbl for lbl, _ in out.get("tyard_k8s_pod_info", []) if lbl["job"] == str(running)]
+        waiting = dict((lbl["reason"], v) for lbl, v in out.get("tyard_k8s_pods_waiting", []))
+        if len(info) == 2 and waiting.get("ErrImagePull") == 1:
+            return out
+        return None
+
+    out = wait_until(converged, timeout=60, what="pod metrics of both jobs")
+    assert out["tyard_k8s_pods_observed"] == [({}, 1.0)]
+    info = {lbl["pod"]: lbl for lbl, _ in out["tyard_k8s_pod_info"]}
+    for name, pod in pods.items():
+        # the pod -> job map that joins the DCGM exporter's series (rules/k8s.yml) to the job
+        assert info[name]["job"] == str(running)
+        assert info[name]["team"] == "default"
+        assert info[name]["namespace"] == namespace
+        assert info[name]["node"] == pod.spec.node_name
+        assert pod.metadata.labels["tensoryard.io/team"] == "default"
+    assert sorted(info[n]["rank"] for n in pods) == ["0", "1"]
+    (bad,) = [lbl for lbl in info.values() if lbl["job"] == str(stuck)]
+    phases = {(lbl["pod"], lbl["phase"]) for lbl, _ in out["tyard_k8s_pod_phase"]}
+    assert (bad["pod"], "Pending") in phases
+    assert {(n, "Running") for n in pods} <= phases
+    assert client.job(stuck)["state"] == "STARTING"
+
+
+def test_a_finished_attempt_is_deleted_after_keep_finished_and_its_outcome_stays(
+    api_client: Any, core: Any, namespace: str, identity: Path, switch_nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    switch_nodes(["leaf-a", "leaf-a"])
+    server, client = _start(servers, tmp_path, identity, namespace, "--keep-finished", "3")
+    job_id = _submit(server, job_spec(tmp_path / "job.yaml", nodes=2, gpus=8))
+    job = wait_for(client, job_id, {"SUCCEEDED", "FAILED"}, timeout=90)
+    assert job["state"] == "SUCCEEDED", job
+
+    # The JobSet controller deletes the finished JobSet; the garbage collector its Jobs,
+    # pods, Service and the token Secret it owns.
+    def gone() -> bool:
+        return _objects(api_client, namespace, job_id) == {
+            "jobsets": [],
+            "jobs": [],
+            "pods": [],
+            "secrets": [],
+        }
+
+    wait_until(gone, timeout=90, what=f"job {job_id}'s objects deleted after 3 s")
+    # The outcome and the log tails were kept in the run dir first: a restarted control plane
+    # still answers from them.
+    server.stop()
+    client = server.start()
+    assert client.job(job_id)["state"] == "SUCCEEDED"
+    logs = tyard(server, "logs", str(job_id))
+    assert logs.returncode == 0 and "the log of pod" in logs.stdout, logs.stderr

@@ -128,6 +128,22 @@ def server(
             "(--no-watch: LIST calls on every poll)."
         ),
     ] = True,
+    keep_finished: Annotated[
+        int,
+        typer.Option(
+            help="[kubernetes] Seconds a finished attempt's JobSet/Job and pods stay for "
+            "inspection before Kubernetes deletes them (ttlSecondsAfterFinished); "
+            "-1 keeps them.",
+            min=-1,
+        ),
+    ] = 3600,
+    cordon_nodes: Annotated[
+        bool,
+        typer.Option(
+            help="[kubernetes] Cordon the Kubernetes Node too when tensoryard cordons or drains "
+            "a node (unschedulable, taint tensoryard.io/unhealthy; needs `patch nodes`)."
+        ),
+    ] = True,
     cancel_grace: Annotated[
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
@@ -164,6 +180,8 @@ def server(
             block_label=block_label,
             pod_annotations=pod_annotation or [],
             watch=watch,
+            keep_finished_s=None if keep_finished < 0 else keep_finished,
+            cordon_nodes=cordon_nodes,
         )
     config = ServerConfig(
         executor="kubernetes" if executor == "kubernetes" else "local",

@@ -45,6 +45,8 @@ def kubernetes_config(
     block_label: str = "tensoryard.io/block",
     pod_annotations: list[str] | None = None,
     watch: bool = True,
+    keep_finished_s: int | None = 3600,
+    cordon_nodes: bool = True,
 ) -> KubernetesConfig:
     """A KubernetesConfig from command-line values (SpecError naming the option)."""
     if workload not in ("auto", "jobset", "job"):
@@ -66,6 +68,8 @@ def kubernetes_config(
         block_label=block_label,
         pod_annotations=_pairs(pod_annotations or [], "--pod-annotation"),
         watch=watch,
+        keep_finished_s=keep_finished_s,
+        cordon_nodes=cordon_nodes,
     )
 
 

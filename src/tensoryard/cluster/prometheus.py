@@ -18,7 +18,13 @@ def _pods(
     app: str,
     port: str,
     label: str = "__meta_kubernetes_pod_label_app_kubernetes_io_name",
+    *,
+    instance_is_node: bool = False,
 ) -> dict[str, Any]:
+    node = "__meta_kubernetes_pod_node_name"
+    # The agents' `instance` is their node's name: a drain_node alert on an agent series then
+    # names the node to drain (tensoryard.observability.health.node_of), as the PodMonitor does.
+    instance = [{"source_labels": [node], "target_label": "instance"}] if instance_is_node else []
     return {
         "job_name": job,
         "honor_labels": True,
@@ -34,7 +40,8 @@ def _pods(
                 "regex": port,
                 "action": "keep",
             },
-            {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+            {"source_labels": [node], "target_label": "node"},
+            *instance,
         ],
     }
 
@@ -55,7 +62,13 @@ def prometheus_config(
         "rule_files": ["rules/*.yml"],
         "scrape_configs": [
             _pods("tensoryard-control-plane", platform_namespace, "tensoryard-server", "http"),
-            _pods("tensoryard-agent", platform_namespace, "tensoryard-agent", "metrics"),
+            _pods(
+                "tensoryard-agent",
+                platform_namespace,
+                "tensoryard-agent",
+                "metrics",
+                instance_is_node=True,
+            ),
             dcgm,
             {
                 "job_name": "node",

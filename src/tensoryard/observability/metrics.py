@@ -21,6 +21,7 @@ __all__ = [
     "CONTROL_PLANE",
     "DCGM",
     "DCGM_EXTRA",
+    "DCGM_JOINED",
     "DISK",
     "GPU_TYARD",
     "IB",
@@ -28,6 +29,7 @@ __all__ = [
     "JOB_DATA_WAIT",
     "JOB_IO",
     "JOB_RANK_STEP_TIME",
+    "K8S_PODS",
     "MOUNT",
     "NCCL",
     "MetricDef",
@@ -389,6 +391,56 @@ CONTROL_PLANE = (
     ),
 )
 
+# --- Platform pods on Kubernetes (the control plane's PodCollector, executors/kubernetes) ------
+_POD = ("job", "team", "rank", "namespace", "pod")
+K8S_PODS = (
+    MetricDef(
+        "tyard_k8s_pods_observed",
+        "gauge",
+        "1 when the control plane could read its pods from Kubernetes",
+    ),
+    MetricDef("tyard_k8s_pods", "gauge", "Pods of platform jobs by phase", ("phase",)),
+    MetricDef(
+        "tyard_k8s_pod_info",
+        "gauge",
+        "1 per live pod of a platform job (the pod -> job map DCGM series are joined with)",
+        ("job", "team", "attempt", "rank", "namespace", "pod", "node"),
+    ),
+    MetricDef("tyard_k8s_pod_phase", "gauge", "1 per live pod, by phase", (*_POD, "phase")),
+    MetricDef(
+        "tyard_k8s_pod_container_restarts", "gauge", "Container restarts of a live pod", _POD
+    ),
+    MetricDef(
+        "tyard_k8s_pod_oom_killed",
+        "gauge",
+        "1 when a live pod's container last ended OOMKilled",
+        _POD,
+    ),
+    MetricDef(
+        "tyard_k8s_pods_waiting", "gauge", "Pending pods by why they do not run", ("reason",)
+    ),
+    MetricDef(
+        "tyard_k8s_pods_failed", "gauge", "Failed pods kept by their owner, by why", ("reason",)
+    ),
+)
+
+# --- Recording rules (deploy/prometheus/rules/k8s.yml): DCGM exporter series joined to jobs ----
+DCGM_JOINED = tuple(
+    MetricDef(
+        f"tyard:{name}:by_job",
+        "gauge",
+        f"The DCGM exporter's {name} of GPUs held by platform pods, labelled job, team, rank",
+        ("job", "team", "rank", "gpu", "Hostname", "namespace", "pod"),
+    )
+    for name in (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_XID_ERRORS",
+    )
+)
+
 ALL: tuple[MetricDef, ...] = (
     COLLECTOR_ERRORS,
     *IB,
@@ -403,6 +455,8 @@ ALL: tuple[MetricDef, ...] = (
     JOB_DATA_WAIT,
     JOB_RANK_STEP_TIME,
     *CONTROL_PLANE,
+    *K8S_PODS,
+    *DCGM_JOINED,
 )
 
 

@@ -233,6 +233,9 @@ class ArtifactStore:
                     )
             manifest = Manifest.build(entries)
             self.blobs.put(_manifest_key(manifest.digest), _dumps(manifest.body()))
+            # Durable before anyone is told (a registry row may reference it next): one flush
+            # of the store for every chunk and the manifest, not an fsync per chunk.
+            self.blobs.sync()
         finally:
             self.blobs.delete(_lease_key(lease.id))
         return PushResult(

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -63,6 +63,9 @@ LEADER_LEASE = "controller"
 SCHEDULER_STATE_KEY = "core"
 
 CapacityProvider = Callable[[], tuple[NodeCapacity, ...]]
+# Makes the executor's own node objects agree with the stored cordon states (Kubernetes:
+# cordon the Node); called every cycle, must not raise, retries on its own next call.
+NodeSync = Callable[[Mapping[str, NodeRecord]], object]
 
 _CHANGE_OVERLAP = timedelta(seconds=5)  # commits may land a little after their changed_at
 _FAILURES_BEFORE_QUARANTINE = 3
@@ -184,8 +187,10 @@ class Controller:
         holder: str | None = None,
         secrets: SecretStore | None = None,
         metrics: LoopMetrics | None = None,
+        node_sync: NodeSync | None = None,
     ) -> None:
         self.store = store
+        self.node_sync = node_sync
         self.executor = executor
         self.policy = policy
         self.capacity = capacity
@@ -367,6 +372,11 @@ class Controller:
             # 2b. Move jobs off draining nodes (checkpoint signal, then requeue).
             with timer("drain"):
                 self._drain(now)
+            # 2c. Mirror the cordon states onto the executor's nodes (the Kubernetes Node:
+            #     unschedulable + taint); the stored state is the intent, this repairs drift.
+            if self.node_sync is not None:
+                with timer("node-sync"):
+                    self._sync_nodes(now)
             # 3. Schedule: snapshot -> policy -> admissions and pending reasons.
             if self._schedule_due(now):
                 with timer("schedule"):
@@ -721,6 +731,13 @@ class Controller:
             if node is not None and not job.cancel_requested:
                 why = f"node {node}{DRAINED}{draining[node].reason}"
                 self._guarded(job.id, self._drain_job, job, why)
+
+    def _sync_nodes(self, now: float) -> None:
+        assert self.node_sync is not None
+        try:
+            self.node_sync(self._read_nodes(now))
+        except (TensoryardError, OSError):  # the sync logs its own; never stop the loop
+            log.exception("mirroring node cordon states failed; retrying next cycle")
 
     def _drain_job(self, job: JobRecord, why: str) -> None:
         if job.state in (JobState.ADMITTED, JobState.RESTARTING):

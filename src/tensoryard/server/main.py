@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +23,13 @@ from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
-from tensoryard.server.controller import Controller
+from tensoryard.server.controller import Controller, NodeSync
 from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.serving.deploy import Deployer
 from tensoryard.serving.plane import ServingPlane
 from tensoryard.spec.job import JobSpec
-from tensoryard.store import Store
+from tensoryard.store import NodeRecord, Store
 from tensoryard.store._db import safe_url
 
 __all__ = ["ControlPlane", "build_control_plane", "run_server"]
@@ -94,6 +95,7 @@ class _Backend:
     executor: Executor
     capacity: Callable[[], tuple[NodeCapacity, ...]]
     fits: Callable[[JobSpec], None]
+    node_sync: NodeSync | None = None
 
 
 def _local_backend(config: ServerConfig) -> _Backend:
@@ -113,6 +115,7 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
     from tensoryard.executors.kubernetes.client import connect
     from tensoryard.executors.kubernetes.cluster import KubernetesCluster
     from tensoryard.executors.kubernetes.executor import KubernetesExecutor
+    from tensoryard.executors.kubernetes.nodes import NodeCordoner, NodeIntent
 
     try:
         kube = connect(config.kubernetes)
@@ -131,7 +134,15 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
             raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
         cluster.check_fits(spec)
 
-    return _Backend(executor, cluster.capacity, fits)
+    node_sync: NodeSync | None = None
+    if config.kubernetes.cordon_nodes:
+        cordoner = NodeCordoner(kube, cluster.node_objects, cached=cluster.nodes_cached)
+
+        def node_sync(states: Mapping[str, NodeRecord]) -> object:
+            intents = {n: NodeIntent(n, r.state, r.reason) for n, r in states.items()}
+            return cordoner.sync(intents)
+
+    return _Backend(executor, cluster.capacity, fits, node_sync)
 
 
 def build_control_plane(config: ServerConfig) -> ControlPlane:
@@ -150,6 +161,11 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     registry.register(
         StateCollector(store, total_gpus=lambda: sum(len(n.gpu_indices) for n in capacity()))
     )
+    observed_pods = getattr(executor, "observed_pods", None)
+    if observed_pods is not None:  # Kubernetes: the platform's pods, joinable to DCGM series
+        from tensoryard.executors.kubernetes.pod_metrics import PodCollector
+
+        registry.register(PodCollector(observed_pods))
     holder = f"{socket.gethostname()}:{config.port}:{config.home}"  # same after a restart
     controller = Controller(
         store=store,
@@ -160,6 +176,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         job_key=job_key,
         holder=holder,
         metrics=LoopMetrics(registry),
+        node_sync=backend.node_sync,
     )
     # Routes events to the outbox even with no hook configured (then: none); started by
     # run_server, so a plane built for a test or a one-off command sends nothing by itself.
@@ -169,6 +186,10 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         registry,
         log_dir=config.home / "serving",
         artifacts=ArtifactStore(open_blobs(config.artifact_store_url)),
+    )
+    # pipelines' deploy steps create deployments through the same serving plane
+    controller.pipelines.deployer = Deployer(
+        store, serving.weights, serving.manager, gateway_url=config.report_url
     )
     return ControlPlane(
         config, store, executor, controller, token, registry, backend.fits, serving, webhooks

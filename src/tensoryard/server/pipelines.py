@@ -20,6 +20,14 @@ newest checkpoint of an earlier step's job to a model version (`ModelRegistry`),
 ``pipeline-step=PIPELINE/STEP`` so a pass repeated after a crash finds the version it made
 instead of registering a second one. Expressions may read a model's metrics:
 ``models.MODEL.ALIAS.metrics.KEY`` (null when there is no such model, version or metric).
+
+``deploy`` serves a registered version through the serving plane (`Deployer`). Intent first:
+the step moves to RUNNING with the resolved version in its outputs, then the deployment is
+created or updated; while RUNNING, each advancer process applies it once more (idempotent:
+a deployment that already serves that version is left alone, names are unique, so a pass
+repeated after a crash never makes a second deployment) and the step ends when every replica
+answers (SUCCEEDED), when a replica exited more than ``max_restarts`` times (FAILED with the
+end of its log) or after ``ready_timeout_s`` (FAILED).
 """
 
 from __future__ import annotations
@@ -27,21 +35,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tensoryard.errors import Conflict, NotFound, SpecError, StoreError
+from tensoryard.errors import (
+    Conflict,
+    FieldIssue,
+    NotFound,
+    SpecError,
+    StoreError,
+    TensoryardError,
+)
 from tensoryard.pipelines.outputs import read_outputs_file
 from tensoryard.registry.service import ModelRegistry
+from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.spec.expr import ExprError, Value, render_template
-from tensoryard.spec.pipeline import PipelineSpec, StepSpec, chain_hash, resolve_job
+from tensoryard.spec.pipeline import DeploySpec, PipelineSpec, StepSpec, chain_hash, resolve_job
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
 from tensoryard.store.records import STEP_TERMINAL
 
-__all__ = ["PipelineAdvancer", "collect_outputs"]
+if TYPE_CHECKING:
+    from tensoryard.serving.deploy import Deployer, DeploymentStatus
+
+__all__ = ["PipelineAdvancer", "check_deploy_steps", "collect_outputs"]
 
 log = logging.getLogger("tensoryard.pipelines")
 
@@ -90,12 +110,21 @@ class PipelineAdvancer:
     """Moves pipelines forward; `advance()` is one pass (idempotent, safe to repeat)."""
 
     def __init__(
-        self, store: Store, *, runs_dir: Path, registry: ModelRegistry | None = None
+        self,
+        store: Store,
+        *,
+        runs_dir: Path,
+        registry: ModelRegistry | None = None,
+        deployer: Deployer | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
         self.runs_dir = runs_dir
         self.registry = registry
+        self.deployer = deployer
+        self.clock = clock
         self._specs: dict[int, PipelineSpec] = {}
+        self._applied: set[tuple[int, str]] = set()  # deploy steps applied by this process
 
     def advance(self) -> int:
         """One pass over every RUNNING pipeline; returns how many changes it made."""
@@ -144,6 +173,9 @@ class PipelineAdvancer:
 
     # 1 ------------------------------------------------------------------------------------
     def _watch(self, run: _Run, step: StepSpec) -> None:
+        if step.kind == "deploy":
+            self._watch_deploy(run, step)
+            return
         current = run.steps[step.name]
         if current.job_id is None:  # the job row was deleted under us
             self._set(run, step.name, "FAILED", "its job no longer exists", expected="RUNNING")
@@ -300,6 +332,93 @@ class PipelineAdvancer:
             },
         )
 
+    def _run_deploy_step(self, run: _Run, step: StepSpec) -> None:
+        spec = step.deploy_
+        assert spec is not None  # a deploy step always has one (StepSpec checks it)
+        if self.deployer is None:
+            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+            return
+        try:
+            deployment = _resolved_deployment(spec, run.resolver(self.store))
+            plan = self.deployer.plan(run.record.team, deployment)
+        except ExprError as exc:
+            self._set(run, step.name, "FAILED", f"cannot resolve deploy: {exc}")
+            return
+        except (TensoryardError, OSError) as exc:
+            self._set(run, step.name, "FAILED", f"cannot deploy {spec.model}: {exc}")
+            return
+        # intent first: a crash after this line finds the step RUNNING and applies it again
+        self._set(
+            run,
+            step.name,
+            "RUNNING",
+            _deploying(plan.name, plan.model, plan.version, 0, plan.replicas),
+            outputs={
+                "deployment": plan.name,
+                "gateway_model": plan.name,
+                "endpoint": self.deployer.endpoint(),
+                "model": plan.model,
+                "version": plan.version,
+                "engine": plan.engine,
+                "replicas": plan.replicas,
+            },
+        )
+        self._watch_deploy(run, step)
+
+    def _watch_deploy(self, run: _Run, step: StepSpec) -> None:
+        spec = step.deploy_
+        assert spec is not None
+        current = run.steps[step.name]
+        outputs = dict(current.outputs)
+        name = str(outputs.get("deployment", ""))
+        if run.record.cancel_requested:
+            self._set(
+                run,
+                step.name,
+                "CANCELLED",
+                f"the pipeline was cancelled; deployment {name} is left as it is "
+                f"(`tyard deployments delete {name}` removes it)",
+            )
+            return
+        if self.deployer is None:
+            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+            return
+        key = (run.record.id, step.name)
+        if key not in self._applied:
+            if not self._apply_deploy(run, step):
+                return
+            self._applied.add(key)
+        status = self.deployer.status(name)
+        started = current.started_at
+        waited = (self.clock() - _utc(started)).total_seconds() if started else 0.0
+        state, reason = _deploy_outcome(
+            spec, outputs, status, waited, tail=self.deployer.replica_log_tail
+        )
+        if state != "RUNNING":
+            self._applied.discard(key)
+        if state != "RUNNING" or reason != current.reason:
+            extra = {"ready_replicas": status.ready} if state == "SUCCEEDED" else {}
+            self._set(run, step.name, state, reason, outputs={**outputs, **extra})
+
+    def _apply_deploy(self, run: _Run, step: StepSpec) -> bool:
+        """Create or update the step's deployment (idempotent), pinned to the version the
+        step resolved when it started; False when the step FAILED instead."""
+        assert step.deploy_ is not None and self.deployer is not None
+        outputs = run.steps[step.name].outputs
+        version = outputs.get("version")
+        pinned = f"{outputs.get('model')}:{version}"
+        try:
+            deployment = _resolved_deployment(step.deploy_, run.resolver(self.store))
+            plan = self.deployer.plan(
+                run.record.team, deployment, version=version if isinstance(version, int) else None
+            )
+            how = self.deployer.apply(plan, created_by=run.record.user)
+        except (ExprError, TensoryardError, OSError) as exc:
+            self._set(run, step.name, "FAILED", f"cannot deploy {pinned}: {exc}")
+            return False
+        log.info("pipeline %d step %s: deployment %s %s", run.record.id, step.name, plan.name, how)
+        return True
+
     def _cache_hit(self, run: _Run, step: StepSpec, digest: str) -> StepRecord | None:
         found = self.store.find_cached_step(run.record.team, digest)
         if found is None:
@@ -362,12 +481,107 @@ class PipelineAdvancer:
 _STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, _Run, StepSpec], None]] = {
     "job": PipelineAdvancer._run_job_step,
     "register": PipelineAdvancer._run_register_step,
+    "deploy": PipelineAdvancer._run_deploy_step,
 }
 """Step kind -> how a ready step runs. A `register` kind (model registry) plugs in here."""
 
 
 REGISTER_TAG = "pipeline-step"
 """Tag on versions a register step made: ``PIPELINE/STEP`` (finds them again after a crash)."""
+
+
+def _resolved_deployment(
+    spec: DeploySpec, resolve: Callable[[tuple[str, ...]], Value]
+) -> DeploymentSpec:
+    """The step's deployment with ``${{ }}`` in its model and string options resolved."""
+    options = {
+        k: render_template(v, resolve) if isinstance(v, str) and "${{" in v else v
+        for k, v in spec.options.items()
+    }
+    return spec.deployment(render_template(spec.model, resolve).strip(), options)
+
+
+def _deploying(name: str, model: Any, version: Any, ready: int, replicas: int) -> str:
+    return f"deploying {model} version {version} as {name}: {ready} of {replicas} replica(s) ready"
+
+
+def _deploy_outcome(
+    spec: DeploySpec,
+    outputs: dict[str, Any],
+    status: DeploymentStatus,
+    waited_s: float,
+    *,
+    tail: Callable[[str, int], str],
+) -> tuple[str, str]:
+    """(state, reason) of a deploy step from its deployment's replica states: SUCCEEDED when
+    every replica answers, FAILED on a crash loop, a deleted deployment or the timeout, else
+    RUNNING with the progress."""
+    name = str(outputs.get("deployment", ""))
+    model, version = outputs.get("model"), outputs.get("version")
+    if not status.exists:
+        return "FAILED", f"deployment {name} was deleted while the step waited for it"
+    if status.is_ready:
+        return "SUCCEEDED", (
+            f"deployment {name} ready: {status.ready} of {status.replicas} replica(s) answer "
+            f"{model} version {version}; call it at {outputs.get('endpoint')} with model "
+            f"{name!r}"
+        )
+    crashed = [(slot, n) for slot, n in status.failed if n >= spec.max_restarts]
+    if crashed:
+        slot, restarts = crashed[0]
+        return "FAILED", (
+            f"replica {slot} of deployment {name} exited {restarts + 1} time(s) while starting "
+            f"(max_restarts {spec.max_restarts}); its log ends: {tail(name, slot)} (the "
+            f"deployment is left running; `tyard deployments delete {name}` removes it)"
+        )
+    if waited_s > spec.ready_timeout_s:
+        return "FAILED", (
+            f"deployment {name} not ready after {waited_s:.0f} s (ready_timeout_s "
+            f"{spec.ready_timeout_s:g}): {status.ready} of {status.replicas} replica(s) ready; "
+            f"see `tyard deployments describe {name}`"
+        )
+    return "RUNNING", _deploying(name, model, version, status.ready, status.replicas)
+
+
+def check_deploy_steps(spec: PipelineSpec) -> None:
+    """Check every deploy step like the deployments API checks a request (engine, options,
+    model reference), as far as it is known before the pipeline runs: values with ``${{ }}``
+    are checked when the step runs. SpecError with ``steps.N.deploy.FIELD`` paths."""
+    from tensoryard.serving.deploy import check_engine
+    from tensoryard.serving.source import parse_model_source
+
+    issues: list[FieldIssue] = []
+    for i, step in enumerate(spec.steps):
+        body = step.deploy_
+        if body is None:
+            continue
+        where = f"steps.{i}.deploy"
+        known = {k: v for k, v in body.options.items() if not (isinstance(v, str) and "${{" in v)}
+        try:
+            check_engine(body.engine, known)
+        except SpecError as exc:
+            issues += [FieldIssue(f"{where}.{x.path}", x.message, x.fix) for x in exc.issues]
+        if "${{" in body.model:
+            continue
+        try:
+            source = parse_model_source(body.model)
+        except SpecError as exc:
+            issues += [FieldIssue(f"{where}.{x.path}", x.message, x.fix) for x in exc.issues]
+            continue
+        if source.path is not None:
+            issues.append(
+                FieldIssue(
+                    f"{where}.model",
+                    f"{body.model!r} is a file; a deploy step serves a registered model",
+                    "register it first and give MODEL[:VERSION|@ALIAS]",
+                )
+            )
+    if issues:
+        raise SpecError(issues, source="pipeline")
+
+
+def _utc(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _number_or_text(text: str) -> float | int | str:

@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard
+from tensoryard.server.pipelines import check_deploy_steps
 from tensoryard.server.schemas import PipelineIn, PipelineOut
 from tensoryard.spec.pipeline import parse_pipeline_spec, resolve_params
 from tensoryard.store import PipelineRecord, Store
@@ -42,6 +43,7 @@ def add_pipeline_routes(
         (unknown steps, cycles, unknown parameters, bad expressions: 422 naming the field)
         before anything is stored."""
         spec = parse_pipeline_spec({**body.spec, "user": who.name}, source="request")
+        check_deploy_steps(spec)
         params = resolve_params(spec, body.params)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
         record = store.create_pipeline(spec, params, audit=guard.context(request, who))

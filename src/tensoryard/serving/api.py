@@ -9,42 +9,31 @@ the team may read it and call it through the gateway.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
-from tensoryard.serving.engine import ENGINES, parse_engine_options
+from tensoryard.serving.deploy import check_engine
 from tensoryard.serving.replicas import ReplicaManager
 from tensoryard.serving.source import parse_model_source
 from tensoryard.serving.weights import RegistryWeights
+from tensoryard.spec.deployment import DEPLOYMENT_NAME_PATTERN, DeploymentSpec
 from tensoryard.store import Store
 
 __all__ = ["DeploymentIn", "DeploymentOut", "add_deployment_routes"]
 
 API = "/api/v1/deployments"
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+NAME_PATTERN = DEPLOYMENT_NAME_PATTERN
 Name = Annotated[str, Path(pattern=NAME_PATTERN, description="Deployment name.")]
 
 
-class DeploymentIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeploymentIn(DeploymentSpec):
+    """The request body: a DeploymentSpec and the team that owns the deployment."""
 
-    model: str = Field(description="A .gguf path on the server, or MODEL[:VERSION|@ALIAS].")
-    name: str | None = Field(None, pattern=NAME_PATTERN, description="Default: from the model.")
     team: str = "default"
-    engine: str = "llama.cpp"
-    replicas: int = Field(1, ge=0, le=64)
-    options: dict[str, Any] = Field(default_factory=dict, description="Engine options.")
-    idle_timeout_s: float | None = Field(
-        None, gt=0, le=7 * 86400, description="Scale to zero after this idle time."
-    )
-    router: Literal["prefix", "round-robin"] = Field(
-        "prefix", description="prefix: prefix-cache-aware with a burst guard; round-robin."
-    )
 
 
 class ScaleIn(BaseModel):
@@ -122,15 +111,11 @@ def add_deployment_routes(
         body: DeploymentIn, request: Request, who: Principal = Depends(guard.user)
     ) -> DeploymentOut:
         """Create a deployment; its replicas start in the background."""
-        if body.engine not in ENGINES and body.engine != "mock":
-            raise SpecError(
-                [FieldIssue("engine", f"unknown engine {body.engine!r}", f"use one of {ENGINES}")]
-            )
+        check_engine(body.engine, body.options)
         source = parse_model_source(body.model)
         guard.check(request, who, Action.JOB_SUBMIT, team=body.team, obj=f"team/{body.team}")
         ref, path = source.ref, str(source.path or "")
         if body.engine == "llama.cpp":
-            parse_engine_options(body.options)
             resolved = weights.resolve(body.team, source)  # pulls a registry version once
             ref, path = resolved.ref, str(resolved.path)
         name = body.name or source.default_name()

@@ -85,7 +85,8 @@ def parse_engine_options(raw: dict[str, Any]) -> EngineOptions:
             else:
                 values[key] = kind(value)
         except (TypeError, ValueError):
-            issues.append(FieldIssue(f"options.{key}", f"{value!r} is not a {kind.__name__}", ""))
+            what = {int: "a whole number", bool: "true or false"}.get(kind, kind.__name__)
+            issues.append(FieldIssue(f"options.{key}", f"{value!r} is not {what}", f"give {what}"))
             continue
         if kind is int and values[key] < (0 if key == "seed" else 1):
             issues.append(FieldIssue(f"options.{key}", "must be positive", "pass a number >= 1"))

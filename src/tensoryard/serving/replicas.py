@@ -280,6 +280,13 @@ class ReplicaManager:
             for name, rec in records.items():
                 if name not in self._deps:
                     self._deps[name] = self._adopt(rec)
+                elif _serves_differently(self._deps[name].record, rec):
+                    # updated (a pipeline's deploy step): its replica rows are gone; replace
+                    # the processes (not a rolling update: requests wait for the new ones)
+                    log.info("deployment %s changed (%s): replacing replicas", name, rec.model_ref)
+                    gone.append(self._deps.pop(name))
+                    router = ROUTERS[str(rec.options.get("router", "prefix"))]()
+                    self._deps[name] = _Deployment(rec, router, last_request=self.clock())
                 else:
                     self._deps[name].record = rec
             deps = list(self._deps.values())
@@ -385,6 +392,17 @@ class ReplicaManager:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200 and bool(resp.json().get("choices"))
+
+
+def _serves_differently(old: DeploymentRecord, new: DeploymentRecord) -> bool:
+    """True when the replicas of ``old`` cannot serve ``new`` (other weights, engine or
+    engine options); a new replica count alone is a scale, done without a restart."""
+    return (old.model_path, old.model_ref, old.engine, old.options) != (
+        new.model_path,
+        new.model_ref,
+        new.engine,
+        new.options,
+    )
 
 
 def _terminate(r: Replica, grace_s: float = 5.0) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tensoryard.errors import FieldIssue, NotFound, SpecError
 from tensoryard.registry import ArtifactStore
 from tensoryard.serving.source import ModelSource
-from tensoryard.store import Store
+from tensoryard.store import ModelVersionRecord, Store
 
 __all__ = ["RegistryWeights", "ResolvedWeights"]
 
@@ -37,15 +37,15 @@ class RegistryWeights:
         self.artifacts = artifacts
         self.cache = cache
 
-    def resolve(self, team: str, source: ModelSource) -> ResolvedWeights:
-        if source.path is not None:
-            return ResolvedWeights(source.resolve(), source.ref, 0.0)
+    def version(self, team: str, source: ModelSource) -> ModelVersionRecord:
+        """The registry version a reference names (the newest when it names none); SpecError
+        on the ``model`` field when the model, version or alias does not exist."""
         assert source.name is not None
         ref: str | int = source.version if source.version is not None else source.alias or ""
         if ref == "":
             ref = self._latest(team, source.name)
         try:
-            version = self.store.get_version(team, source.name, ref)
+            return self.store.get_version(team, source.name, ref)
         except NotFound as exc:
             raise SpecError(
                 [
@@ -57,6 +57,11 @@ class RegistryWeights:
                     )
                 ]
             ) from exc
+
+    def resolve(self, team: str, source: ModelSource) -> ResolvedWeights:
+        if source.path is not None:
+            return ResolvedWeights(source.resolve(), source.ref, 0.0)
+        version = self.version(team, source)
         manifest = self.artifacts.manifest(version.artifact)
         ggufs = [f.path for f in manifest.files if f.path.endswith(".gguf")]
         if len(ggufs) != 1:

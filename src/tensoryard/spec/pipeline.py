@@ -19,7 +19,8 @@ JobSpec whose strings (command arguments, env values, workdir) may hold ``${{ ..
 checked here with placeholders and resolved again when the step is submitted.
 
 A step's ``kind`` is the extension point for steps that are not jobs (a model-registry
-``register`` step promotes a checkpoint to the model registry).
+``register`` step promotes a checkpoint to the model registry; a ``deploy`` step serves a
+registered version behind the gateway, see `DeploySpec`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ from tensoryard.spec._common import (
     read_spec_file,
     spec_error_from_validation,
 )
+from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.spec.expr import TEMPLATE_RE, Expr, ExprError, parse_expr, render_template
 from tensoryard.spec.job import NAME_PATTERN, JobSpec, parse_job_spec
 
 __all__ = [
     "STEP_KINDS",
+    "DeploySpec",
     "ParamValue",
     "PipelineSpec",
     "RegisterSpec",
@@ -60,8 +63,9 @@ __all__ = [
 ]
 
 ParamValue = str | int | float | bool | None
-STEP_KINDS = ("job", "register")
-"""Kinds of step a pipeline may hold: a job, or registering a step's checkpoint as a model."""
+STEP_KINDS = ("job", "register", "deploy")
+"""Kinds of step a pipeline may hold: a job, registering a step's checkpoint as a model, or
+deploying a registered model version behind the gateway."""
 MAX_STEPS = 100
 _PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -90,13 +94,38 @@ class RegisterSpec(StrictModel):
     description: str = Field("", max_length=4000)
 
 
+class DeploySpec(DeploymentSpec):
+    """A `deploy` step: create or update the deployment of a registered model version in the
+    pipeline's team, and wait until it is ready. The fields of ``POST /api/v1/deployments``
+    (checked the same way), plus how long to wait and how many replica crashes to accept.
+
+    ``model`` is MODEL[:VERSION|@ALIAS] and may use ${{ }}, like
+    ``tiny:${{ steps.register.outputs.version }}``; so may string option values."""
+
+    ready_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="Fail the step when not ready after this long."
+    )
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="Fail the step when a replica exited more often than this while starting.",
+    )
+
+    def deployment(self, model: str, options: dict[str, Any]) -> DeploymentSpec:
+        """The deployment's spec with ``model`` and ``options`` resolved."""
+        data = self.model_dump(exclude={"ready_timeout_s", "max_restarts"})
+        return DeploymentSpec.model_validate({**data, "model": model, "options": options})
+
+
 class StepSpec(StrictModel):
     """One step: a job (or a model registration) that runs when its `needs` succeeded and
     its `if` holds."""
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Step name, unique in the pipeline.")
-    kind: Literal["job", "register"] = Field(
-        "job", description="What the step does: run a job (default) or register a model."
+    kind: Literal["job", "register", "deploy"] = Field(
+        "job",
+        description="What the step does: run a job (default), register or deploy a model.",
     )
     needs: list[str] = Field(
         default_factory=list,
@@ -121,20 +150,26 @@ class StepSpec(StrictModel):
     register_: RegisterSpec | None = Field(
         None, alias="register", description="What to register (kind register)."
     )
+    deploy_: DeploySpec | None = Field(
+        None, alias="deploy", description="What to deploy (kind deploy)."
+    )
 
     model_config = StrictModel.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
     def _body_matches_kind(self) -> StepSpec:
-        if self.kind == "job" and (self.job is None or self.register_ is not None):
+        bodies = {"job": self.job, "register": self.register_, "deploy": self.deploy_}
+        extra = [k for k, v in bodies.items() if v is not None and k != self.kind]
+        if bodies[self.kind] is None or extra:
+            fixes = {
+                "job": "add `job:`, or set `kind: register` or `kind: deploy`",
+                "register": "give `register: {model: NAME, from_step: STEP}`",
+                "deploy": "give `deploy: {model: MODEL@ALIAS}` or `deploy: {model: "
+                "'MODEL:${{ steps.STEP.outputs.version }}'}`",
+            }
+            others = " and no " + " or ".join(f"`{k}:`" for k in extra) if extra else ""
             raise ValueError(
-                "a job step needs `job:` and no `register:` (fix: add `job:`, or set "
-                "`kind: register`)"
-            )
-        if self.kind == "register" and (self.register_ is None or self.job is not None):
-            raise ValueError(
-                "a register step needs `register:` and no `job:` (fix: give `register: {model: "
-                "NAME, from_step: STEP}`)"
+                f"a {self.kind} step needs `{self.kind}:`{others} (fix: {fixes[self.kind]})"
             )
         return self
 
@@ -293,6 +328,9 @@ def _strings(step: StepSpec) -> list[tuple[str, str]]:
     if step.register_ is not None:
         walk(step.register_.metrics, "register.metrics")
         walk(step.register_.tags, "register.tags")
+    if step.deploy_ is not None:
+        walk(step.deploy_.model, "deploy.model")
+        walk(step.deploy_.options, "deploy.options")
     walk(step.inputs, "inputs")
     return found
 

@@ -251,6 +251,8 @@ class PipelineMixin:
                 row.input_hash = input_hash
             if cached_from is not None:
                 row.cached_from = cached_from
+            if state == "RUNNING":  # a step that runs without a job (deploy) starts here
+                row.started_at = row.started_at or now
             if state in STEP_TERMINAL:
                 row.finished_at = now
             pipe.updated_at = now

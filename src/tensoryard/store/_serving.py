@@ -151,6 +151,43 @@ class ServingMixin:
             s.flush()
             return _dep(row)
 
+    def update_deployment(
+        self,
+        name: str,
+        *,
+        team: str,
+        model_ref: str,
+        model_path: str,
+        engine: str,
+        replicas: int,
+        options: dict[str, Any],
+        idle_timeout_s: float | None,
+    ) -> DeploymentRecord:
+        """Change what a deployment serves, and forget its replica rows in the same
+        transaction: the supervisor replaces the replicas, and nothing reads an old replica's
+        ``ready`` as the new model's. Conflict when the deployment belongs to another team."""
+        with self._tx(f"update deployment {name!r}", write=True) as s:
+            row = s.get(Deployment, name, with_for_update=True)
+            if row is None:
+                raise NotFound(
+                    f"deployment {name!r} does not exist (fix: `tyard deployments list`)"
+                )
+            if row.team != team:
+                raise Conflict(
+                    f"deployment {name!r} belongs to team {row.team!r}, not {team!r} (fix: "
+                    "give the deployment another name)"
+                )
+            row.model_ref = model_ref
+            row.model_path = model_path
+            row.engine = engine
+            row.replicas = replicas
+            row.options = dict(options)
+            row.idle_timeout_s = idle_timeout_s
+            row.updated_at = self._now()
+            s.execute(delete(DeploymentReplica).where(DeploymentReplica.deployment == name))
+            s.flush()
+            return _dep(row)
+
     def delete_deployment(self, name: str) -> None:
         """Delete a deployment and its replica rows in one transaction."""
         with self._tx(f"delete deployment {name!r}", write=True) as s:

@@ -40,6 +40,16 @@ NOT_SERVED_HERE = {
     "tyard_nccl_warnings_total": "a CPU job (gloo) writes no NCCL log",
     "tyard_job_io_read_bytes_total": "per-rank process I/O: the agent does not know rank pids yet",
     "tyard_job_io_read_chars_total": "per-rank process I/O: the agent does not know rank pids yet",
+    **{
+        f"tyard:{name}:by_job": "the DCGM exporter joined to platform pods: Kubernetes only"
+        for name in (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_FB_USED",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_XID_ERRORS",
+        )
+    },
 }
 
 pytestmark = [

@@ -46,6 +46,59 @@ def test_the_production_overlay_adds_replicas_and_prometheus_operator_objects(
     assert deployment["spec"]["replicas"] == 3
 
 
+def test_the_agent_daemonset_is_scraped_as_the_rules_and_the_plan_expect(tmp_path: Path) -> None:
+    from tensoryard.cluster.prometheus import prometheus_config
+    from tensoryard.executors.kubernetes.nodes import TAINT_KEY
+
+    objects = render("production", tmp_path)
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    monitor = next(o for o in objects if o["kind"] == "PodMonitor")
+    pod = daemonset["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    # The PodMonitor selects the agent's pods and port; its job label is the pod's name label,
+    # `tensoryard-agent`, the job deploy/prometheus/rules (TensoryardAgentDown) looks for.
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert ports[endpoint["port"]] == 9410
+    assert labels[monitor["spec"]["jobLabel"]] == "tensoryard-agent"
+    rules = (DEPLOY / "prometheus" / "rules" / "platform.yml").read_text()
+    assert 'up{job="tensoryard-agent"}' in rules
+    # `tyard cluster plan`'s prometheus.yml keeps the same pods and port.
+    job = next(
+        j for j in prometheus_config()["scrape_configs"] if j["job_name"] == "tensoryard-agent"
+    )
+    keep = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if "regex" in r}
+    assert (
+        keep[("__meta_kubernetes_pod_label_app_kubernetes_io_name",)]
+        == labels["app.kubernetes.io/name"]
+    )
+    assert keep[("__meta_kubernetes_pod_container_port_name",)] in ports
+    # Both make the node's name the agent's `instance` (and `node`): what a drain names.
+    for relabels in (job["relabel_configs"], endpoint["relabelings"]):
+        targets = {
+            r.get("target_label", r.get("targetLabel")): r.get(
+                "source_labels", r.get("sourceLabels")
+            )
+            for r in relabels
+        }
+        assert targets["instance"] == targets["node"] == ["__meta_kubernetes_pod_node_name"]
+    # On GPU nodes only, and still there when tensoryard cordons the node.
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+    ]
+    assert {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not pod["spec"].get("hostNetwork") and not pod["spec"].get("hostPID")
+
+
 def test_the_prometheus_rule_is_up_to_date_and_passes_promtool(tmp_path: Path) -> None:
     build = DEPLOY / "kubernetes-overlays" / "monitoring" / "build.py"
     check = subprocess.run([sys.executable, str(build), "--check"], capture_output=True, text=True)

@@ -56,6 +56,10 @@ CASES = {
         "shm_size": "128Gi",
     },
     "a CPU-only debug attempt": {"nodes": 2, "gpus_per_node": 0, "tolerations": ()},
+    "deleted an hour after it finished, with its team": {
+        "ttl_after_finished_s": 3600,
+        "team": "vision",
+    },
 }
 
 
@@ -268,3 +272,26 @@ def test_a_long_job_id_still_gives_short_dns_safe_names() -> None:
     assert len(f"{w.name}-node-0-{w.nodes - 1}") <= 63
     with pytest.raises(ExecutorError, match="job_id: 'a b' is not a valid label value"):
         workload(job_id="a b")
+
+
+def test_a_finished_attempt_is_deleted_after_its_ttl_by_its_owner_only() -> None:
+    w = workload(ttl_after_finished_s=600)
+    jobset, job = render_jobset(w), render_indexed_job(w)
+    assert jobset["spec"]["ttlSecondsAfterFinished"] == 600
+    assert job["spec"]["ttlSecondsAfterFinished"] == 600
+    # the JobSet's child Jobs carry none: the JobSet owns them and deletes them with it
+    child = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert "ttlSecondsAfterFinished" not in child
+    kept = workload(ttl_after_finished_s=None)
+    assert "ttlSecondsAfterFinished" not in render_jobset(kept)["spec"]
+    assert "ttlSecondsAfterFinished" not in render_indexed_job(kept)["spec"]
+    with pytest.raises(ExecutorError, match="ttl_after_finished_s"):
+        workload(ttl_after_finished_s=-5)
+
+
+def test_pods_carry_the_team_label_when_the_job_has_a_team() -> None:
+    rendered = render_jobset(workload(team="vision"))
+    template = rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["metadata"]["labels"]["tensoryard.io/team"] == "vision"
+    with pytest.raises(ExecutorError, match="team"):
+        workload(team="not a label!")

@@ -164,7 +164,9 @@ CASES = [
         [],
         {},
         AttemptPhase.LOST,
-        "the JobSet of this attempt was deleted outside tensoryard",
+        "the JobSet of this attempt was deleted outside tensoryard (or it ended and its "
+        "ttlSecondsAfterFinished ran out while the control plane was down: raise "
+        "`tyard server --keep-finished`)",
         id="a JobSet deleted by someone else is LOST",
     ),
     pytest.param(

@@ -22,8 +22,17 @@ needs_promtool = pytest.mark.skipif(
 )
 
 
-def _rules() -> list[dict]:
+def _all_rules() -> list[dict]:
     return [r for f in RULES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+
+
+def _rules() -> list[dict]:
+    """The alerting rules."""
+    return [r for r in _all_rules() if "alert" in r]
+
+
+def _records() -> list[dict]:
+    return [r for r in _all_rules() if "record" in r]
 
 
 @needs_promtool
@@ -84,3 +93,18 @@ def test_the_name_extractor_sees_names_not_functions_labels_or_keywords():
         "bar > 0.3 and baz offset 5m or histogram_quantile(0.9, x_bucket)"
     )
     assert metric_names(expr) == {"foo_total", "bar", "baz", "x_bucket"}
+
+
+def test_recording_rules_record_declared_names_from_defined_metrics():
+    records = _records()
+    assert records, "rules/k8s.yml records the DCGM join"
+    for rule in records:
+        assert rule["record"] in ALLOWED, f"{rule['record']} is not declared in metrics.DCGM_JOINED"
+        unknown = metric_names(rule["expr"]) - ALLOWED
+        assert not unknown, f"{rule['record']} uses undefined metrics {unknown}"
+
+
+def test_every_recording_rule_has_a_unit_test_case():
+    tests = "\n".join(f.read_text() for f in (DEPLOY / "tests").glob("*.yml"))
+    for rule in _records():
+        assert rule["record"] in tests, rule["record"]

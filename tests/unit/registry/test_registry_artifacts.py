@@ -225,3 +225,31 @@ def test_any_fsspec_filesystem_works_as_a_backend(tmp_path: Path) -> None:
 
     assert (tmp_path / "out" / "w.bin").read_bytes() == (tmp_path / "src" / "w.bin").read_bytes()
     assert store.push(tmp_path / "src").bytes_new == 0
+
+
+def test_a_push_returns_only_after_its_chunks_and_manifest_are_flushed_to_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _random(tmp_path / "src" / "w.bin", 500_000, 9)
+    store = _store(tmp_path / "store")
+    events: list[str] = []
+    put, sync = store.blobs.put, store.blobs.sync
+
+    def recording_put(key: str, data: bytes | memoryview) -> None:
+        put(key, data)
+        events.append(key.split("/")[0])
+
+    def recording_sync() -> None:
+        sync()  # the real flush (syncfs on Linux)
+        events.append("sync")
+
+    monkeypatch.setattr(store.blobs, "put", recording_put)
+    monkeypatch.setattr(store.blobs, "sync", recording_sync)
+    pushed = store.push(tmp_path / "src")
+
+    puts = [e for e in events if e != "sync"]
+    assert puts.count("chunks") == pushed.chunks_new > 1
+    assert events.index("manifests") > max(i for i, e in enumerate(events) if e == "chunks")
+    # one flush for everything, after the last write and before push returns
+    assert events.count("sync") == 1
+    assert events[-2:] == ["manifests", "sync"]

@@ -5,17 +5,19 @@ A real SQLite store, a test clock and the scripted executor of test_controller.p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from test_controller import Clock, ScriptedExecutor, World, store_home
 
+from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
 from tensoryard.spec.states import JobState
-from tensoryard.store import Store
+from tensoryard.store import NodeRecord, Store
 
 NODES = (
     NodeCapacity("n1", cpu_slots=2, memory_bytes=64 * 2**30),
@@ -209,3 +211,23 @@ def test_a_node_the_executor_finds_later_is_registered_ready(
     clock.t += 2
     controller.cycle()
     assert [(n.name, n.state) for n in store.list_nodes()] == [("n1", "ready"), ("n2", "ready")]
+
+
+def test_every_cycle_hands_the_stored_node_states_to_the_node_sync_and_survives_its_failure(
+    world: World,
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    def sync(states: Mapping[str, NodeRecord]) -> None:
+        seen.append({n: r.state for n, r in states.items()})
+        if len(seen) == 1:
+            raise ExecutorError("the API server is down")  # the next cycle retries
+
+    world.controller.node_sync = sync
+    world.store.set_node_state("n1", "draining", reason="XID 79", actor="agent")
+    world.cycle(2, advance=1)
+    assert seen[0] == {"n1": "draining", "n2": "ready"}
+    assert seen[-1] == {"n1": "draining", "n2": "ready"} and len(seen) >= 2
+    world.store.set_node_state("n1", "ready", reason="fixed", actor="admin")
+    world.cycle(1, advance=1)
+    assert seen[-1] == {"n1": "ready", "n2": "ready"}

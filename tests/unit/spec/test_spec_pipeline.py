@@ -110,9 +110,9 @@ def test_references_add_dependencies_and_the_order_follows_them() -> None:
             "remove it; every step runs in the pipeline's team",
         ),
         (
-            pipeline({"name": "a", "kind": "deploy", "job": job()}),
+            pipeline({"name": "a", "kind": "serve", "job": job()}),
             "steps.0.kind",
-            "Input should be 'job' or 'register'",
+            "Input should be 'job', 'register' or 'deploy'",
             "use one of the allowed values",
         ),
         (

@@ -26,6 +26,7 @@ JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 # deploy/kubernetes/rbac.yaml grants these and nothing else.
 REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
     *((v, "", "nodes", False) for v in ("get", "list", "watch")),
+    ("patch", "", "nodes", False),  # cordon mirrored onto the Node (config.cordon_nodes)
     *((v, "", "pods", False) for v in ("list", "watch")),
     *((v, "", "pods", True) for v in ("get", "delete", "deletecollection")),
     ("get", "", "pods/log", True),
@@ -190,6 +191,8 @@ def missing_access(kube: Kube) -> list[str]:
     missing = []
     for verb, group, resource, namespaced in REQUIRED_ACCESS:
         if group == JOBSET[0] and kube.config.workload == "job":
+            continue
+        if (verb, resource) == ("patch", "nodes") and not kube.config.cordon_nodes:
             continue
         sub, _, subresource = resource.partition("/")
         attrs: dict[str, Any] = {"verb": verb, "group": group, "resource": sub}

@@ -218,6 +218,17 @@ class KubernetesCluster:
     def check_fits(self, spec: JobSpec) -> None:
         check_fits(spec, self.capacity())
 
+    def node_objects(self) -> list[Obj]:
+        """The selected Node objects: from the watch cache when it is healthy, else a LIST."""
+        cache = self._nodes
+        if cache is not None and cache.ready():
+            return cache.items()
+        return self._list_nodes()
+
+    def nodes_cached(self) -> bool:
+        """Whether `node_objects` is answered from the watch cache (costs no API call)."""
+        return self._nodes is not None and self._nodes.ready()
+
     def _list_nodes(self) -> list[Obj]:
         cfg = self.kube.config
         result = self.kube.call(

@@ -60,7 +60,15 @@ class KubernetesConfig:
     watch: bool = True
     """Keep pods, JobSets/Jobs and nodes in list-then-watch caches (410 Gone: relist);
     False: every poll and every cluster refresh makes LIST calls."""
+    cordon_nodes: bool = True
+    """Mirror tensoryard's cordon/drain onto the Node objects (spec.unschedulable, the taint
+    tensoryard.io/unhealthy, annotations; see executors/kubernetes/nodes.py). Needs `patch
+    nodes`; False: the Nodes are never written (tensoryard still places nothing there)."""
     capacity_ttl_s: float = 2.0
     """How long one listing of nodes and pods serves the scheduler before it is refreshed."""
     log_tail_lines: int = 500
     """Lines of each pod's log kept in the run dir when an attempt ends."""
+    keep_finished_s: int | None = 3600
+    """Seconds a finished attempt's JobSet/Job (and with it its pods, Service and token Secret)
+    stays for inspection before Kubernetes deletes it (`ttlSecondsAfterFinished`); the outcome
+    and log tails are kept in the run dir first. None: never deleted by tensoryard."""

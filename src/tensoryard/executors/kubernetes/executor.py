@@ -110,6 +110,7 @@ def workload_for(
         job_id=str(request.job_id),
         attempt=request.attempt,
         attempt_key=request.attempt_key,
+        team=spec.team,
         image=image,
         command=list(spec.command),
         namespace=config.namespace,
@@ -126,6 +127,7 @@ def workload_for(
         pvc_mount_path=config.pvc_mount_path,
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations=dict(config.pod_annotations),
+        ttl_after_finished_s=config.keep_finished_s,
     )
 
 
@@ -367,6 +369,21 @@ class KubernetesExecutor:
         """Node rank -> the kept log of its pod (written when the attempt ends)."""
         h = KubernetesHandle.from_dict(handle)
         return {rank: Path(h.attempt_dir) / f"rank-{rank}.log" for rank in range(h.nodes)}
+
+    def observed_pods(self) -> list[Obj]:
+        """Every pod of a platform job in the namespace (for metrics): from the watch cache
+        while it is healthy, else one LIST."""
+        cache = self._pod_cache
+        if cache is not None and cache.ready():
+            return cache.items()
+        ns = self.config.namespace
+        result = self.kube.call(
+            f"list pods in namespace {ns}",
+            self.kube.core.list_namespaced_pod,
+            ns,
+            label_selector=LABEL_ATTEMPT_KEY,
+        )
+        return [self.kube.plain(p) for p in result.items]
 
     def _observe(self, h: KubernetesHandle) -> tuple[Obj | None, list[Obj]]:
         """The owner and pods of the attempt: from the watch caches when they are healthy and

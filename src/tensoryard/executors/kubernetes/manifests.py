@@ -27,6 +27,7 @@ __all__ = [
     "LABEL_ATTEMPT",
     "LABEL_ATTEMPT_KEY",
     "LABEL_JOB_ID",
+    "LABEL_TEAM",
     "AttemptWorkload",
     "owner_reference",
     "render_headless_service",
@@ -38,6 +39,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_JOB_ID = "tensoryard.io/job-id"
 LABEL_ATTEMPT = "tensoryard.io/attempt"
 LABEL_ATTEMPT_KEY = "tensoryard.io/attempt-key"
+LABEL_TEAM = "tensoryard.io/team"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 REPLICATED_JOB = "node"
 CONTAINER = "trainer"
@@ -64,6 +66,8 @@ class AttemptWorkload:
     """Attempt number, from 1; labels `tensoryard.io/attempt`."""
     attempt_key: str
     """Unique key of this attempt (executor-made); labels `tensoryard.io/attempt-key`."""
+    team: str = ""
+    """The job's team; labels `tensoryard.io/team` (metrics join pods to teams by it)."""
     image: str
     """Container image of the training process."""
     command: Sequence[str]
@@ -95,6 +99,9 @@ class AttemptWorkload:
     """Seconds a pod gets between SIGTERM and SIGKILL when deleted (to write a checkpoint)."""
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     """Extra annotations on every pod (e.g. for a cluster's admission or monitoring)."""
+    ttl_after_finished_s: int | None = None
+    """`ttlSecondsAfterFinished` of the JobSet / Job: Kubernetes deletes the finished attempt's
+    objects after that long (None: kept until tensoryard or an admin deletes them)."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -110,6 +117,11 @@ class AttemptWorkload:
         _check(self.nodes >= 1, "nodes", "must be at least 1")
         _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
         _check(self.termination_grace_s >= 0, "termination_grace_s", "must be 0 or more")
+        _check(
+            self.ttl_after_finished_s is None or self.ttl_after_finished_s >= 0,
+            "ttl_after_finished_s",
+            "must be 0 or more (None keeps finished attempts)",
+        )
         _check(bool(self.command), "command", "must name a program to run")
         _check(
             not self.node_names or len(self.node_names) == self.nodes,
@@ -123,7 +135,11 @@ class AttemptWorkload:
         )
         reserved = sorted(RESERVED_ENV & set(self.env))
         _check(not reserved, "env", f"may not set {', '.join(reserved)} (set by tensoryard)")
-        for field_name, value in (("job_id", str(self.job_id)), ("attempt_key", self.attempt_key)):
+        for field_name, value in (
+            ("job_id", str(self.job_id)),
+            ("attempt_key", self.attempt_key),
+            ("team", self.team),
+        ):
             _check(
                 bool(_LABEL_VALUE.match(value)) and len(value) <= 63,
                 field_name,
@@ -131,11 +147,14 @@ class AttemptWorkload:
             )
 
     def labels(self) -> dict[str, str]:
-        return {
+        labels = {
             LABEL_JOB_ID: str(self.job_id),
             LABEL_ATTEMPT: str(self.attempt),
             LABEL_ATTEMPT_KEY: self.attempt_key,
         }
+        if self.team:
+            labels[LABEL_TEAM] = self.team
+        return labels
 
 
 def _check(ok: object, name: str, message: str) -> None:
@@ -285,6 +304,7 @@ def render_jobset(w: AttemptWorkload) -> dict[str, Any]:
             "failurePolicy": {"maxRestarts": 0},
             "successPolicy": {"operator": "All"},
             "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": job_template}],
+            **_ttl(w),
         },
     }
 
@@ -300,8 +320,18 @@ def render_indexed_job(w: AttemptWorkload) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(w, w.name),
-        "spec": _job_spec(w, template),
+        "spec": {**_job_spec(w, template), **_ttl(w)},
     }
+
+
+def _ttl(w: AttemptWorkload) -> dict[str, int]:
+    """The owner's ttlSecondsAfterFinished (never on a JobSet's child Jobs: the JobSet owns
+    them and goes first)."""
+    return (
+        {}
+        if w.ttl_after_finished_s is None
+        else {"ttlSecondsAfterFinished": w.ttl_after_finished_s}
+    )
 
 
 def render_headless_service(w: AttemptWorkload, *, owner_uid: str | None = None) -> dict[str, Any]:

@@ -167,7 +167,9 @@ def attempt_status(
             return AttemptStatus(
                 AttemptPhase.LOST,
                 None,
-                f"the {kind} of this attempt was deleted outside tensoryard",
+                f"the {kind} of this attempt was deleted outside tensoryard (or it ended and "
+                "its ttlSecondsAfterFinished ran out while the control plane was down: "
+                "raise `tyard server --keep-finished`)",
             )
     failures = [f for f in (_pod_failure(p) for p in ordered) if f is not None]
     if failures and not cancelled:
