@@ -392,6 +392,21 @@ class Client:
         params = {k: v for k, v in query.items() if v is not None}
         return list(self._json("GET", f"{API}/model-versions", params=params))
 
+    def webhook_deliveries(
+        self, *, status: str | None = None, event_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The webhook outbox, newest first (platform admins)."""
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = status
+        if event_id is not None:
+            params["event_id"] = event_id
+        return list(self._json("GET", f"{API}/webhook-deliveries", params=params))
+
+    def redeliver_webhook(self, delivery: int) -> dict[str, Any]:
+        """Queue a failed webhook delivery again (same delivery id)."""
+        return dict(self._json("POST", f"{API}/webhook-deliveries/{delivery}/redeliver"))
+
     # -- serving ---------------------------------------------------------------------------
 
     def create_deployment(self, **fields: Any) -> dict[str, Any]:

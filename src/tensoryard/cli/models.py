@@ -1,4 +1,4 @@
-"""`tyard models list|show|register|alias|tag|lineage|export|import|gc`: the model registry.
+"""`tyard models list|show|register|alias|tag|lineage|export|import|gc|webhooks`: the registry.
 
 Artifact bytes go straight to the artifact store (the control plane names it; ``--store``
 overrides), never through the API; the registration itself is one API call.
@@ -426,6 +426,78 @@ def _size(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+webhooks_app = typer.Typer(
+    help="Registry webhooks: the outbox of deliveries, and redelivery of failed ones (admins).",
+    no_args_is_help=True,
+)
+models_app.add_typer(webhooks_app, name="webhooks")
+
+
+def _ago(stamp: str | None) -> str:
+    return (stamp or "-")[:19].replace("T", " ")
+
+
+@webhooks_app.command("deliveries")
+def webhook_deliveries(
+    failed: Annotated[
+        bool, typer.Option("--failed", help="Only failed ones (gave up: redeliver them).")
+    ] = False,
+    pending: Annotated[bool, typer.Option("--pending", help="Only those not sent yet.")] = False,
+    event: Annotated[
+        str | None, typer.Option("--event-id", help="Only the deliveries of this event.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many.")] = 50,
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Webhook deliveries, newest first: event, receiver, attempts, last answer."""
+    if failed and pending:
+        die("give --failed or --pending, not both")
+    status = "failed" if failed else "pending" if pending else None
+    with user_errors(), client_for(server, token) as c:
+        rows = c.webhook_deliveries(status=status, event_id=event, limit=limit)
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("no webhook deliveries" + (f" with status {status}" if status else ""))
+        return
+    table = Table("ID", "EVENT", "HOOK", "STATUS", "ATTEMPTS", "LAST", "CREATED", "NEXT / DONE")
+    for d in rows:
+        last = d["last_error"] or (str(d["last_status"]) if d["last_status"] else "-")
+        when = d["delivered_at"] if d["status"] == "delivered" else d["next_attempt_at"]
+        if d["status"] == "failed":
+            when = None
+        table.add_row(
+            str(d["id"]),
+            d["event"],
+            escape(d["hook_url"]),
+            d["status"],
+            str(d["attempts"]),
+            escape(last),
+            _ago(d["created_at"]),
+            _ago(when),
+        )
+    console.print(table)
+
+
+@webhooks_app.command("redeliver")
+def webhook_redeliver(
+    delivery: Annotated[int, typer.Argument(help="Delivery ID (from `deliveries --failed`).")],
+    json_out: JsonOpt = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Queue a failed delivery again: sent at once, same delivery id, retries from zero."""
+    with user_errors(), client_for(server, token) as c:
+        row = c.redeliver_webhook(delivery)
+    if json_out:
+        print_json(row)
+    else:
+        console.print(f"delivery {row['id']} ({row['event']} to {escape(row['hook_url'])}) queued")
 
 
 def register(app: typer.Typer) -> None:

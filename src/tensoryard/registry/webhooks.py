@@ -1,16 +1,21 @@
-"""Registry webhooks: an HTTP POST per event, HMAC-signed, retried with exponential backoff.
+"""Registry webhooks: a durable outbox, sent as HMAC-signed HTTP POSTs retried with backoff.
 
-Each delivery carries::
+The store writes one delivery row per (event, receiver) in the transaction of the registry
+change (``Store.route_webhooks`` names the receivers), so an event exists iff its change
+committed. :class:`WebhookDispatcher`, a background loop of the control plane, claims due rows,
+POSTs them and records each outcome; rows survive a restart and are sent after it. Each POST
+carries::
 
-    X-Tyard-Event: model.version.created | model.alias.moved | model.alias.deleted
-    X-Tyard-Delivery: <uuid>          the same on every retry (receivers de-duplicate by it)
+    X-Tyard-Event: model.version.created | model.version.tagged | model.alias.moved | ...
+    X-Tyard-Delivery: <hex id>        the same on every attempt (receivers de-duplicate by it)
     X-Tyard-Timestamp: <unix seconds>
     X-Tyard-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the hook's secret>
 
-A delivery is retried on a transport error, a 5xx or a 429, up to ``retries`` more times, waiting
-``backoff_s * 2**n``; other 4xx answers are final. Deliveries run on a small thread pool, so the
-API answers without waiting for receivers. They are not durable: events still being retried
-when the control plane stops are lost (no outbox table yet).
+A delivery is retried on a transport error, a 5xx or a 429, up to ``retries`` more times, the
+n-th retry waiting ``backoff_s * 2**(n-1)`` (capped at ``max_backoff_s``) with "equal jitter"
+(half fixed, half random); other 4xx answers are final. A delivery that gives up is kept as
+``failed`` (the dead letter) until an admin redelivers it. Delivery is at least once: a control
+plane that dies between the POST and recording it sends the same delivery id again.
 """
 
 from __future__ import annotations
@@ -19,19 +24,38 @@ import hashlib
 import hmac
 import json
 import logging
+import random
+import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
-__all__ = ["Delivery", "WebhookConfig", "WebhookNotifier", "sign", "verify"]
+from tensoryard.errors import ConfigError
+from tensoryard.store import Store, WebhookDeliveryRecord
+from tensoryard.store._webhooks import Outcome
+
+__all__ = [
+    "EVENTS",
+    "Attempt",
+    "WebhookConfig",
+    "WebhookDispatcher",
+    "backoff_s",
+    "body_of",
+    "post_once",
+    "sign",
+    "verify",
+]
 
 log = logging.getLogger("tensoryard.webhooks")
-EVENTS = ("model.version.created", "model.alias.moved", "model.alias.deleted")
+EVENTS = (
+    "model.version.created",
+    "model.version.tagged",
+    "model.alias.moved",
+    "model.alias.deleted",
+)
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
@@ -48,18 +72,36 @@ class WebhookConfig:
     retries: int = 5
     """Retries after the first attempt."""
     backoff_s: float = 1.0
-    """Wait before the first retry; doubles each time."""
+    """Wait before the first retry; doubles each time (with jitter)."""
+    max_backoff_s: float = 3600.0
+    """Longest wait between two attempts."""
     timeout_s: float = 10.0
     """Per attempt."""
 
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"webhook url {self.url!r} is not http(s) (fix: e.g. https://host/hook)"
+            )
+        if not self.secret:
+            raise ConfigError(f"webhook {self.url}: empty secret (fix: give it a shared secret)")
+        unknown = sorted(set(self.events) - set(EVENTS))
+        if unknown:
+            raise ConfigError(
+                f"webhook {self.url}: unknown events {unknown} (fix: pick from {EVENTS})"
+            )
+        if self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ConfigError(
+                f"webhook {self.url}: retries and backoff_s must be >= 0 and timeout_s > 0"
+            )
+
 
 @dataclass(frozen=True)
-class Delivery:
-    url: str
-    event: str
-    delivery_id: str
-    attempts: int
+class Attempt:
+    """The answer to one POST: a 2xx, a retryable failure, or a final one."""
+
     ok: bool
+    retryable: bool
     status: int | None
     error: str
 
@@ -79,63 +121,164 @@ def verify(secret: str, body: bytes, timestamp: str, signature: str) -> bool:
     return hmac.compare_digest(expected, signature)
 
 
-class WebhookNotifier:
-    """Sends registry events to every configured receiver, in the background."""
+def backoff_s(hook: WebhookConfig, attempts: int, rng: random.Random) -> float:
+    """The wait after the ``attempts``-th failed attempt: exponential, capped, half jittered."""
+    full = min(hook.max_backoff_s, hook.backoff_s * float(2 ** max(0, attempts - 1)))
+    return full / 2 + rng.uniform(0, full / 2)
+
+
+def post_once(
+    http: httpx.Client, hook: WebhookConfig, event: str, body: bytes, delivery_id: str, now: float
+) -> Attempt:
+    """One signed POST; transport errors, 5xx and 429 are retryable, other answers final."""
+    stamp = int(now)
+    headers = {
+        "Content-Type": "application/json",
+        "X-Tyard-Event": event,
+        "X-Tyard-Delivery": delivery_id,
+        "X-Tyard-Timestamp": str(stamp),
+        "X-Tyard-Signature": sign(hook.secret, body, stamp),
+    }
+    try:
+        response = http.post(hook.url, content=body, headers=headers, timeout=hook.timeout_s)
+    except httpx.HTTPError as exc:
+        return Attempt(False, True, None, f"{type(exc).__name__}: {exc}")
+    status = response.status_code
+    if status < 300:
+        return Attempt(True, False, status, "")
+    if status in RETRY_STATUS:
+        return Attempt(False, True, status, f"HTTP {status}")
+    return Attempt(False, False, status, f"HTTP {status} (not retried)")
+
+
+def body_of(row: WebhookDeliveryRecord) -> bytes:
+    """The JSON body of a delivery (the same bytes on every attempt)."""
+    data = {"event": row.event, "event_id": row.event_id, "data": row.payload}
+    return json.dumps(data, default=str, sort_keys=True).encode()
+
+
+class WebhookDispatcher:
+    """The delivery loop: claims due outbox rows, POSTs them, records the outcome.
+
+    Every control plane may run one; the store's claim makes sure a row is sent by one of
+    them at a time. ``kick()`` wakes it after a registry change so events go out at once;
+    otherwise it looks for due rows every ``poll_s``."""
 
     def __init__(
         self,
+        store: Store,
         hooks: Sequence[WebhookConfig],
         *,
+        owner: str,
         transport: httpx.BaseTransport | None = None,
-        sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
-        workers: int = 2,
+        rng: random.Random | None = None,
+        poll_s: float = 1.0,
+        batch: int = 16,
+        workers: int = 4,
     ) -> None:
-        self.hooks = tuple(hooks)
-        self._sleep = sleep
+        self.store = store
+        self.hooks = {h.url: h for h in hooks}
+        self.owner = owner
+        self.poll_s = poll_s
+        self.batch = batch
+        self.attempts = 0
+        """Attempts this dispatcher made (claimed rows), for logs and tests."""
+        # a claim outlives the slowest POST of a batch, so it never lapses while we send
+        self.lease_s = 30.0 + 2 * max((h.timeout_s for h in hooks), default=10.0) * (
+            1 + batch // max(1, workers)
+        )
         self._clock = clock
+        self._rng = rng or random.Random()
         self._http = httpx.Client(transport=transport)
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tyard-webhook")
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="tyard-webhook")
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        store.route_webhooks([(h.url, h.events) for h in hooks])
 
-    def emit(self, event: str, payload: dict[str, Any]) -> list[Future[Delivery]]:
-        """Queue ``event`` for every receiver that wants it; the futures end with the result."""
-        body = json.dumps({"event": event, "data": payload}, default=str, sort_keys=True).encode()
-        return [
-            self._pool.submit(self._deliver, hook, event, body, uuid.uuid4().hex)
-            for hook in self.hooks
-            if event in hook.events
-        ]
+    def start(self) -> None:
+        """Release the claims a previous run of this control plane left, then loop."""
+        released = self.store.release_webhook_claims(self.owner)
+        if released:
+            log.info("webhooks: %d deliveries claimed before a restart are due again", released)
+        self._thread = threading.Thread(target=self._run, name="tyard-webhooks", daemon=True)
+        self._thread.start()
 
-    def close(self) -> None:
+    def kick(self) -> None:
+        """Look for due deliveries now (after a registry change committed)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the POSTs in flight and stop; unsent rows stay in the outbox."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
         self._pool.shutdown(wait=True)
         self._http.close()
 
-    def _deliver(self, hook: WebhookConfig, event: str, body: bytes, delivery: str) -> Delivery:
-        status: int | None = None
-        error = ""
-        for attempt in range(1, hook.retries + 2):
-            stamp = int(self._clock())
-            headers = {
-                "Content-Type": "application/json",
-                "X-Tyard-Event": event,
-                "X-Tyard-Delivery": delivery,
-                "X-Tyard-Timestamp": str(stamp),
-                "X-Tyard-Signature": sign(hook.secret, body, stamp),
-            }
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # before the pass: a kick during it makes the next one start
             try:
-                response = self._http.post(
-                    hook.url, content=body, headers=headers, timeout=hook.timeout_s
-                )
-                status, error = response.status_code, ""
-                if status < 300:
-                    return Delivery(hook.url, event, delivery, attempt, True, status, "")
-                if status not in RETRY_STATUS:
-                    error = f"HTTP {status} (not retried)"
-                    break
-                error = f"HTTP {status}"
-            except httpx.HTTPError as exc:
-                status, error = None, f"{type(exc).__name__}: {exc}"
-            if attempt <= hook.retries:
-                self._sleep(hook.backoff_s * 2 ** (attempt - 1))
-        log.warning("webhook %s for %s to %s failed: %s", delivery, event, hook.url, error)
-        return Delivery(hook.url, event, delivery, attempt, False, status, error)
+                sent = self.run_once()
+            except Exception:  # the loop must outlive a database hiccup
+                log.exception("webhook delivery pass failed; retrying")
+                sent = 0
+            if sent < self.batch:  # a full batch: more may be due, go on at once
+                self._wake.wait(self.poll_s)
+
+    def run_once(self) -> int:
+        """One pass: claim due rows, send them (concurrently), record outcomes; how many."""
+        rows = self.store.claim_webhook_deliveries(
+            self.owner, limit=self.batch, lease_s=self.lease_s
+        )
+        self.attempts += len(rows)
+        for _ in self._pool.map(self._deliver, rows):
+            pass
+        return len(rows)
+
+    def _deliver(self, row: WebhookDeliveryRecord) -> None:
+        hook = self.hooks.get(row.hook_url)
+        if hook is None:
+            self._finish(
+                row,
+                "failed",
+                None,
+                "no webhook with this URL is configured any more (fix: configure it again "
+                "and redeliver)",
+            )
+            return
+        result = post_once(
+            self._http, hook, row.event, body_of(row), row.delivery_id, self._clock()
+        )
+        if result.ok:
+            self._finish(row, "delivered", result.status, "")
+        elif result.retryable and row.attempts <= hook.retries:
+            wait = backoff_s(hook, row.attempts, self._rng)
+            self._finish(row, "retry", result.status, result.error, wait)
+        else:
+            log.warning(
+                "webhook delivery %s (%s) to %s failed after %d attempts: %s",
+                row.delivery_id,
+                row.event,
+                row.hook_url,
+                row.attempts,
+                result.error,
+            )
+            self._finish(row, "failed", result.status, result.error)
+
+    def _finish(
+        self,
+        row: WebhookDeliveryRecord,
+        outcome: Outcome,
+        status: int | None,
+        error: str,
+        wait: float = 0.0,
+    ) -> None:
+        held = self.store.finish_webhook_delivery(
+            row.id, self.owner, outcome, status=status, error=error, retry_in_s=wait
+        )
+        if not held:
+            log.warning("webhook delivery %s: claim lapsed before its outcome", row.delivery_id)

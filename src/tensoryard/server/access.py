@@ -58,6 +58,8 @@ class Action(StrEnum):
     NODE_READ = "node.read"
     NODE_MANAGE = "node.manage"
     ARTIFACT_GC = "artifact.gc"
+    WEBHOOK_READ = "webhook.read"
+    WEBHOOK_MANAGE = "webhook.manage"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ RULES: dict[Action, Rule] = {
     Action.NODE_READ: Rule("read", "list nodes and their history", anyone=True),
     Action.NODE_MANAGE: Rule("admin", "cordon, drain or uncordon nodes and report node health"),
     Action.ARTIFACT_GC: Rule("admin", "garbage-collect the artifact store"),
+    Action.WEBHOOK_READ: Rule("read", "list webhook deliveries"),
+    Action.WEBHOOK_MANAGE: Rule("write", "redeliver webhook deliveries"),
 }
 
 

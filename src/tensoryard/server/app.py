@@ -34,7 +34,7 @@ from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.pruning import CheckpointPruner
 from tensoryard.registry.service import ModelRegistry
-from tensoryard.registry.webhooks import WebhookNotifier
+from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
@@ -44,6 +44,7 @@ from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_nodes import add_node_routes
 from tensoryard.server.routes_pipelines import add_pipeline_routes
 from tensoryard.server.routes_secrets import add_secret_routes
+from tensoryard.server.routes_webhooks import add_webhook_routes
 from tensoryard.server.schemas import (
     AttemptOut,
     BatchSubmitIn,
@@ -99,7 +100,7 @@ def create_app(
     runs_dir: Path,
     secrets: SecretStore | None = None,
     artifacts: ArtifactStore | None = None,
-    webhooks: WebhookNotifier | None = None,
+    webhooks: WebhookDispatcher | None = None,
     registry: CollectorRegistry | None = None,
     kick: Callable[[], None] = lambda: None,
     loop_status: Callable[[], dict[str, Any]] = lambda: {},
@@ -114,7 +115,8 @@ def create_app(
     tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
     limit; `fits` raises SpecError for a job the cluster could never hold (refused at
     submission, before anything is stored or created); `extra_routes(app, guard)` mounts
-    optional parts (model serving)."""
+    optional parts (model serving); `webhooks` is the delivery loop to wake after a registry
+    change (the store has written its outbox rows in the change's transaction)."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -440,7 +442,14 @@ def create_app(
         ),
         guard=guard,
         prefix=API,
-        webhooks=webhooks,
+        kick_webhooks=webhooks.kick if webhooks is not None else lambda: None,
+    )
+    add_webhook_routes(
+        app,
+        store=store,
+        guard=guard,
+        prefix=API,
+        kick=webhooks.kick if webhooks is not None else lambda: None,
     )
     if extra_routes is not None:
         extra_routes(app, guard)

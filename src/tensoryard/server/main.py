@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
-from tensoryard.registry.webhooks import WebhookNotifier
+from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
@@ -47,6 +47,7 @@ class ControlPlane:
     registry: CollectorRegistry
     fits: Callable[[JobSpec], None] = lambda spec: None
     serving: ServingPlane | None = None
+    webhooks: WebhookDispatcher | None = None
 
     def app(self) -> FastAPI:
         return create_app(
@@ -58,7 +59,7 @@ class ControlPlane:
                 open_blobs(self.config.artifact_store_url),
                 config=ArtifactConfig(gc_grace_s=self.config.artifact_gc_grace_s),
             ),
-            webhooks=WebhookNotifier(self.config.webhooks) if self.config.webhooks else None,
+            webhooks=self.webhooks,
             registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {
@@ -168,6 +169,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         from tensoryard.executors.kubernetes.pod_metrics import PodCollector
 
         registry.register(PodCollector(observed_pods))
+    holder = f"{socket.gethostname()}:{config.port}:{config.home}"  # same after a restart
     controller = Controller(
         store=store,
         executor=executor,
@@ -175,10 +177,13 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         capacity=capacity,
         config=config,
         job_key=job_key,
-        holder=f"{socket.gethostname()}:{config.port}:{config.home}",  # same after a restart
+        holder=holder,
         metrics=LoopMetrics(registry),
         node_sync=backend.node_sync,
     )
+    # Routes events to the outbox even with no hook configured (then: none); started by
+    # run_server, so a plane built for a test or a one-off command sends nothing by itself.
+    webhooks = WebhookDispatcher(store, config.webhooks, owner=holder)
     serving = ServingPlane.build(
         store,
         registry,
@@ -189,7 +194,9 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller.pipelines.deployer = Deployer(
         store, serving.weights, serving.manager, gateway_url=config.report_url
     )
-    return ControlPlane(config, store, executor, controller, token, registry, backend.fits, serving)
+    return ControlPlane(
+        config, store, executor, controller, token, registry, backend.fits, serving, webhooks
+    )
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -238,6 +245,8 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
     if plane.serving is not None:
         plane.serving.manager.start()  # re-attaches to or restarts replicas, then supervises
+    if plane.webhooks is not None:
+        plane.webhooks.start()  # sends what the outbox holds, from before a restart too
     server = uvicorn.Server(
         uvicorn.Config(
             plane.app(),
@@ -253,5 +262,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     finally:
         if plane.serving is not None:
             plane.serving.manager.stop()
+        if plane.webhooks is not None:
+            plane.webhooks.stop()
         plane.controller.stop()
         plane.store.close()

@@ -8,6 +8,7 @@ the control plane to promote a job's checkpoint, which it pushes itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, Literal
@@ -17,7 +18,6 @@ from pydantic import BaseModel, Field
 
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.registry.service import ModelRegistry
-from tensoryard.registry.webhooks import WebhookNotifier
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard
 from tensoryard.spec.job import NAME_PATTERN
@@ -143,15 +143,12 @@ def add_model_routes(
     registry: ModelRegistry,
     guard: Guard,
     prefix: str,
-    webhooks: WebhookNotifier | None = None,
+    kick_webhooks: Callable[[], None] = lambda: None,
 ) -> None:
-    """Register /models, /model-versions and /artifacts under `prefix`; events go to
-    `webhooks` after their transaction committed."""
+    """Register /models, /model-versions and /artifacts under `prefix`. The store writes each
+    change's webhook events in its transaction; `kick_webhooks` wakes the delivery loop after
+    the commit, so they go out at once."""
     store = registry.store
-
-    def notify(event: str, payload: dict[str, Any]) -> None:
-        if webhooks is not None:
-            webhooks.emit(event, payload)
 
     tags: list[str | Enum] = ["models"]
 
@@ -253,9 +250,8 @@ def add_model_routes(
                     )
                 ]
             )
-        out = VersionOut.of(version)
-        notify("model.version.created", out.model_dump(mode="json", exclude={"spec"}))
-        return out
+        kick_webhooks()
+        return VersionOut.of(version)
 
     @app.get(f"{prefix}/models/{{team}}/{{name}}/versions/{{ref}}", tags=tags)
     def show_version(
@@ -300,10 +296,7 @@ def add_model_routes(
         guard.check(request, who, Action.MODEL_WRITE, team=team, obj=f"model/{team}/{name}")
         audit = guard.context(request, who)
         out = VersionOut.of(store.set_alias(team, name, alias, body.version, audit=audit))
-        notify(
-            "model.alias.moved",
-            {"team": team, "model": name, "alias": alias, "version": out.version},
-        )
+        kick_webhooks()
         return out
 
     @app.delete(f"{prefix}/models/{{team}}/{{name}}/aliases/{{alias}}", status_code=204, tags=tags)
@@ -318,7 +311,7 @@ def add_model_routes(
         store.get_team(team)
         guard.check(request, who, Action.MODEL_WRITE, team=team, obj=f"model/{team}/{name}")
         store.delete_alias(team, name, alias, audit=guard.context(request, who))
-        notify("model.alias.deleted", {"team": team, "model": name, "alias": alias})
+        kick_webhooks()
 
     @app.put(f"{prefix}/models/{{team}}/{{name}}/versions/{{version}}/tags", tags=tags)
     def set_tags(
@@ -334,6 +327,7 @@ def add_model_routes(
         guard.check(request, who, Action.MODEL_WRITE, team=team, obj=f"model/{team}/{name}")
         audit = guard.context(request, who)
         record = store.set_tags(team, name, version, body.tags, remove=body.remove, audit=audit)
+        kick_webhooks()
         return VersionOut.of(record)
 
     @app.get(f"{prefix}/model-versions", tags=tags)

@@ -7,6 +7,7 @@ default; any ``postgresql+psycopg://`` URL works in production.
 
 from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
 from tensoryard.store._retention import CheckpointRemovalRecord, Retirement
+from tensoryard.store._webhooks import WebhookDeliveryRecord
 from tensoryard.store.records import (
     TEAM_ROLES,
     TOKEN_SCOPES,
@@ -61,6 +62,7 @@ __all__ = [
     "TokenRecord",
     "UserRecord",
     "VersionLineage",
+    "WebhookDeliveryRecord",
     "default_sqlite_url",
     "utcnow",
 ]

@@ -26,7 +26,13 @@ from tensoryard.store.records import AuditContext
 if TYPE_CHECKING:
     from tensoryard.store.models import AuditEntry
 
-__all__ = ["ModelRecord", "ModelVersionRecord", "RegistryMixin", "VersionLineage"]
+__all__ = [
+    "ModelRecord",
+    "ModelVersionRecord",
+    "RegistryMixin",
+    "VersionLineage",
+    "version_payload",
+]
 
 _NAME = re.compile(NAME_PATTERN)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -101,6 +107,8 @@ class RegistryMixin:
             outcome: str = "ok",
             detail: str = "",
         ) -> AuditEntry | None: ...
+
+        def _enqueue_event(self, s: Session, event: str, payload: dict[str, Any]) -> None: ...
 
     # -- models ------------------------------------------------------------------------------
 
@@ -187,7 +195,13 @@ class RegistryMixin:
                 f"model/{team}/{model}:{version.version}",
                 detail=f"artifact={artifact}",
             )
-            return _version_record(s, version, team, model)
+            record = _version_record(s, version, team, model)
+            self._enqueue_event(s, "model.version.created", version_payload(record))
+            for alias in aliases or []:
+                self._enqueue_event(
+                    s, "model.alias.moved", _alias_payload(team, model, alias, record.version)
+                )
+            return record
 
     def _ensure_model(self, s: Session, team: str, name: str, created_by: str) -> Model:
         query = select(Model).where(Model.team == team, Model.name == name).with_for_update()
@@ -238,6 +252,8 @@ class RegistryMixin:
             s.flush()
             obj = f"model/{team}/{model}@{alias}"
             self._audit(s, audit, "model.alias", obj, detail=f"-> {version}")
+            payload = _alias_payload(team, model, alias, version)
+            self._enqueue_event(s, "model.alias.moved", payload)
             return _version_record(s, target, team, model)
 
     def delete_alias(
@@ -250,6 +266,9 @@ class RegistryMixin:
                 raise NotFound(f"{team}/{model} has no alias {alias!r}")
             s.delete(found)
             self._audit(s, audit, "model.alias", f"model/{team}/{model}@{alias}", detail="deleted")
+            self._enqueue_event(
+                s, "model.alias.deleted", {"team": team, "model": model, "alias": alias}
+            )
 
     def set_tags(
         self,
@@ -278,7 +297,13 @@ class RegistryMixin:
                     found.value = value
             s.flush()
             self._audit(s, audit, "model.tag", f"model/{team}/{model}:{version}")
-            return _version_record(s, target, team, model)
+            record = _version_record(s, target, team, model)
+            self._enqueue_event(
+                s,
+                "model.version.tagged",
+                {"team": team, "model": model, "version": version, "tags": record.tags},
+            )
+            return record
 
     # -- lineage -----------------------------------------------------------------------------
 
@@ -359,6 +384,18 @@ class RegistryMixin:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def version_payload(v: ModelVersionRecord) -> dict[str, Any]:
+    """The JSON data of a ``model.version.created`` event: the version without its spec."""
+    data = {k: val for k, val in v.__dict__.items() if k != "spec"}
+    data["created_at"] = v.created_at.isoformat()
+    data["aliases"] = list(v.aliases)
+    return data
+
+
+def _alias_payload(team: str, model: str, alias: str, version: int) -> dict[str, Any]:
+    return {"team": team, "model": model, "alias": alias, "version": version}
 
 
 def _model(s: Session, team: str, name: str, *, lock: bool = False) -> Model:

@@ -56,6 +56,7 @@ __all__ = [
     "Team",
     "UTCDateTime",
     "User",
+    "WebhookDelivery",
 ]
 
 # Explicit constraint names, so migrations and autogenerate agree on every backend.
@@ -566,3 +567,42 @@ class DeploymentReplica(Base):
     state: Mapped[str] = mapped_column(String(STATE_LEN))
     restarts: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime | None]
+
+
+WEBHOOK_STATES = ("pending", "delivered", "failed")
+WEBHOOK_STATE_VALUES = ", ".join(f"'{s}'" for s in WEBHOOK_STATES)
+
+
+class WebhookDelivery(Base):
+    """One registry event for one webhook receiver (migration 0011_webhook_outbox).
+
+    Written in the transaction of the registry change that caused it (an outbox): the event
+    exists iff the change committed. The delivery loop claims a due row by compare-and-set on
+    ``claimed_until`` and counts the attempt before it sends."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({WEBHOOK_STATE_VALUES})", name="status"),
+        UniqueConstraint("delivery_id"),
+        Index(None, "status", "next_attempt_at"),
+        Index(None, "event_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(32))
+    """The X-Tyard-Delivery header, the same on every attempt (receivers de-duplicate by it)."""
+    event_id: Mapped[str] = mapped_column(String(32))
+    """Shared by the deliveries of one event to several receivers."""
+    event: Mapped[str] = mapped_column(String(64))
+    hook_url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(STATE_LEN))
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(255))
+    claimed_until: Mapped[datetime | None]
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]

@@ -34,6 +34,7 @@ from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
 from tensoryard.store._retention import RetentionMixin
 from tensoryard.store._serving import ServingMixin
+from tensoryard.store._webhooks import WebhookOutboxMixin
 from tensoryard.store.models import (
     Attempt,
     Checkpoint,
@@ -76,7 +77,15 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home}/tensoryard.db"
 
 
-class Store(IdentityMixin, PipelineMixin, RegistryMixin, RetentionMixin, NodesMixin, ServingMixin):
+class Store(
+    IdentityMixin,
+    PipelineMixin,
+    RegistryMixin,
+    RetentionMixin,
+    NodesMixin,
+    ServingMixin,
+    WebhookOutboxMixin,
+):
     """Repository over the tensoryard database (SQLite file or PostgreSQL).
 
     Methods that change something accept ``audit=AuditContext(actor, source_ip)`` and then

@@ -76,6 +76,7 @@ def _filled(path: str) -> str:
         "ref": "1",
         "alias": "production",
         "version": "1",
+        "row_id": "1",  # a webhook delivery
     }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
