@@ -224,6 +224,13 @@ def copy_vs_register(src: Path, work: Path, rounds: int) -> tuple[dict[str, Any]
     out["register_cached_median_s"] = med(
         r - f for r, f in zip(register, register_flush, strict=True)
     )
+    # best of the rounds: each arm at its least disturbed (copy times here are bimodal: a copy
+    # right after a register is several times slower than one that comes first)
+    cached = [r - f for r, f in zip(register, register_flush, strict=True)]
+    out["copy_durable_best_s"] = min(copy_durable)
+    out["copy_cached_best_s"] = min(copy_cached)
+    out["register_best_s"] = min(register)
+    out["register_cached_best_s"] = min(cached)
     return out, pushed
 
 
@@ -304,6 +311,10 @@ def run(size_mb: int, work: Path, skip_s3: bool, rounds: int = 2) -> dict[str, A
     res["copy_cached_mb_s"] = total / MB / copy_cached_s
     res["register_cached_mb_s"] = total / MB / timings["register_cached_median_s"]
     res["register_vs_copy_cached_ratio"] = copy_cached_s / timings["register_cached_median_s"]
+    res["register_vs_copy_best_ratio"] = timings["copy_durable_best_s"] / timings["register_best_s"]
+    res["register_vs_copy_cached_best_ratio"] = (
+        timings["copy_cached_best_s"] / timings["register_cached_best_s"]
+    )
     print(
         f"durable: copy {res['copy_mb_s']:.0f} MB/s, tensoryard register "
         f"{res['register_mb_s']:.0f} MB/s; cached: copy {res['copy_cached_mb_s']:.0f} MB/s, "
@@ -381,7 +392,10 @@ def summary(res: dict[str, Any], size_mb: int) -> tuple[str, str]:
         f"register {res['register_mb_s']:.0f} MB/s = "
         f"{res['register_vs_copy_ratio']:.2f}x plain copy ({res['copy_mb_s']:.0f} MB/s); "
         f"unflushed (page cache): register {res['register_cached_mb_s']:.0f} MB/s = "
-        f"{res['register_vs_copy_cached_ratio']:.2f}x copy ({res['copy_cached_mb_s']:.0f} MB/s)",
+        f"{res['register_vs_copy_cached_ratio']:.2f}x copy ({res['copy_cached_mb_s']:.0f} MB/s); "
+        f"best of rounds: {res['register_vs_copy_best_ratio']:.2f}x to disk, "
+        f"{res['register_vs_copy_cached_best_ratio']:.2f}x unflushed (copy times are bimodal: "
+        f"{', '.join(f'{x:.1f}' for x in res['copy_vs_register']['copy_s'])} s flushed)",
     ]
     if "mlflow_local_mb_s" in res:
         parts.append(
@@ -403,14 +417,18 @@ def summary(res: dict[str, Any], size_mb: int) -> tuple[str, str]:
         f"restore {res['restore_mb_s']:.0f} MB/s = {res['restore_vs_copy_ratio']:.2f}x "
         "unflushed copy (every chunk verified)"
     )
-    ratio_met = res["register_vs_copy_ratio"] >= GOALS["register_vs_copy_ratio"]
-    cached_met = res["register_vs_copy_cached_ratio"] >= GOALS["register_vs_copy_ratio"]
+    goal = GOALS["register_vs_copy_ratio"]
+    ratio_met = min(res["register_vs_copy_ratio"], res["register_vs_copy_best_ratio"]) >= goal
+    cached_met = (
+        min(res["register_vs_copy_cached_ratio"], res["register_vs_copy_cached_best_ratio"]) >= goal
+    )
     dedup_met = (
         max(res["new_bytes_fraction_inplace"], res["new_bytes_fraction_insert"])
         <= GOALS["new_bytes_fraction"]
     )
     met = (
-        f">=80% of copy: {'met' if ratio_met else 'not met'} to disk, "
+        f">=80% of copy (median and best of rounds both): "
+        f"{'met' if ratio_met else 'not met'} to disk, "
         f"{'met' if cached_met else 'not met'} unflushed; "
         f"<=15% new bytes: {'met' if dedup_met else 'not met'}"
     )
@@ -439,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_results:
         cmd = (
             "python benchmarks/artifacts.py --json benchmarks/out/artifacts.json "
-            f"--size-mb {args.size_mb}"
+            f"--size-mb {args.size_mb} --rounds {args.rounds}"
         )
         goal = "register >= 80% of plain copy; <= 15% new bytes for 10% changed / inserted"
         write_results_line(NAME, cmd, text, goal, met)
