@@ -86,7 +86,7 @@ def make_checkpoint(root: Path, size_mb: int, seed: int = 0) -> int:
     per = max(1, half // 8)
     for i in range(8):
         state[f"block{i}.weight"] = torch.from_numpy(rng.standard_normal(per // 4, np.float32))
-    dcp.save(state, checkpoint_id=str(root / "dcp"))
+    dcp.save(state, checkpoint_id=str(root / "dcp"))  # type: ignore[attr-defined]
     return tree_bytes(root)
 
 
