@@ -9,6 +9,11 @@ from tensoryard.errors import ConfigError
 __all__ = ["SchedulerConfig"]
 
 
+# How long a pending workload that preemptions were made for keeps first pick of the room
+# made for it (Workload.reclaiming); the callers (server, simulator) keep that memory.
+RECLAIM_MEMORY_S = 900.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     """Policy knobs. The defaults are the platform's default policy (all policies on).

@@ -290,7 +290,7 @@ def _order_pending(st: CycleState) -> None:
 def _sort_queue(
     st: CycleState, items: list[Workload], leveled: bool, in_order: bool, one_priority: bool
 ) -> list[Workload]:
-    """(-priority, level, submit time, id) by stable passes with C-level keys.
+    """(-priority, reclaiming first, level, submit time, id) by stable passes with C-level keys.
 
     `in_order` / `one_priority`: the items are known to be in strict submission order / of
     one priority already (skips checking them).
@@ -304,6 +304,8 @@ def _sort_queue(
     if leveled:
         levels = st.levels
         items.sort(key=lambda w: levels.get(w.id, 0))
+    if any(w.reclaiming for w in items):  # the room made for them goes to them
+        items.sort(key=lambda w: not w.reclaiming)
     if not one_priority and len(set(map(_PRIORITY, items))) > 1:
         items.sort(key=_PRIORITY, reverse=True)  # reverse=True keeps the sort stable
     return items

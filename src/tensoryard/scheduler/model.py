@@ -112,6 +112,11 @@ class Workload:
             preempted for; its resources count only for that one in preemption searches, so
             another preemptor does not take them and make the first issue new preemptions.
             None when unknown (any preemptor may count them).
+        reclaiming: for a pending workload, preemptions were made for it in an earlier cycle
+            (its victims are stopping or have stopped): it is visited first in its queue, and
+            before other queues' heads of its priority, so that the room made for it is not
+            taken by a workload ahead of it (which another queue would then reclaim from, and
+            so on: a preemption livelock). The caller keeps this memory (see CorePolicy).
     """
 
     id: str
@@ -132,6 +137,7 @@ class Workload:
     last_checkpoint_time: float | None = None
     terminating: bool = False
     preempted_for: str | None = None
+    reclaiming: bool = False
 
     @property
     def total_gpus(self) -> int:

@@ -1,4 +1,5 @@
-"""Which queue head goes next: priority, nominal before borrowing, service level, fair share.
+"""Which queue head goes next: priority, reclaiming first, nominal before borrowing, service
+level, fair share.
 
 Each queue's own order (priority, service level, submit time) is fixed once in phase 3
 (``cycle_state``); this module ranks the queue heads against each other.
@@ -14,7 +15,7 @@ from tensoryard.scheduler.model import Workload
 
 __all__ = ["HeapKey", "fits_nominal", "heap_key", "share"]
 
-HeapKey = tuple[int, bool, int, float, float, str, str]
+HeapKey = tuple[int, bool, bool, int, float, float, str, str]
 
 
 def heap_key(st: CycleState, line: QueueLine) -> HeapKey:
@@ -22,7 +23,16 @@ def heap_key(st: CycleState, line: QueueLine) -> HeapKey:
     w = line.items[line.cursor]
     level = st.levels.get(w.id, 0) if st.cfg.service_level_across_queues else 0
     borrows = st.cfg.nominal_first and not fits_nominal(st, w)
-    return (-w.priority, borrows, level, share(st, line.name), w.submit_time, w.id, line.name)
+    return (
+        -w.priority,
+        not w.reclaiming,  # the room made for it by preemption is its own
+        borrows,
+        level,
+        share(st, line.name),
+        w.submit_time,
+        w.id,
+        line.name,
+    )
 
 
 def fits_nominal(st: CycleState, w: Workload) -> bool:

@@ -33,6 +33,7 @@ from tensoryard.scheduler import (
     Workload,
     workload_from_job,
 )
+from tensoryard.scheduler.config import RECLAIM_MEMORY_S
 from tensoryard.scheduler.estimates import (
     EstimatorConfig,
     JobFeatures,
@@ -47,6 +48,7 @@ __all__ = [
     "ClusterView",
     "CorePolicy",
     "Decisions",
+    "KueuePolicy",
     "NodeCapacity",
     "PendingInfo",
     "Preemption",
@@ -94,6 +96,7 @@ class ClusterView:
 class Admission:
     job_id: int
     placement: dict[str, list[int]]  # node -> GPU indices ([] on CPU-only nodes)
+    reason: str = ""  # the job's state reason ("" : "admitted on <nodes>")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,9 @@ class CorePolicy:
         self._history: Mapping[str, DecayedUsage] = {}
         # victim job id -> the job it was preempted for (while it checkpoints and stops)
         self._preempted_for: dict[int, int] = {}
+        # pending jobs preemptions were made for -> when: they go first while the room made
+        # for them is still theirs (RECLAIM_MEMORY_S at most)
+        self._reclaiming: dict[int, float] = {}
 
     # --- memory across cycles and restarts -----------------------------------------------
 
@@ -202,6 +208,14 @@ class CorePolicy:
         }
         for p in core.preemptions:
             self._preempted_for[int(p.workload_id)] = int(p.preemptor_id)
+            self._reclaiming.setdefault(int(p.preemptor_id), view.now)
+        admitted = {int(a.workload_id) for a in core.admissions}
+        waiting = {j.id for j in view.pending}
+        self._reclaiming = {
+            job_id: since
+            for job_id, since in self._reclaiming.items()
+            if job_id in waiting and job_id not in admitted and view.now - since < RECLAIM_MEMORY_S
+        }
         out = Decisions()
         for a in core.admissions:
             placement = {node: list(gpus) for node, gpus in a.placement.gpus.items()}
@@ -218,13 +232,14 @@ class CorePolicy:
 
     def _pending(self, job: JobRecord, view: ClusterView) -> Workload:
         spec = _spec(job, view)
-        return workload_from_job(
+        workload = workload_from_job(
             str(job.id),
             spec,
             submit_time=job.created_at.timestamp(),
             runtime_estimate_s=self.estimator.estimate(_features(spec)),
             attained_service_s=view.attained_s.get(job.id, 0.0),
         )
+        return replace(workload, reclaiming=True) if job.id in self._reclaiming else workload
 
     def _running(self, job: JobRecord, view: ClusterView) -> Workload:
         spec = _spec(job, view)
@@ -254,6 +269,25 @@ class CorePolicy:
             terminating=job.id in view.terminating,
             preempted_for=_text(self._preempted_for.get(job.id)),
         )
+
+
+class KueuePolicy(CorePolicy):
+    """Admission handed to Kueue (`tyard server --admission kueue`): every pending job goes to
+    the executor at once, unplaced, as a suspended JobSet in its team's LocalQueue; Kueue's
+    ClusterQueues decide when it runs and where (flavor), and whom to preempt. tensoryard
+    still restarts, checkpoints, accounts and reports; it makes no admission, placement or
+    preemption decision of its own (the run-time estimator still learns)."""
+
+    def decide(self, view: ClusterView) -> Decisions:
+        out = Decisions()
+        for job in view.pending:
+            if job.id in view.terminating:
+                continue
+            spec = _spec(job, view)
+            out.admissions.append(
+                Admission(job.id, {}, reason=f"handed to Kueue (LocalQueue {spec.team})")
+            )
+        return out
 
 
 def _text(job_id: int | None) -> str | None:

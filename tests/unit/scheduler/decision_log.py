@@ -37,6 +37,7 @@ from tensoryard.scheduler import (
     Snapshot,
     Workload,
 )
+from tensoryard.scheduler.config import RECLAIM_MEMORY_S
 from tensoryard.spec.queue import CohortSpec, QueueSpec, QuotaConfig
 
 BASELINE = Path(__file__).with_name("decisions_baseline.json")
@@ -173,6 +174,7 @@ def run_synthetic(seed: int, cycles: int = 150) -> DecisionLog:
     running: dict[str, Workload] = {}
     true_end: dict[str, float] = {}
     stop_at: dict[str, float] = {}
+    reclaiming: dict[str, float] = {}  # preemptor -> when its preemptions were made
     history: dict[str, Any] = {}
     now = 0.0
     next_id = 0
@@ -206,6 +208,10 @@ def run_synthetic(seed: int, cycles: int = 150) -> DecisionLog:
             )
             for wid, w in running.items()
         }
+        # As the server seam and the simulator's adapter do: a workload preemptions were made
+        # for keeps first pick of the room made for it (RECLAIM_MEMORY_S at most).
+        reclaiming = {w: at for w, at in reclaiming.items() if now - at < RECLAIM_MEMORY_S}
+        pending = [replace(w, reclaiming=w.id in reclaiming) for w in pending]
         snap = Snapshot(nodes, quotas, tuple(pending), tuple(running.values()), history)
         decisions = scheduler.schedule(snap, now)
         log.add(now, decisions, [w.id for w in pending])
@@ -216,10 +222,13 @@ def run_synthetic(seed: int, cycles: int = 150) -> DecisionLog:
                 running[w.id] = replace(w, placement=admitted[w.id], start_time=now)
                 true_end[w.id] = now + rng.choice([100.0, 900.0, 4000.0, 20_000.0])
         pending = [w for w in pending if w.id not in admitted]
+        for wid in admitted:
+            reclaiming.pop(wid, None)
         for p in decisions.preemptions:
             w = running[p.workload_id]
             running[p.workload_id] = replace(w, terminating=True, preempted_for=p.preemptor_id)
             stop_at[p.workload_id] = now + p.grace_s
+            reclaiming.setdefault(p.preemptor_id, now)
     return log
 
 

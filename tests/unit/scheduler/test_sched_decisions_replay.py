@@ -18,6 +18,15 @@ ended a reclaim thrash (Philly 30000-30300 on 12x8: 20,364 preemptions for 300 j
 227 after), and again when reclaim stopped counting terminating work as borrowing (that
 over-reclaimed: the tuning window 20000-22000 went to 3,026 preemptions with the link alone,
 231 with both changes).
+
+Re-recorded a third time, all scenarios, when a pending workload that preemptions were made
+for started to keep first pick of the room made for it (``Workload.reclaiming``, remembered by
+the server seam, the simulator's adapter and the synthetic harness for RECLAIM_MEMORY_S):
+without it a borrower ahead in line took the freed GPUs and the reclaim repeated (a livelock on
+the Kubernetes test cluster: ten teams' 8-node borrowers preempting each other's attempts).
+Philly 50000-50600 on 12x8 went from 459 preemptions and 1,057 admissions to 139 and 737;
+70000-70300 from 230 to 227; 40000-40500 did not change; the synthetic worlds changed both
+ways (preemptions 98->137, 139->143, 134->127, 296->361, 289->247, 308->341).
 """
 
 from __future__ import annotations

@@ -218,3 +218,27 @@ def test_reclaim_counts_only_the_borrowing_of_work_that_stays() -> None:
     quotas = make_quotas({"a": {"H100": 4}, "b": {"H100": 4}})
     decisions = schedule(make_nodes(1), quotas, [newcomer], b_jobs + a_jobs)
     assert decisions.preemptions == ()
+
+
+@pytest.mark.parametrize("reclaiming", [False, True], ids=["no memory", "preemptor remembered"])
+def test_the_room_made_by_a_reclaim_goes_to_the_workload_it_was_made_for(
+    reclaiming: bool,
+) -> None:
+    """Queues a and b own one 8-GPU node each. a's 16-GPU job ran on both (borrowing b's node)
+    and b's 8-GPU job reclaimed it; now it is gone and both nodes are free. Waiting: a's job
+    again (borrowing), b's 16-GPU job (borrowing, submitted first) and the reclaimer b-small.
+    Without remembering whom the room was made for, a borrower takes both nodes and b-small
+    must reclaim again next cycle (the livelock seen on the test cluster: 8-node borrowers of
+    ten teams preempted each other's attempts within seconds, 413 jobs waiting, the GPUs
+    mostly idle); with it, b-small starts first."""
+    quotas = make_quotas({"a": {"H100": 8}, "b": {"H100": 8}})
+    a_big = make_workload("a-big", "a").gpus(8).nodes(2).submitted(0.0).obj()
+    b_big = make_workload("b-big", "b").gpus(8).nodes(2).submitted(0.0).obj()
+    b_small = make_workload("b-small", "b").gpus(8).submitted(1.0).obj()
+    b_small = replace(b_small, reclaiming=reclaiming)
+    decisions = schedule(make_nodes(2), quotas, [a_big, b_big, b_small])
+    admitted = set(decisions.admitted)
+    if reclaiming:
+        assert "b-small" in admitted and not {"a-big", "b-big"} & admitted
+    else:
+        assert "b-small" not in admitted and len(admitted) == 1

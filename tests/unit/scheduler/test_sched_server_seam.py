@@ -91,3 +91,25 @@ def test_a_victim_in_its_grace_period_is_tied_to_the_job_it_was_preempted_for() 
     stopping = replace(view, terminating=frozenset({1}), now=now + 10)
     assert policy._running(running, stopping).preempted_for == "2"
     assert policy.decide(stopping).preemptions == []
+
+
+def test_a_job_preemptions_were_made_for_goes_first_until_it_is_admitted() -> None:
+    """Job 2 (priority 5) preempts job 1. Once job 1 is gone, the seam marks job 2 as the one
+    the room was made for (`reclaiming`), so the core serves it before any other waiting job
+    of its priority; once admitted the mark is dropped, and it never outlives the memory."""
+    now = T0.timestamp() + 60
+    running = replace(_job(1, JobState.RUNNING, placement={"n0": list(range(8))}), priority=0)
+    urgent = _job(2, JobState.PENDING)
+    urgent = replace(urgent, spec={**urgent.spec, "priority": 5})
+    view = replace(_view(now), pending=(urgent,), running=(running,))
+    policy = CorePolicy()
+    assert [p.job_id for p in policy.decide(view).preemptions] == [1]
+    gone = replace(view, running=(), now=now + 20)
+    assert policy._pending(urgent, gone).reclaiming
+    assert [a.job_id for a in policy.decide(gone).admissions] == [2]
+    assert not policy._pending(urgent, gone).reclaiming
+    # a preemptor that never fits forgets its claim after RECLAIM_MEMORY_S
+    policy.decide(view)
+    later = replace(view, running=(), now=now + 901, nodes=())
+    policy.decide(later)
+    assert not policy._pending(urgent, later).reclaiming

@@ -25,6 +25,7 @@ from tensoryard.scheduler import (
     Snapshot,
     Workload,
 )
+from tensoryard.scheduler.config import RECLAIM_MEMORY_S
 from tensoryard.scheduler.estimates import (
     EstimatorConfig,
     JobFeatures,
@@ -75,10 +76,12 @@ class DefaultPolicy:
         self._nodes: tuple[Node, ...] = ()
         self._node_ix: dict[str, int] = {}
         self._usage: dict[str, DecayedUsage] = {}
-        self._pending_cache: dict[int, tuple[tuple[int, float | None], Workload]] = {}
+        self._pending_cache: dict[int, tuple[tuple[int, float | None, bool], Workload]] = {}
         self._running_cache: dict[int, tuple[tuple[int, bool], float, Workload]] = {}
         self._seen_completed = 0
         self._preempted_for: dict[int, str] = {}  # victim index -> preemptor workload id
+        # preemptor workload id -> when its preemptions were made (as CorePolicy keeps it)
+        self._reclaiming: dict[str, float] = {}
         self.estimator = RuntimeEstimator(estimator_config) if use_history else None
         self.last_decisions: Decisions | None = None
 
@@ -112,6 +115,7 @@ class DefaultPolicy:
         )
         decisions = self.scheduler.schedule(snapshot, now)
         self.last_decisions = decisions
+        self._remember_reclaims(decisions, snapshot, now)
         self._usage = dict(decisions.usage_history)
         self._apply(ctx, decisions, {j.index: j for j in pending}, {j.index: j for j in holding})
         return self._next_change(ctx, now)
@@ -145,12 +149,29 @@ class DefaultPolicy:
     def _pending_workload(self, job: JobView) -> Workload:
         self._preempted_for.pop(job.index, None)  # its preemption is over
         estimate = self._estimate(job)  # changes as the team's history grows
+        reclaiming = self.workload_id(job) in self._reclaiming
         cached = self._pending_cache.get(job.index)
-        if cached is not None and cached[0] == (job.attempt, estimate):
+        if cached is not None and cached[0] == (job.attempt, estimate, reclaiming):
             return cached[1]
         workload = self._base(job)
-        self._pending_cache[job.index] = ((job.attempt, estimate), workload)
+        if reclaiming:
+            workload = replace(workload, reclaiming=True)
+        self._pending_cache[job.index] = ((job.attempt, estimate, reclaiming), workload)
         return workload
+
+    def _remember_reclaims(self, decisions: Decisions, snapshot: Snapshot, now: float) -> None:
+        """Pending workloads preemptions were made for keep first pick (CorePolicy's rule)."""
+        for p in decisions.preemptions:
+            self._reclaiming.setdefault(p.preemptor_id, now)
+        if not self._reclaiming:
+            return
+        admitted = {a.workload_id for a in decisions.admissions}
+        waiting = {w.id for w in snapshot.pending}
+        self._reclaiming = {
+            w: since
+            for w, since in self._reclaiming.items()
+            if w in waiting and w not in admitted and now - since < RECLAIM_MEMORY_S
+        }
 
     def _running_estimate(self, job: JobView, now: float) -> float | None:
         """Expected length of the current attempt: what is left of the typical run; once an
