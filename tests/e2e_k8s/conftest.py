@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-testenv"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-PORTS_PER_ENV = 9  # see the port list at the top of scripts/k8s-testenv
+PORTS_PER_ENV = 12  # see the port list at the top of scripts/k8s-testenv
 
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -95,21 +95,36 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
     if reused:
         yield K8sEnv(kubeconfig=Path(reused), dir=None)
         return
-    bin_dir = Path(
+    yield from _environment(tmp_path_factory, "k8s-testenv")
+
+
+def _bin_dir() -> Path:
+    return Path(
         subprocess.run(
             [SCRIPT, "bin-dir"], check=True, capture_output=True, text=True
         ).stdout.strip()
     )
+
+
+def _environment(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *up_args: str
+) -> Iterator[K8sEnv]:
+    """`scripts/k8s-testenv up` in a fresh directory on free ports; `down` afterwards."""
+    bin_dir = _bin_dir()
     missing = [name for name in REQUIRED_BINARIES if not (bin_dir / name).is_file()]
     if missing:
         _unavailable(
             f"{', '.join(missing)} not built in {bin_dir}: run `scripts/k8s-testenv build` "
             "(about 35 min on a cold Go cache with 2 busy cores; under a second when built)"
         )
-    env_dir = tmp_path_factory.mktemp("k8s-testenv")
+    env_dir = tmp_path_factory.mktemp(name)
     env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_port_base())}
     up = subprocess.run(
-        [SCRIPT, "up", "--dir", env_dir], env=env, capture_output=True, text=True, timeout=600
+        [SCRIPT, "up", "--dir", env_dir, *up_args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     try:
         if up.returncode != 0:
@@ -122,6 +137,19 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
         subprocess.run(
             [SCRIPT, "down", "--dir", env_dir], env=env, capture_output=True, timeout=120
         )
+
+
+@pytest.fixture(scope="session")
+def k8s_kueue_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
+    """A second control plane with the Kueue controller (`up --kueue`), for the tests of
+    Kueue admission: Kueue's webhooks would otherwise sit in front of every other test's Jobs."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        _unavailable("the `kubernetes` client is not installed: pip install -e '.[k8s]'")
+    if not (_bin_dir() / "kueue").is_file():
+        _unavailable("kueue is not built: run `scripts/k8s-testenv build`")
+    yield from _environment(tmp_path_factory, "k8s-kueue-env", "--kueue")
 
 
 @pytest.fixture(scope="session")

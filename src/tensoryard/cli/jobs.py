@@ -105,6 +105,14 @@ def server(
         str,
         typer.Option(help="[kubernetes] 'jobset', 'job' (Indexed Job + Service) or 'auto'."),
     ] = "auto",
+    admission: Annotated[
+        str,
+        typer.Option(
+            help="[kubernetes] Who admits jobs: 'tensoryard' (its scheduler: quotas, fair "
+            "share, gang placement) or 'kueue' (suspended JobSets in the LocalQueue named after "
+            "the team; Kueue's ClusterQueues decide; needs Kueue >= 0.17 installed)."
+        ),
+    ] = "tensoryard",
     node_selector: Annotated[
         list[str] | None,
         typer.Option(
@@ -178,12 +186,15 @@ def server(
 
     if executor not in ("local", "kubernetes"):
         die(f"--executor {executor!r}: use 'local' or 'kubernetes'")
+    if admission != "tensoryard" and executor != "kubernetes":
+        die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
     with user_errors():
         k8s = kubernetes_config(
             kubeconfig=kubeconfig,
             namespace=namespace,
             default_image=default_image,
             workload=workload,
+            admission=admission,
             node_selector=node_selector or [],
             switch_label=switch_label,
             block_label=block_label,

@@ -40,6 +40,7 @@ def kubernetes_config(
     namespace: str = "default",
     default_image: str | None = None,
     workload: str = "auto",
+    admission: str = "tensoryard",
     node_selector: list[str] | None = None,
     switch_label: str = "tensoryard.io/switch",
     block_label: str = "tensoryard.io/block",
@@ -58,11 +59,23 @@ def kubernetes_config(
             ],
             source="command line",
         )
+    if admission not in ("tensoryard", "kueue"):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "--admission",
+                    f"{admission!r} is not an admission mode",
+                    "use tensoryard or kueue",
+                )
+            ],
+            source="command line",
+        )
     return KubernetesConfig(
         kubeconfig=kubeconfig,
         namespace=namespace,
         default_image=default_image,
         workload=workload,  # type: ignore[arg-type]  # checked above
+        admission=admission,  # type: ignore[arg-type]  # checked above
         node_selector=_pairs(node_selector or [], "--node-selector"),
         switch_label=switch_label,
         block_label=block_label,

@@ -59,6 +59,9 @@ class AttemptStatus:
     exit_code: int | None = None
     reason: str = ""  # human-readable: "rank 1 exited with code 137 (killed by SIGKILL)"
     failed_ranks: tuple[int, ...] = ()
+    # STARTING only: waiting in an admission queue outside tensoryard (Kueue); the starting
+    # timeout counts from the end of that wait, not from the launch.
+    queued: bool = False
 
     @property
     def finished(self) -> bool:

@@ -170,6 +170,9 @@ class _Memory:
     health_checked: dict[tuple[int, int], float] = field(default_factory=dict)
     failures: dict[int, int] = field(default_factory=dict)  # job -> consecutive errors
     starting_reason: dict[tuple[int, int], str] = field(default_factory=dict)
+    # External admission (Kueue): when a poll last saw the attempt waiting in its queue; the
+    # starting timeout counts from there (absent: not polled since this process started).
+    queued_seen: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 class Controller:
@@ -496,6 +499,10 @@ class Controller:
         else:
             self._mem.poll_failing_since.pop(key, None)
         if status is not None:
+            if getattr(self.executor, "external_admission", False) and (
+                status.queued or key not in self._mem.queued_seen
+            ):
+                self._mem.queued_seen[key] = now
             self._apply_status(job, attempt, status)
 
     def _poll_failed(
@@ -553,7 +560,13 @@ class Controller:
         spec = self._spec(job)
         grace = self.config.cancel_grace_s
         if attempt.state == "starting":
-            waited = now - attempt.started_at.timestamp()
+            since = attempt.started_at.timestamp()
+            if getattr(self.executor, "external_admission", False):
+                seen = self._mem.queued_seen.get((job.id, attempt.number))
+                if seen is None:
+                    return  # not polled since this process started: the next cycle decides
+                since = max(since, seen)
+            waited = now - since
             if waited > self.config.starting_timeout_s:
                 why = f"{NOT_STARTED} within {self.config.starting_timeout_s:g}s"
                 self._stop_attempt(job, attempt, why, why, grace)
@@ -605,15 +618,16 @@ class Controller:
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         if status.phase is AttemptPhase.STARTING:
-            self._note_starting_reason(job, attempt, status.reason)
+            self._note_starting_reason(job, attempt, status.reason, queued=status.queued)
             return
         if status.phase is AttemptPhase.RUNNING:
             if attempt.state != "running" or job.state is JobState.STARTING:
                 crashpoint("running.before_mark")
+                how = f" ({status.reason})" if status.reason else ""
                 with contextlib.suppress(Conflict):  # it ended meanwhile: the next poll says so
                     self._put(
                         self.store.mark_running(
-                            job.id, attempt.number, f"attempt {attempt.number} running"
+                            job.id, attempt.number, f"attempt {attempt.number} running{how}"
                         )
                     )
             return
@@ -641,6 +655,8 @@ class Controller:
             return
         crashpoint("finish.after")
         self._put(record)
+        self._mem.starting_reason.pop((job.id, attempt.number), None)
+        self._mem.queued_seen.pop((job.id, attempt.number), None)
         if to in (JobState.RESTARTING, JobState.PENDING):
             self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))
@@ -649,16 +665,19 @@ class Controller:
         if to in TERMINAL_STATES:
             self.store.revoke_job_token(job.id)
 
-    def _note_starting_reason(self, job: JobRecord, attempt: AttemptRecord, reason: str) -> None:
+    def _note_starting_reason(
+        self, job: JobRecord, attempt: AttemptRecord, reason: str, *, queued: bool = False
+    ) -> None:
         """What holds a starting attempt up (an image that cannot be pulled, a pod the cluster
-        cannot schedule) becomes an event once per new reason: `tyard describe` shows it."""
+        cannot schedule, Kueue's queue) becomes an event once per new reason: `tyard describe`
+        shows it."""
         key = (job.id, attempt.number)
         if not reason or self._mem.starting_reason.get(key) == reason:
             return
         self._mem.starting_reason[key] = reason
         self.store.add_event(
             job.id,
-            "warning",
+            "queue" if queued else "warning",
             f"attempt {attempt.number} not running yet: {reason}",
             attempt=attempt.number,
         )
@@ -680,6 +699,9 @@ class Controller:
             )
         if attempt.reason.startswith(MAX_RUNTIME):
             return JobState.FAILED, attempt.reason
+        if status.reason.startswith(PREEMPTED) and not job.cancel_requested:
+            # preempted outside tensoryard (Kueue evicted the workload)
+            return JobState.PENDING, f"{status.reason}; requeued, resumes from its last checkpoint"
         if job.cancel_requested:
             return JobState.CANCELLED, "cancelled by the user"
         if attempt.reason.startswith((HUNG, NOT_STARTED)):
@@ -835,7 +857,7 @@ class Controller:
             if self._try_transition(
                 job,
                 JobState.ADMITTED,
-                f"admitted on {nodes}",
+                admission.reason or f"admitted on {nodes}",
                 placement=admission.placement,
                 pending_reason="",
                 pending_eta=None,

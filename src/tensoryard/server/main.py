@@ -25,7 +25,7 @@ from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller, NodeSync
 from tensoryard.server.metrics import LoopMetrics, StateCollector
-from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.server.scheduling import CorePolicy, KueuePolicy, NodeCapacity
 from tensoryard.serving.deploy import Deployer
 from tensoryard.serving.plane import ServingPlane
 from tensoryard.spec.job import JobSpec
@@ -136,6 +136,14 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
             fix = "set `image:` to the training image (or start the server with --default-image)"
             raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
         cluster.check_fits(spec)
+        if executor.kueue is not None:
+            try:
+                missing = executor.kueue.check_queue(spec.team)
+            except ExecutorError as exc:
+                issue = FieldIssue("team", f"cannot read Kueue's LocalQueues: {exc}", "retry")
+                raise SpecError([issue]) from exc
+            if missing:
+                raise SpecError([FieldIssue("team", *missing)])
 
     node_sync: NodeSync | None = None
     if config.kubernetes.cordon_nodes:
@@ -146,6 +154,10 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
             return cordoner.sync(intents)
 
     return _Backend(executor, cluster.capacity, fits, node_sync)
+
+
+def _kueue_admits(config: ServerConfig) -> bool:
+    return config.executor == "kubernetes" and config.kubernetes.admission == "kueue"
 
 
 def build_control_plane(config: ServerConfig) -> ControlPlane:
@@ -173,7 +185,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller = Controller(
         store=store,
         executor=executor,
-        policy=CorePolicy(),
+        policy=KueuePolicy() if _kueue_admits(config) else CorePolicy(),
         capacity=capacity,
         config=config,
         job_key=job_key,

@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from tensoryard.executors.kubernetes.manifests import GPU_RESOURCE
 
-__all__ = ["GPU_PRODUCT_LABEL", "KubernetesConfig", "WorkloadKind"]
+__all__ = ["GPU_PRODUCT_LABEL", "Admission", "KubernetesConfig", "WorkloadKind"]
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by GPU Feature Discovery (GPU Operator)
 
 WorkloadKind = Literal["auto", "jobset", "job"]
+Admission = Literal["tensoryard", "kueue"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,10 @@ class KubernetesConfig:
     workload: WorkloadKind = "auto"
     """"jobset" (JobSet CRD), "job" (Indexed Job + headless Service), or "auto": JobSet when
     its CRD is installed."""
+    admission: Admission = "tensoryard"
+    """Who admits jobs: "tensoryard" (its scheduler: quotas, fair share, gang placement on
+    chosen nodes) or "kueue" (every job is handed at once to Kueue as a suspended JobSet/Job in
+    the LocalQueue named after its team; Kueue's quotas, borrowing and preemption decide)."""
     default_image: str | None = None
     """Image for jobs whose spec names none (`image:`); None: such jobs are refused at launch."""
     node_selector: Mapping[str, str] = field(default_factory=dict)

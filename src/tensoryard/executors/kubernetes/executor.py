@@ -29,6 +29,7 @@ from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError
 from tensoryard.executors.kubernetes.config import KubernetesConfig
+from tensoryard.executors.kubernetes.kueue import KueueAdmission
 from tensoryard.executors.kubernetes.manifests import (
     LABEL_ATTEMPT_KEY,
     RESERVED_ENV,
@@ -128,6 +129,7 @@ def workload_for(
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations=dict(config.pod_annotations),
         ttl_after_finished_s=config.keep_finished_s,
+        kueue_queue=spec.team if config.admission == "kueue" else None,
     )
 
 
@@ -176,6 +178,15 @@ class KubernetesExecutor:
         self.kind = kind or _choose_kind(kube)
         self._pod_cache: WatchCache | None = None
         self._owner_cache: WatchCache | None = None
+        self.kueue: KueueAdmission | None = None
+        if self.config.admission == "kueue":
+            self.kueue = KueueAdmission(kube, self.config.namespace)
+            self.kueue.check_installed()
+
+    @property
+    def external_admission(self) -> bool:
+        """Kueue, not tensoryard's scheduler, admits this executor's attempts."""
+        return self.kueue is not None
 
     def start_watches(self) -> None:
         """Keep this namespace's tensoryard pods and JobSets/Jobs in list-then-watch caches,
@@ -201,11 +212,15 @@ class KubernetesExecutor:
                 label_selector=LABEL_ATTEMPT_KEY,
             )
         self._owner_cache = owners.start()
+        if self.kueue is not None:
+            self.kueue.start_watch()
 
     def close(self) -> None:
         for cache in (self._pod_cache, self._owner_cache):
             if cache is not None:
                 cache.stop()
+        if self.kueue is not None:
+            self.kueue.stop()
 
     # -- launch -------------------------------------------------------------------------------
 
@@ -334,6 +349,17 @@ class KubernetesExecutor:
         if final is not None:
             return final
         owner, pods = self._observe(h)
+        if self.kueue is not None and owner is not None:
+            held = self.kueue.held(h.attempt_key, owner)
+            if held is not None and held.finished:
+                # Evicted: delete the JobSet/Job before saying so, or Kueue would admit and
+                # run it again under an attempt the control plane believes ended. Pods still
+                # stopping keep their grace period (they are writing a checkpoint).
+                self._keep_logs(h, pods)
+                self.cancel(handle, grace_s=self.grace_s)
+                self._record(h, held)
+            if held is not None:
+                return held
         status = attempt_status(
             h.kind,
             owner,
@@ -347,6 +373,11 @@ class KubernetesExecutor:
             if status.phase is AttemptPhase.FAILED:
                 self._stop_rest_of_gang(h)
             self._record(h, status)
+            if self.kueue is not None:
+                self.kueue.forget(h.attempt_key)
+        elif self.kueue is not None and owner is not None and status.phase is AttemptPhase.RUNNING:
+            how = self.kueue.admitted(h.attempt_key, owner)
+            status = AttemptStatus(AttemptPhase.RUNNING, reason=f"admitted by Kueue: {how}")
         return status
 
     def _stop_rest_of_gang(self, h: KubernetesHandle) -> None:

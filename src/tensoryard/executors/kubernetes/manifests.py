@@ -24,6 +24,8 @@ from tensoryard.errors import ExecutorError
 
 __all__ = [
     "GPU_RESOURCE",
+    "KUEUE_PRIORITY_LABEL",
+    "KUEUE_QUEUE_LABEL",
     "LABEL_ATTEMPT",
     "LABEL_ATTEMPT_KEY",
     "LABEL_JOB_ID",
@@ -40,6 +42,8 @@ LABEL_JOB_ID = "tensoryard.io/job-id"
 LABEL_ATTEMPT = "tensoryard.io/attempt"
 LABEL_ATTEMPT_KEY = "tensoryard.io/attempt-key"
 LABEL_TEAM = "tensoryard.io/team"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 REPLICATED_JOB = "node"
 CONTAINER = "trainer"
@@ -102,6 +106,12 @@ class AttemptWorkload:
     ttl_after_finished_s: int | None = None
     """`ttlSecondsAfterFinished` of the JobSet / Job: Kubernetes deletes the finished attempt's
     objects after that long (None: kept until tensoryard or an admin deletes them)."""
+    kueue_queue: str | None = None
+    """Kueue admits this attempt: the JobSet/Job is created suspended with the label
+    `kueue.x-k8s.io/queue-name` (this LocalQueue); Kueue unsuspends it once it fits the
+    ClusterQueue's quota and adds the ResourceFlavor's node labels. None: tensoryard admitted it."""
+    kueue_priority_class: str | None = None
+    """Kueue WorkloadPriorityClass of the attempt (label `kueue.x-k8s.io/priority-class`)."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -139,6 +149,8 @@ class AttemptWorkload:
             ("job_id", str(self.job_id)),
             ("attempt_key", self.attempt_key),
             ("team", self.team),
+            ("kueue_queue", self.kueue_queue or ""),
+            ("kueue_priority_class", self.kueue_priority_class or ""),
         ):
             _check(
                 bool(_LABEL_VALUE.match(value)) and len(value) <= 63,
@@ -295,18 +307,34 @@ def render_jobset(w: AttemptWorkload) -> dict[str, Any]:
         "metadata": {"labels": w.labels(), "annotations": dict(w.labels())},
         "spec": _job_spec(w, _pod_template(w, master)),
     }
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": _metadata(w, w.name),
-        "spec": {
-            "network": {"enableDNSHostnames": True, "subdomain": w.name},
-            "failurePolicy": {"maxRestarts": 0},
-            "successPolicy": {"operator": "All"},
-            "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": job_template}],
-            **_ttl(w),
+    return _kueue(
+        w,
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": _metadata(w, w.name),
+            "spec": {
+                "network": {"enableDNSHostnames": True, "subdomain": w.name},
+                "failurePolicy": {"maxRestarts": 0},
+                "successPolicy": {"operator": "All"},
+                "replicatedJobs": [
+                    {"name": REPLICATED_JOB, "replicas": 1, "template": job_template}
+                ],
+                **_ttl(w),
+            },
         },
-    }
+    )
+
+
+def _kueue(w: AttemptWorkload, owner: dict[str, Any]) -> dict[str, Any]:
+    """Hand the owner to Kueue: its LocalQueue label, created suspended (Kueue's webhook would
+    suspend it too; explicit, so no pod starts should that webhook be missing)."""
+    if w.kueue_queue:
+        owner["metadata"]["labels"][KUEUE_QUEUE_LABEL] = w.kueue_queue
+        if w.kueue_priority_class:
+            owner["metadata"]["labels"][KUEUE_PRIORITY_LABEL] = w.kueue_priority_class
+        owner["spec"]["suspend"] = True
+    return owner
 
 
 # ---- Indexed Job + headless Service ---------------------------------------------------------
@@ -316,12 +344,15 @@ def render_indexed_job(w: AttemptWorkload) -> dict[str, Any]:
     """An Indexed Job of `nodes` pods, hostnames `<name>-<index>` under the Service `<name>`."""
     template = _pod_template(w, master_addr=f"{w.name}-0.{w.name}")
     template["spec"]["subdomain"] = w.name
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(w, w.name),
-        "spec": {**_job_spec(w, template), **_ttl(w)},
-    }
+    return _kueue(
+        w,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": _metadata(w, w.name),
+            "spec": {**_job_spec(w, template), **_ttl(w)},
+        },
+    )
 
 
 def _ttl(w: AttemptWorkload) -> dict[str, int]:

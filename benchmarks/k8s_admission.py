@@ -1,0 +1,544 @@
+"""Admission on Kubernetes: tensoryard's scheduler next to Kueue, the same burst in one run.
+
+On the test control plane started with Kueue (scripts/k8s-testenv up --kueue: real
+kube-apiserver, kube-scheduler, Job, JobSet and Kueue 0.17 controllers; kwok runs the fake GPU
+nodes and completes each pod 1-5 s after it runs), N fake nodes x 8 GPUs and T teams of equal
+quota in one cohort (idle quota is lent), the same burst of jobs (mixed gang sizes of 1-8 whole
+nodes, teams round robin) is submitted twice through tensoryard's REST API (batch endpoint) to
+an in-process control plane with the Kubernetes executor:
+
+- tensoryard: `--admission tensoryard`: its scheduler admits and places each gang (node
+  affinity), the executor creates the JobSets;
+- kueue: `--admission kueue`: every job becomes a suspended JobSet in its team's LocalQueue at
+  once; Kueue's ClusterQueues (written by `tyard cluster plan` for the same inventory and
+  quotas) admit them, and kube-scheduler places the pods.
+
+Each job runs 1-5 s (kwok) and the burst drains completely, so every job is admitted once.
+Measured per arm: admissions per second over the burst (jobs / time from the first submission to
+the last admission; tensoryard: the job's ADMITTED time, Kueue: the Workload first seen
+Admitted by a watch), p50/p99 from submission to all of a job's pods bound to nodes (a pod
+watch), the time until every job succeeded, and GPU allocation (GPUs held by bound, unfinished
+pods over all GPUs) averaged while jobs were still waiting. Goal: tensoryard admits at least 5x
+as many jobs per second as Kueue, with allocation no worse.
+
+    python benchmarks/k8s_admission.py --json benchmarks/out/k8s_admission.json     # 128 x 2000
+    python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --json /tmp/adm.json   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_results_line  # noqa: E402
+from k8s_launch import GANGS, gang_sizes  # noqa: E402
+
+from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID  # noqa: E402
+
+NAME = "k8s_admission"
+GOAL_RATIO = 5.0
+POOL = "tensoryard.io/bench-pool"
+IMAGE = "registry.invalid/tensoryard/trainer:bench"
+PORTS = 12
+
+
+@contextmanager
+def kueue_cluster(kubeconfig: Path | None) -> Iterator[Path]:
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    script = REPO / "scripts" / "k8s-testenv"
+    with tempfile.TemporaryDirectory(prefix="k8s-adm-bench-") as tmp:
+        env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_base())}
+        up = subprocess.run(
+            [script, "up", "--dir", tmp, "--kueue"], env=env, capture_output=True, text=True
+        )
+        if up.returncode != 0:
+            raise SystemExit(f"scripts/k8s-testenv up --kueue failed:\n{up.stderr[-3000:]}")
+        try:
+            yield Path(tmp) / "kubeconfig"
+        finally:
+            subprocess.run([script, "down", "--dir", tmp], env=env, capture_output=True)
+
+
+def _free_base() -> int:
+    import socket
+
+    for _ in range(50):
+        base = random.randrange(20000, 32000)
+        try:
+            for port in range(base, base + PORTS):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
+def inventory(nodes: int, teams: int, namespace: str) -> dict[str, Any]:
+    """Nodes of one model in racks of 8; the GPUs split between the teams as evenly as whole
+    numbers allow (their sum is every GPU, so neither side leaves any unquota'd)."""
+    total = nodes * 8
+    share = [total // teams + (1 if i < total % teams else 0) for i in range(teams)]
+    return {
+        "cluster": {
+            "name": "bench",
+            "namespace": namespace,
+            "software": {
+                "driver": "570.133.20",
+                "cuda": "12.8",
+                "pytorch": "2.7",
+                "nccl": "2.26.2",
+            },
+        },
+        "nodes": [
+            {
+                "name": f"adm-{i}",
+                "gpu": {"model": "H100", "count": 8, "interconnect": "nvswitch"},
+                "rack": f"r{i // 8}",
+                "leaf": f"leaf-{i // 8}",
+                "spine": f"block-{i // 64}",
+                "cpu": 224,
+                "memory": "2Ti",
+                "nvme": "30Ti",
+            }
+            for i in range(nodes)
+        ],
+        "quotas": {
+            "queues": [
+                {"name": f"team-{i}", "cohort": "bench", "nominal": {"H100": share[i]}}
+                for i in range(teams)
+            ],
+            "cohorts": [{"name": "bench"}],
+        },
+    }
+
+
+def make_nodes(api: Any, kubeconfig: Path, inv: dict[str, Any], pool: str) -> list[str]:
+    """The inventory's nodes as kwok nodes, labelled and tainted by `tyard cluster plan`."""
+    from kubernetes import client
+
+    from tensoryard.cluster import build_plan, parse_inventory, write_plan
+
+    core = client.CoreV1Api(api)
+    plan = write_plan(build_plan(parse_inventory(inv)), Path(tempfile.mkdtemp()) / "plan")
+    resources = {"cpu": "224", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    names = [n["name"] for n in inv["nodes"]]
+    for name in names:
+        core.create_node(
+            {
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                        POOL: pool,
+                    },
+                },
+                "status": {"capacity": resources, "allocatable": resources},
+            }
+        )
+    kubectl(kubeconfig, "apply", "--server-side", "-f", str(plan / "nodes.yaml"))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        ready = [
+            n
+            for n in core.list_node(label_selector=f"{POOL}={pool}").items
+            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        ]
+        if len(ready) == len(names):
+            return names
+        time.sleep(0.5)
+    raise RuntimeError("kwok did not make the nodes Ready")
+
+
+def kubectl(kubeconfig: Path, *args: str) -> None:
+    subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args], check=True, capture_output=True
+    )
+
+
+class Watches:
+    """Pod binding (per job: when all its pods had a node) and Workload admission times."""
+
+    def __init__(self, api: Any, namespace: str, gpus_per_pod: int = 8) -> None:
+        self.api, self.namespace, self.gpus_per_pod = api, namespace, gpus_per_pod
+        self.bound: dict[str, float] = {}  # pod -> first seen with a node
+        self.done: set[str] = set()  # pods that ended or are deleted
+        self.pods_of: dict[str, set[str]] = {}  # job id -> pods
+        self.admitted: dict[str, float] = {}  # workload owner JobSet name -> admitted time
+        self.samples: list[tuple[float, int]] = []  # (time, GPUs held by bound live pods)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._pods, daemon=True),
+            threading.Thread(target=self._workloads, daemon=True),
+            threading.Thread(target=self._sample, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _pods(self) -> None:
+        from kubernetes import client, watch
+
+        core = client.CoreV1Api(self.api)
+        while not self._stop.is_set():
+            try:
+                self._pods_once(core, watch.Watch())
+            except Exception as exc:  # a broken stream: watch again (events are idempotent)
+                print(f"  pod watch: {exc!r}; again", file=sys.stderr)
+                time.sleep(1)
+
+    def _pods_once(self, core: Any, w: Any) -> None:
+        for event in w.stream(
+            core.list_namespaced_pod, self.namespace, label_selector=LABEL_JOB_ID,
+            timeout_seconds=30,
+        ):  # fmt: skip
+            pod = event["raw_object"]
+            name = pod["metadata"]["name"]
+            job = pod["metadata"]["labels"][LABEL_JOB_ID]
+            now = time.time()
+            with self._lock:
+                self.pods_of.setdefault(job, set()).add(name)
+                if pod["spec"].get("nodeName"):
+                    self.bound.setdefault(name, now)
+                phase = pod.get("status", {}).get("phase")
+                if event["type"] == "DELETED" or phase in ("Succeeded", "Failed"):
+                    self.done.add(name)
+            if self._stop.is_set():
+                w.stop()
+
+    def _workloads(self) -> None:
+        from kubernetes import client, watch
+        from kubernetes.client.exceptions import ApiException
+
+        custom = client.CustomObjectsApi(self.api)
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2",
+                    self.namespace, "workloads", timeout_seconds=30,
+                ):  # fmt: skip
+                    wl = event["raw_object"]
+                    conds = wl.get("status", {}).get("conditions") or []
+                    if any(c["type"] == "Admitted" and c["status"] == "True" for c in conds):
+                        owner = next(iter(wl["metadata"].get("ownerReferences") or []), {})
+                        with self._lock:
+                            self.admitted.setdefault(owner.get("name", ""), time.time())
+                    if self._stop.is_set():
+                        w.stop()
+            except (ApiException, Exception):  # not installed yet, or a broken stream
+                time.sleep(1)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                held = sum(1 for p in self.bound if p not in self.done) * self.gpus_per_pod
+            self.samples.append((time.time(), held))
+
+    def all_bound(self, job: str, nodes: int) -> float | None:
+        with self._lock:
+            pods = self.pods_of.get(job, set())
+            times = [self.bound[p] for p in pods if p in self.bound]
+        return max(times) if len(times) >= nodes else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_arm(
+    api: Any,
+    kubeconfig: Path,
+    mode: str,
+    sizes: list[int],
+    teams: list[str],
+    inv: dict[str, Any],
+    pool: str,
+    total_gpus: int,
+    timeout: float,
+) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+    from kubernetes import client
+
+    from tensoryard.cluster.inventory import parse_inventory
+    from tensoryard.cluster.kueue import kueue_objects
+    from tensoryard.cluster.labels import LABEL_BLOCK, LABEL_SWITCH
+    from tensoryard.executors.kubernetes.config import KubernetesConfig
+    from tensoryard.server.config import ServerConfig
+    from tensoryard.server.main import build_control_plane
+    from tensoryard.store.records import JobState
+
+    core = client.CoreV1Api(api)
+    ns = f"adm-{mode}-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": ns}})
+    time.sleep(2)  # the namespace's default ServiceAccount
+    quotas = {q["name"]: q["nominal"]["H100"] for q in inv["quotas"]["queues"]}
+    kueue_file = None
+    if mode == "kueue":
+        inv = {**inv, "cluster": {**inv["cluster"], "namespace": ns}}
+        import yaml
+
+        kueue_file = Path(tempfile.mkdtemp()) / "kueue.yaml"
+        kueue_file.write_text(yaml.safe_dump_all(kueue_objects(parse_inventory(inv))))
+        kubectl(kubeconfig, "apply", "--server-side", "-f", str(kueue_file))
+        time.sleep(3)  # Kueue sees the queues become active
+    home = Path(tempfile.mkdtemp(prefix=f"tyard-adm-{mode}-"))
+    config = ServerConfig(
+        home=home,
+        executor="kubernetes",
+        kubernetes=KubernetesConfig(
+            kubeconfig=kubeconfig,
+            namespace=ns,
+            node_selector={POOL: pool},
+            switch_label=LABEL_SWITCH,
+            block_label=LABEL_BLOCK,
+            default_image=IMAGE,
+            admission="kueue" if mode == "kueue" else "tensoryard",
+        ),
+        cancel_grace_s=0,
+    )
+    plane = build_control_plane(config)
+    for team in teams:
+        # tensoryard's quotas mirror Kueue's nominal quotas; the cohort lends idle GPUs
+        plane.store.ensure_team(team, gpu_quota=quotas[team])
+    watches = Watches(api, ns)
+    plane.controller.start()
+    http = TestClient(plane.app(), headers={"Authorization": f"Bearer {plane.admin_token}"})
+    specs = [
+        {
+            "name": f"adm-{i}",
+            "team": teams[i % len(teams)],
+            "command": ["python", "train.py"],
+            "resources": {"nodes": n, "gpus_per_node": 8},
+            "restart": {"max_restarts": 0},
+        }
+        for i, n in enumerate(sizes)
+    ]
+    time.sleep(1)
+    start = time.time()
+    ids: list[int] = []
+    submitted: dict[int, float] = {}
+    try:
+        for chunk in range(0, len(specs), 500):
+            answer = http.post("/api/v1/jobs/batch", json={"specs": specs[chunk : chunk + 500]})
+            answer.raise_for_status()
+            now = time.time()
+            for job_id in answer.json()["ids"]:
+                ids.append(int(job_id))
+                submitted[int(job_id)] = now
+        nodes_of = dict(zip(ids, sizes, strict=True))
+        deadline = time.monotonic() + timeout
+        last_report = 0.0
+        while True:
+            finished = plane.store.list_jobs(states=[JobState.SUCCEEDED], limit=1).total
+            bad = plane.store.list_jobs(states=[JobState.FAILED, JobState.CANCELLED], limit=5)
+            if bad.total:
+                first = bad.items[0]
+                raise RuntimeError(f"{mode}: {bad.total} job(s) ended badly: {first.id} "
+                                   f"{first.state}: {first.reason}")  # fmt: skip
+            if finished == len(ids):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{mode}: only {finished} of {len(ids)} succeeded in {timeout}s")
+            if time.monotonic() - last_report > 15:
+                last_report = time.monotonic()
+                print(f"  {mode}: {finished}/{len(ids)} succeeded after {time.time() - start:.0f}s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(1)
+        makespan = time.time() - start
+        jobs = _all_jobs(plane.store)
+    finally:
+        watches.stop()
+        plane.controller.stop()
+        plane.executor.close()  # type: ignore[attr-defined]
+    if mode == "kueue":
+        admitted = {i: watches.admitted.get(f"ty-{i}-1") for i in ids}
+    else:
+        admitted = {
+            i: jobs[i].admitted_at.timestamp() if jobs[i].admitted_at else None for i in ids
+        }
+    missing = [i for i, t in admitted.items() if t is None]
+    bound = {i: watches.all_bound(str(i), nodes_of[i]) for i in ids}
+    latencies = sorted(b - submitted[i] for i, b in bound.items() if b is not None)
+    last_admission = max(t for t in admitted.values() if t is not None)
+    window = [h for t, h in watches.samples if start <= t <= last_admission]
+    # The first wave: from the submission until the empty cluster is 90% allocated (or 90% of
+    # the most it ever held), the admission engine and the launch path alone set the pace.
+    peak = max((h for t, h in watches.samples if t >= start), default=0)
+    target = 0.9 * min(total_gpus, peak)
+    fill_t = next((t for t, h in watches.samples if t >= start and h >= target > 0), None)
+    wave = [t for t in admitted.values() if t is not None and fill_t and t <= fill_t]
+    plane.store.close()
+    core.delete_namespace(ns, propagation_policy="Background")
+    if kueue_file is not None:
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(kubeconfig), "delete", "--wait=false",
+             "--ignore-not-found", "-f", str(kueue_file)],
+            capture_output=True,
+        )  # fmt: skip
+    return {
+        "jobs": len(ids),
+        "admitted_seen": len(ids) - len(missing),
+        "admissions_per_s": round((len(ids) - len(missing)) / max(last_admission - start, 1e-9), 2),
+        "last_admission_s": round(last_admission - start, 1),
+        "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
+        "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
+        "makespan_s": round(makespan, 1),
+        "fill_90pct_s": round(fill_t - start, 1) if fill_t else None,
+        "first_wave_jobs": len(wave),
+        "first_wave_admissions_per_s": round(len(wave) / (fill_t - start), 2) if fill_t else None,
+        "gpu_allocation_while_waiting": round(statistics.mean(window) / total_gpus, 3)
+        if window
+        else None,
+    }
+
+
+def _all_jobs(store: Any) -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    cursor = None
+    while True:
+        page = store.list_jobs(limit=500, cursor=cursor, newest_first=False)
+        out.update((j.id, j) for j in page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def wait_pods_gone(api: Any, pool: str, timeout: float = 300) -> None:
+    """Until no pod holds a GPU on the benchmark's nodes (between the arms)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = core.list_pod_for_all_namespaces(label_selector=LABEL_JOB_ID).items
+        if not [p for p in pods if p.status.phase in ("Pending", "Running")]:
+            return
+        time.sleep(2)
+    raise RuntimeError("pods of the first arm still hold GPUs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
+    parser.add_argument("--nodes", type=int, default=128, help="Fake 8-GPU nodes.")
+    parser.add_argument("--jobs", type=int, default=2000, help="Jobs in the burst.")
+    parser.add_argument("--teams", type=int, default=10, help="Teams of equal quota.")
+    parser.add_argument("--seed", type=int, default=7, help="Seed of the gang sizes.")
+    parser.add_argument(
+        "--order",
+        default="tensoryard,kueue",
+        help="Arms in run order (the second sees a warmer API server; swap to check).",
+    )
+    parser.add_argument("--kubeconfig", type=Path, help="A running test cluster with Kueue.")
+    parser.add_argument("--timeout", type=float, default=3600, help="Seconds per arm.")
+    args = parser.parse_args()
+
+    from kubernetes import client, config
+
+    sizes = [min(n, args.nodes) for n in gang_sizes(args.jobs, seed=args.seed)]
+    teams = [f"team-{i}" for i in range(args.teams)]
+    arms: dict[str, Any] = {}
+    with kueue_cluster(args.kubeconfig) as kubeconfig:
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+        pool = secrets.token_hex(3)
+        inv = inventory(args.nodes, args.teams, "default")
+        for node in inv["nodes"]:
+            node["name"] = f"adm-{pool}-{node['name'].split('-')[1]}"
+        nodes = make_nodes(api, kubeconfig, inv, pool)
+        try:
+            for mode in args.order.split(","):
+                print(f"{mode}: {args.jobs} jobs on {args.nodes}x8 GPUs", file=sys.stderr)
+                arms[mode] = run_arm(
+                    api, kubeconfig, mode, sizes, teams, inv, pool, args.nodes * 8, args.timeout
+                )
+                print(f"{mode}: {json.dumps(arms[mode])}", file=sys.stderr, flush=True)
+                wait_pods_gone(api, pool)
+        finally:
+            core = client.CoreV1Api(api)
+            for name in nodes:
+                core.delete_node(name)
+    ty, kq = arms["tensoryard"], arms["kueue"]
+    ratio = ty["admissions_per_s"] / kq["admissions_per_s"]
+    wave_ratio = (ty["first_wave_admissions_per_s"] or 0) / (
+        kq["first_wave_admissions_per_s"] or 1e-9
+    )
+    fill_ratio = (kq["fill_90pct_s"] or 0) / (ty["fill_90pct_s"] or 1e-9)
+    alloc_ok = (ty["gpu_allocation_while_waiting"] or 0) >= (
+        kq["gpu_allocation_while_waiting"] or 0
+    )
+    result = {
+        "nodes": args.nodes,
+        "gpus": args.nodes * 8,
+        "jobs": args.jobs,
+        "teams": args.teams,
+        "order": args.order,
+        "gang_sizes": {str(n): sizes.count(n) for n, _ in GANGS},
+        "tensoryard": ty,
+        "kueue": kq,
+        "admissions_per_s_ratio": round(ratio, 2),
+        "first_wave_admissions_per_s_ratio": round(wave_ratio, 2),
+        "fill_90pct_ratio_kueue_over_tensoryard": round(fill_ratio, 2),
+        "p50_bound_ratio_kueue_over_tensoryard": round(
+            kq["submit_to_bound_p50_s"] / ty["submit_to_bound_p50_s"], 2
+        ),
+        "makespan_ratio_kueue_over_tensoryard": round(kq["makespan_s"] / ty["makespan_s"], 2),
+        "goal": f"admissions/s >= {GOAL_RATIO}x Kueue, allocation no worse",
+        "met": min(ratio, wave_ratio) >= GOAL_RATIO and alloc_ok,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    cmd = (
+        f"python benchmarks/k8s_admission.py --nodes {args.nodes} --jobs {args.jobs} "
+        f"--teams {args.teams} --order {args.order} --json PATH"
+    )
+    text = (
+        f"{args.jobs} jobs, {args.teams} teams, {args.nodes}x8 fake GPUs, arms in order "
+        f"{args.order}: admissions/s tensoryard {ty['admissions_per_s']} vs Kueue "
+        f"{kq['admissions_per_s']} ({ratio:.2f}x; the drain is bound by the cluster's capacity); "
+        f"first wave (empty cluster to 90% allocated) {ty['first_wave_admissions_per_s']} vs "
+        f"{kq['first_wave_admissions_per_s']} jobs/s ({wave_ratio:.2f}x), filled after "
+        f"{ty['fill_90pct_s']} vs {kq['fill_90pct_s']} s; submit->pods bound p50/p99 "
+        f"{ty['submit_to_bound_p50_s']}/{ty['submit_to_bound_p99_s']} s vs "
+        f"{kq['submit_to_bound_p50_s']}/{kq['submit_to_bound_p99_s']} s; all done after "
+        f"{ty['makespan_s']} vs {kq['makespan_s']} s; GPU allocation while jobs waited "
+        f"{ty['gpu_allocation_while_waiting']} vs {kq['gpu_allocation_while_waiting']}"
+    )
+    write_results_line(
+        NAME,
+        cmd,
+        text,
+        f"admissions/s >= {GOAL_RATIO}x Kueue (burst and first wave), allocation no worse",
+        "yes" if result["met"] else "no",
+    )
+
+
+if __name__ == "__main__":
+    main()
