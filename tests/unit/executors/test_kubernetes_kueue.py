@@ -456,3 +456,47 @@ def test_kueue_admission_without_the_kubernetes_executor_is_refused() -> None:
     result = CliRunner().invoke(app, ["server", "--admission", "kueue"])
     assert result.exit_code == 2
     assert "only with --executor kubernetes" in result.output
+
+
+def test_an_eviction_records_its_intent_first_and_a_crash_before_the_delete_is_finished_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kueue evicted the attempt: the executor records the outcome as an intent, deletes the
+    JobSet (so Kueue cannot run it again), then records it as final. When the delete fails (a
+    control plane killed there), the next poll finds the intent and finishes without
+    looking at Kueue again, instead of calling the attempt LOST or cancelled by the user."""
+    from tensoryard.executors.kubernetes.executor import KubernetesHandle
+
+    evicted = workload_object(
+        cond("Evicted", True, "InCohortReclamation", "Preempted to accommodate a workload"),
+        cond("QuotaReserved", False),
+    )
+    kube = FakeKube(
+        FakeCustom(objects={"workloads": [evicted], "localqueues": [{"metadata": {"name": "nlp"}}]})
+    )
+    kube.config = KubernetesConfig(namespace=NAMESPACE, admission="kueue")
+    executor = KubernetesExecutor(kube, kind="JobSet")  # type: ignore[arg-type]
+    handle = KubernetesHandle(
+        job_id="7", attempt=1, attempt_key="j7-a1-k", namespace=NAMESPACE, name="ty-7-1",
+        kind="JobSet", nodes=1, attempt_dir=str(tmp_path / "attempt-1"),
+    ).to_dict()  # fmt: skip
+    monkeypatch.setattr(executor, "_observe", lambda h: (owner(), []))
+    deleted: list[float] = []
+
+    def killed_here(handle: dict[str, Any], *, grace_s: float) -> None:
+        raise ExecutorError("the control plane died here")
+
+    monkeypatch.setattr(executor, "cancel", killed_here)
+    with pytest.raises(ExecutorError):
+        executor.poll(handle)
+    assert (tmp_path / "attempt-1" / "evicted.json").exists()
+    assert not (tmp_path / "attempt-1" / "exit.json").exists()
+
+    monkeypatch.setattr(executor, "_observe", lambda h: pytest.fail("Kueue is not asked again"))
+    monkeypatch.setattr(executor, "cancel", lambda handle, *, grace_s: deleted.append(grace_s))
+    status = executor.poll(handle)
+    assert status.phase is AttemptPhase.CANCELLED
+    assert status.reason.startswith("preempted by Kueue (InCohortReclamation)")
+    assert deleted == [executor.grace_s]  # with the pods' grace period: they checkpoint
+    assert executor.poll(handle) == status  # final now, from the attempt dir
+    assert deleted == [executor.grace_s]

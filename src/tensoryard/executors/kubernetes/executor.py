@@ -348,16 +348,16 @@ class KubernetesExecutor:
         final = self._recorded(h)
         if final is not None:
             return final
+        if self.kueue is not None:
+            evicted = self._recorded(h, self._evicted_file(h))
+            if evicted is not None:  # an eviction interrupted between its steps: finish it
+                return self._end_evicted(h, handle, evicted, [])
         owner, pods = self._observe(h)
         if self.kueue is not None and owner is not None:
             held = self.kueue.held(h.attempt_key, owner)
             if held is not None and held.finished:
-                # Evicted: delete the JobSet/Job before saying so, or Kueue would admit and
-                # run it again under an attempt the control plane believes ended. Pods still
-                # stopping keep their grace period (they are writing a checkpoint).
-                self._keep_logs(h, pods)
-                self.cancel(handle, grace_s=self.grace_s)
-                self._record(h, held)
+                self._record(h, held, self._evicted_file(h))  # the intent, first
+                return self._end_evicted(h, handle, held, pods)
             if held is not None:
                 return held
         status = attempt_status(
@@ -378,6 +378,20 @@ class KubernetesExecutor:
         elif self.kueue is not None and owner is not None and status.phase is AttemptPhase.RUNNING:
             how = self.kueue.admitted(h.attempt_key, owner)
             status = AttemptStatus(AttemptPhase.RUNNING, reason=f"admitted by Kueue: {how}")
+        return status
+
+    def _end_evicted(
+        self, h: KubernetesHandle, handle: dict[str, Any], status: AttemptStatus, pods: list[Obj]
+    ) -> AttemptStatus:
+        """Kueue evicted the attempt: delete its JobSet/Job before saying so, or Kueue would
+        admit and run it again under an attempt the control plane believes ended. Pods still
+        stopping keep their grace period (they are writing a checkpoint). Each step is
+        idempotent; the intent was recorded first, so a crash in between finishes here."""
+        self._keep_logs(h, pods)
+        self.cancel(handle, grace_s=self.grace_s)
+        self._record(h, status)
+        if self.kueue is not None:
+            self.kueue.forget(h.attempt_key)
         return status
 
     def _stop_rest_of_gang(self, h: KubernetesHandle) -> None:
@@ -492,8 +506,11 @@ class KubernetesExecutor:
     def _cancel_file(self, h: KubernetesHandle) -> Path:
         return Path(h.attempt_dir) / "cancel.json"
 
-    def _record(self, h: KubernetesHandle, status: AttemptStatus) -> None:
-        path = self._exit_file(h)
+    def _evicted_file(self, h: KubernetesHandle) -> Path:
+        return Path(h.attempt_dir) / "evicted.json"
+
+    def _record(self, h: KubernetesHandle, status: AttemptStatus, path: Path | None = None) -> None:
+        path = path or self._exit_file(h)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         data = {
             "phase": status.phase.value,
@@ -506,9 +523,9 @@ class KubernetesExecutor:
         tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
         tmp.replace(path)
 
-    def _recorded(self, h: KubernetesHandle) -> AttemptStatus | None:
+    def _recorded(self, h: KubernetesHandle, path: Path | None = None) -> AttemptStatus | None:
         try:
-            data = json.loads(self._exit_file(h).read_text(encoding="utf-8"))
+            data = json.loads((path or self._exit_file(h)).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return AttemptStatus(
