@@ -403,6 +403,9 @@ def run_arm(
         "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
         "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
         "makespan_s": round(makespan, 1),
+        # attempts beyond the first: every one is a preemption (tensoryard's reclaim, or a
+        # Kueue eviction), since no job fails here
+        "restarted_attempts": sum(max(jobs[i].attempts - 1, 0) for i in ids),
         "fill_90pct_s": round(fill_t - start, 1) if fill_t else None,
         "first_wave_jobs": len(wave),
         "first_wave_admissions_per_s": round(len(wave) / (fill_t - start), 2) if fill_t else None,
@@ -528,7 +531,9 @@ def main() -> None:
         f"{ty['fill_90pct_s']} vs {kq['fill_90pct_s']} s; submit->pods bound p50/p99 "
         f"{ty['submit_to_bound_p50_s']}/{ty['submit_to_bound_p99_s']} s vs "
         f"{kq['submit_to_bound_p50_s']}/{kq['submit_to_bound_p99_s']} s; all done after "
-        f"{ty['makespan_s']} vs {kq['makespan_s']} s; GPU allocation while jobs waited "
+        f"{ty['makespan_s']} vs {kq['makespan_s']} s; preempted attempts "
+        f"{ty['restarted_attempts']} vs {kq['restarted_attempts']}; GPU allocation while "
+        f"jobs waited "
         f"{ty['gpu_allocation_while_waiting']} vs {kq['gpu_allocation_while_waiting']}"
     )
     write_results_line(

@@ -500,3 +500,28 @@ def test_an_eviction_records_its_intent_first_and_a_crash_before_the_delete_is_f
     assert deleted == [executor.grace_s]  # with the pods' grace period: they checkpoint
     assert executor.poll(handle) == status  # final now, from the attempt dir
     assert deleted == [executor.grace_s]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"terminalState": "Completed"},
+        {"conditions": [{"type": "Complete", "status": "True"}]},
+        {"conditions": [{"type": "Failed", "status": "True"}]},
+    ],
+    ids=["jobset completed", "job complete", "job failed"],
+)
+def test_an_eviction_that_lost_the_race_to_the_jobs_end_leaves_the_outcome_to_the_job(
+    status: dict[str, Any],
+) -> None:
+    """Seen on the benchmark: Kueue evicted a workload whose pods finished 1-5 s later, just
+    before the suspension took effect. The JobSet is suspended *and* completed, the Workload
+    Finished with QuotaReserved still True. Its own status decides (succeeded), instead of
+    waiting forever for an eviction that will never release the quota."""
+    evicted = workload_object(
+        cond("QuotaReserved", True),
+        cond("Evicted", True, "Preempted", "Preempted to accommodate a workload"),
+        cond("Finished", True, "Succeeded", "jobset completed successfully"),
+    )
+    done = {**owner(), "status": status}
+    assert admission(kube_with(evicted)).held("j42-a1-k", done) is None

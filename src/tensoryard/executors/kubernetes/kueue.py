@@ -46,6 +46,16 @@ def _age_s(obj: Obj) -> float | None:
     return (datetime.now(UTC) - when).total_seconds()
 
 
+def _ended(owner: Obj) -> bool:
+    """The JobSet (terminalState) or Job (Complete/Failed condition) has finished."""
+    if get(owner, "status", "terminalState"):
+        return True
+    return any(
+        c.get("type") in ("Complete", "Failed", "Completed") and c.get("status") == "True"
+        for c in get(owner, "status", "conditions") or []
+    )
+
+
 def _conditions(obj: Obj | None) -> dict[str, Obj]:
     return {str(c.get("type")): c for c in (get(obj, "status", "conditions") or [])}
 
@@ -145,7 +155,9 @@ class KueueAdmission:
     def held(self, attempt_key: str, owner: Obj) -> AttemptStatus | None:
         """The attempt's status while Kueue holds its JobSet/Job suspended (waiting, or
         evicted: CANCELLED with a 'preempted by Kueue' reason); None when it is not held."""
-        if not get(owner, "spec", "suspend"):
+        if not get(owner, "spec", "suspend") or _ended(owner):
+            # Not held; or it ended before Kueue's suspension took effect (an eviction racing
+            # the last pod's exit): its own status says how.
             return None
         queue = (get(owner, "metadata", "labels") or {}).get(KUEUE_QUEUE_LABEL, "?")
         wl = self.workload_of(owner)
