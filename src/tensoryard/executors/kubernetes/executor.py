@@ -133,6 +133,11 @@ def workload_for(
     )
 
 
+def _attempt_key_of(obj: Obj) -> list[str]:
+    key = (get(obj, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
+    return [str(key)] if key else []
+
+
 def _slug(job_id: str) -> str:
     import re
 
@@ -193,7 +198,12 @@ class KubernetesExecutor:
         so polls cost no API call (without them each poll makes a GET and a LIST)."""
         k, ns = self.kube, self.config.namespace
         self._pod_cache = WatchCache(
-            k, f"pods in {ns}", k.core.list_namespaced_pod, ns, label_selector=LABEL_ATTEMPT_KEY
+            k,
+            f"pods in {ns}",
+            k.core.list_namespaced_pod,
+            ns,
+            label_selector=LABEL_ATTEMPT_KEY,
+            index=_attempt_key_of,
         ).start()
         if self.kind == "JobSet":
             owners = WatchCache(
@@ -438,7 +448,7 @@ class KubernetesExecutor:
             owner = owners.get(h.name)
             key = (get(owner, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
             if owner is not None and key == h.attempt_key:
-                return owner, pods_cache.select(LABEL_ATTEMPT_KEY, h.attempt_key)
+                return owner, pods_cache.indexed(h.attempt_key)
         return self._read(self._resource_of(h), h.namespace, h.name), self._pods(h)
 
     def _resource_of(self, h: KubernetesHandle) -> str:

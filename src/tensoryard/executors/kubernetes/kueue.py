@@ -46,6 +46,10 @@ def _age_s(obj: Obj) -> float | None:
     return (datetime.now(UTC) - when).total_seconds()
 
 
+def _owner_uids(wl: Obj) -> list[str]:
+    return [str(r.get("uid")) for r in get(wl, "metadata", "ownerReferences") or []]
+
+
 def _ended(owner: Obj) -> bool:
     """The JobSet (terminalState) or Job (Complete/Failed condition) has finished."""
     if get(owner, "status", "terminalState"):
@@ -133,6 +137,7 @@ class KueueAdmission:
             *KUEUE,
             self.namespace,
             "workloads",
+            index=_owner_uids,
         ).start()
 
     def stop(self) -> None:
@@ -145,8 +150,10 @@ class KueueAdmission:
         """The Workload Kueue made for `owner` (by owner reference uid)."""
         uid = get(owner, "metadata", "uid")
         cache = self._cache
-        items = cache.items() if cache is not None and cache.ready() else self._list("workloads")
-        for wl in items:
+        if cache is not None and cache.ready():
+            found = cache.indexed(str(uid))
+            return found[0] if found else None
+        for wl in self._list("workloads"):
             for ref in get(wl, "metadata", "ownerReferences") or []:
                 if ref.get("uid") == uid:
                     return wl

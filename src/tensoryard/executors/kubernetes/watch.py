@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tensoryard.executors.kubernetes.client import Kube
@@ -42,6 +42,7 @@ class WatchCache:
         field_selector: str | None = None,
         watch_timeout_s: int = 60,
         retry_s: float = 1.0,
+        index: Callable[[Obj], Iterable[str]] | None = None,
     ) -> None:
         self.kube = kube
         self.what = what
@@ -60,6 +61,10 @@ class WatchCache:
         self.relists = 0
         self.bookmarks = 0
         self._objects: dict[str, Obj] = {}
+        # `index(obj)` -> keys; key -> name -> object, kept with the objects (`indexed`): a poll
+        # per attempt must not scan every object of the namespace
+        self._index_fn = index
+        self._index: dict[str, dict[str, Obj]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: Any = None
@@ -81,6 +86,25 @@ class WatchCache:
     def items(self) -> list[Obj]:
         with self._lock:
             return list(self._objects.values())
+
+    def indexed(self, key: str) -> list[Obj]:
+        """The objects whose `index` keys include `key` (needs `index`)."""
+        with self._lock:
+            return list(self._index.get(key, {}).values())
+
+    def _add_to_index(self, name: str, obj: Obj) -> None:
+        if self._index_fn is not None:
+            for key in self._index_fn(obj):
+                self._index.setdefault(key, {})[name] = obj
+
+    def _drop_from_index(self, name: str, obj: Obj) -> None:
+        if self._index_fn is not None:
+            for key in self._index_fn(obj):
+                bucket = self._index.get(key)
+                if bucket is not None:
+                    bucket.pop(name, None)
+                    if not bucket:
+                        del self._index[key]
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -128,6 +152,9 @@ class WatchCache:
         objects = {str(get(o, "metadata", "name")): o for o in raw.get("items") or []}
         with self._lock:
             self._objects = objects
+            self._index = {}
+            for name, obj in objects.items():
+                self._add_to_index(name, obj)
         self.resource_version = str(get(raw, "metadata", "resourceVersion"))
         self.relists += 1
         self.synced.set()
@@ -164,10 +191,14 @@ class WatchCache:
             return
         name = str(get(obj, "metadata", "name"))
         with self._lock:
+            old = self._objects.get(name)
+            if old is not None:
+                self._drop_from_index(name, old)
             if kind == "DELETED":
                 self._objects.pop(name, None)
             else:
                 self._objects[name] = obj
+                self._add_to_index(name, obj)
 
 
 def _labels(obj: Obj) -> dict[str, str]:
