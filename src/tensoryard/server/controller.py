@@ -276,7 +276,12 @@ class Controller:
         now = self.clock()
         if self.is_leader and 0 <= now - self._renewed < self.config.lease_ttl_s / 3:
             return True
-        epoch = self.store.acquire_lease(LEADER_LEASE, self.holder, self.config.lease_ttl_s)
+        epoch = self.store.acquire_lease(
+            LEADER_LEASE,
+            self.holder,
+            self.config.lease_ttl_s,
+            epoch=self.epoch if self.is_leader else None,  # a long cycle is no change of leader
+        )
         self._renewed = now
         if epoch is None:
             if self.is_leader:

@@ -841,11 +841,17 @@ class Store(
 
     # -- leases (one controller leads) -----------------------------------------------------
 
-    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> int | None:
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, epoch: int | None = None
+    ) -> int | None:
         """Take or renew the lease for ``ttl_s``; its epoch when ``holder`` holds it, else None.
 
         A lease is free when nobody holds it or it has expired. The epoch grows whenever the
-        holder changes, so a deposed leader can tell that it lost the lease in between.
+        holder changes or re-takes an expired lease, so a deposed leader (or a restarted one
+        with the same holder name) can tell that it lost the lease in between. ``epoch``: the
+        epoch the caller led with; when its lease expired but nobody took it since (the row
+        still names it with that epoch: a long cycle, not a change of leader), it is renewed
+        with that epoch, and the caller need not recover.
         """
         with self._tx(f"acquire lease {name!r}", write=True) as s:
             now = self._now()
@@ -857,7 +863,7 @@ class Store(
             lease: Lease = _get(s, Lease, name, f"lease {name!r}", lock=True)
             if lease.holder == holder and lease.acquired_at == now:
                 return int(lease.epoch)  # just created by us
-            if lease.holder == holder and lease.expires_at > now:
+            if lease.holder == holder and (lease.expires_at > now or lease.epoch == epoch):
                 lease.expires_at = expires
                 return int(lease.epoch)
             if lease.expires_at <= now or lease.holder == holder:
