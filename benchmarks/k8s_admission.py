@@ -156,7 +156,6 @@ def make_nodes(api: Any, kubeconfig: Path, inv: dict[str, Any], pool: str) -> li
                 "status": {"capacity": resources, "allocatable": resources},
             }
         )
-    kubectl(kubeconfig, "apply", "--server-side", "-f", str(plan / "nodes.yaml"))
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         ready = [
@@ -165,6 +164,11 @@ def make_nodes(api: Any, kubeconfig: Path, inv: dict[str, Any], pool: str) -> li
             if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
         ]
         if len(ready) == len(names):
+            # Ready first: the node controller's not-ready taint would conflict with the plan's
+            kubectl(
+                kubeconfig, "apply", "--server-side", "--field-manager=tyard-cluster-plan",
+                "-f", str(plan / "nodes.yaml"),
+            )  # fmt: skip
             return names
         time.sleep(0.5)
     raise RuntimeError("kwok did not make the nodes Ready")

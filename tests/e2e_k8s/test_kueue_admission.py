@@ -24,7 +24,7 @@ import yaml
 
 from tensoryard.cluster import build_plan, parse_inventory, write_plan
 from tests.e2e.conftest import ServerProcess, free_port, wait_for
-from tests.e2e_k8s.conftest import K8sEnv, fake_gpu_node, wait_until
+from tests.e2e_k8s.conftest import K8sEnv, _node_ready, fake_gpu_node, wait_until
 from tests.e2e_k8s.platform import (
     COMPLETE_DELAY,
     COMPLETE_JITTER,
@@ -108,9 +108,19 @@ def planned_cluster(
     plan = write_plan(build_plan(parse_inventory(_inventory(namespace))), tmp_path / "plan")
     names = [d["metadata"]["name"] for d in yaml.safe_load_all((plan / "nodes.yaml").read_text())]
     for name in names:
-        core.create_node(fake_gpu_node(name, pool=namespace))
-    _kubectl(k8s_kueue_env, "apply", "--server-side", "-f", str(plan / "nodes.yaml"))
-    _kubectl(k8s_kueue_env, "apply", "--server-side", "-f", str(plan / "kueue" / "kueue.yaml"))
+        node = fake_gpu_node(name, pool=namespace)
+        node["spec"] = {}  # registered as a kubelet would: the plan adds the GPU taint
+        core.create_node(node)
+    for name in names:  # Ready first: no not-ready taint of the node controller in the way
+        wait_until(lambda n=name: _node_ready(core, n), timeout=60, what=f"node {name} Ready")
+    _kubectl(
+        k8s_kueue_env, "apply", "--server-side", "--field-manager=tyard-cluster-plan", "-f",
+        str(plan / "nodes.yaml"),
+    )  # fmt: skip
+    _kubectl(
+        k8s_kueue_env, "apply", "--server-side", "--field-manager=tyard-cluster-plan", "-f",
+        str(plan / "kueue" / "kueue.yaml"),
+    )  # fmt: skip
     yield names
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     for name in names:
