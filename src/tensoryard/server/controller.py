@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -677,9 +678,12 @@ class Controller:
         cannot schedule, Kueue's queue) becomes an event once per new reason: `tyard describe`
         shows it."""
         key = (job.id, attempt.number)
-        if not reason or self._mem.starting_reason.get(key) == reason:
+        # A queue's reason changes its numbers as others come and go ("8 more needed"): one
+        # event per kind of reason, not per number.
+        seen = re.sub(r"\d+", "#", reason) if queued else reason
+        if not reason or self._mem.starting_reason.get(key) == seen:
             return
-        self._mem.starting_reason[key] = reason
+        self._mem.starting_reason[key] = seen
         self.store.add_event(
             job.id,
             "queue" if queued else "warning",

@@ -8,7 +8,6 @@ runs the same paths against a real Kueue."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -161,8 +160,8 @@ def test_a_suspended_jobset_without_a_workload_waits_and_hints_at_kueue_only_whe
     assert status.reason.startswith("waiting for Kueue to create its Workload (LocalQueue nlp)")
     assert ("is the Kueue controller running" in status.reason) is hinted
     if hinted:
-        # the timestamp has whole seconds: 120 s old reads as 120 or 121
-        assert re.search(r"; none after 12[01]s: is the Kueue controller running", status.reason)
+        # the threshold, not the age: a reason that changed every poll would be an event each
+        assert "; none after 30s: is the Kueue controller running" in status.reason
         assert "kubectl get pods -n kueue-system" in status.reason
 
 

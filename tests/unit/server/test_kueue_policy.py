@@ -235,3 +235,26 @@ def test_without_external_admission_the_same_wait_is_a_timeout(
     world.cycle(5, advance=0.5)
     assert world.store.get_attempt(job_id, 1).reason == "did not start within 1s"
     assert len(world.executor.cancels) == 1
+
+
+def test_a_queue_reason_that_only_changes_its_numbers_is_one_event(world: World) -> None:
+    """Kueue's reason counts ("8 more needed", "16 more needed") as others come and go; seen on
+    the benchmark as one event per poll. One event per kind of reason; a new kind is noted."""
+    job_id = world.submit()
+    world.cycle(2)
+    key = world.key(job_id)
+
+    def waiting(text: str) -> AttemptStatus:
+        return AttemptStatus(AttemptPhase.STARTING, reason=text, queued=True)
+
+    quota = "waiting for Kueue admission in LocalQueue default: insufficient quota, {} more needed"
+    world.executor.statuses[key] = [waiting(quota.format(n)) for n in (8, 16, 24)]
+    world.cycle(3, advance=1)
+    world.executor.statuses[key] = [waiting("waiting for Kueue to create its Workload")]
+    world.cycle(advance=1)
+    queue_events = [e.message for e in world.store.list_events(job_id) if e.kind == "queue"]
+    assert queue_events == [
+        f"attempt 1 not running yet: {QUEUED.reason}",
+        f"attempt 1 not running yet: {quota.format(8)}",
+        "attempt 1 not running yet: waiting for Kueue to create its Workload",
+    ]

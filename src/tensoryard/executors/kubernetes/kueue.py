@@ -171,8 +171,8 @@ class KueueAdmission:
         if wl is None:
             age = _age_s(owner)
             hint = (
-                f"; none after {age:.0f}s: is the Kueue controller running (kubectl get pods -n "
-                "kueue-system)?"
+                f"; none after {_NO_WORKLOAD_HINT_S:.0f}s: is the Kueue controller running "
+                "(kubectl get pods -n kueue-system)?"
                 if age is not None and age > _NO_WORKLOAD_HINT_S
                 else ""
             )
