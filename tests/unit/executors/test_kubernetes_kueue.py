@@ -510,17 +510,49 @@ def test_an_eviction_records_its_intent_first_and_a_crash_before_the_delete_is_f
     ],
     ids=["jobset completed", "job complete", "job failed"],
 )
-def test_an_eviction_that_lost_the_race_to_the_jobs_end_leaves_the_outcome_to_the_job(
-    status: dict[str, Any],
+@pytest.mark.parametrize("suspended", [True, False], ids=["suspended", "resumed"])
+def test_an_attempt_that_ended_while_kueue_evicted_it_is_preempted_not_succeeded(
+    status: dict[str, Any], suspended: bool
 ) -> None:
-    """Seen on the benchmark: Kueue evicted a workload whose pods finished 1-5 s later, just
-    before the suspension took effect. The JobSet is suspended *and* completed, the Workload
-    Finished with QuotaReserved still True. Its own status decides (succeeded), instead of
-    waiting forever for an eviction that will never release the quota."""
+    """Seen on the benchmark: Kueue evicted a workload whose pods ended just as the suspension
+    took effect. A real runtime exits 0 after the eviction's SIGTERM (it checkpoints and stops
+    early), so an ended attempt with the eviction on its Workload is requeued (it resumes from
+    its last checkpoint; one that had in fact finished ends at once), never called succeeded;
+    without an eviction, its own status decides."""
     evicted = workload_object(
         cond("QuotaReserved", True),
         cond("Evicted", True, "Preempted", "Preempted to accommodate a workload"),
         cond("Finished", True, "Succeeded", "jobset completed successfully"),
     )
-    done = {**owner(), "status": status}
-    assert admission(kube_with(evicted)).held("j42-a1-k", done) is None
+    done = {**owner(suspended=suspended), "status": status}
+    held = admission(kube_with(evicted)).held("j42-a1-k", done)
+    assert held is not None and held.phase is AttemptPhase.CANCELLED
+    assert held.reason.startswith(f"{PREEMPTED} by Kueue (Preempted): ")
+    assert held.reason.endswith(
+        "it ended while being evicted, so it resumes from its last checkpoint"
+    )
+    finished = workload_object(cond("QuotaReserved", True), cond("Finished", True))
+    assert admission(kube_with(finished)).held("j42-a1-k", done) is None
+
+
+def test_an_eviction_kueue_has_since_readmitted_is_history() -> None:
+    """Kueue evicted the workload and re-admitted it (QuotaReserved again, later) before a poll
+    saw the eviction: the attempt runs on under the same JobSet, and its normal end is a
+    success, not a preemption."""
+
+    def at(c: dict[str, str], when: str) -> dict[str, str]:
+        return {**c, "lastTransitionTime": when}
+
+    readmitted = workload_object(
+        at(cond("Evicted", True, "Preempted", "Preempted to accommodate"), "2026-12-03T03:19:53Z"),
+        at(cond("QuotaReserved", True), "2026-12-03T03:20:10Z"),
+        cond("Finished", True),
+    )
+    done = {**owner(suspended=False), "status": {"terminalState": "Completed"}}
+    assert admission(kube_with(readmitted)).held("k", done) is None
+    still = workload_object(
+        at(cond("Evicted", True, "Preempted", "Preempted to accommodate"), "2026-12-03T03:19:53Z"),
+        at(cond("QuotaReserved", True), "2026-12-03T03:19:40Z"),
+    )
+    held = admission(kube_with(still)).held("k", owner())
+    assert held is not None and held.reason.startswith("being preempted by Kueue (Preempted)")

@@ -69,6 +69,17 @@ def _true(conditions: dict[str, Obj], kind: str) -> Obj | None:
     return c if c is not None and c.get("status") == "True" else None
 
 
+def _eviction(conditions: dict[str, Obj]) -> Obj | None:
+    """The Workload's current eviction (Preempted or Evicted True), or None. One that Kueue
+    has since re-admitted (QuotaReserved True at a later time) is history, not current."""
+    evicted = _true(conditions, "Preempted") or _true(conditions, "Evicted")
+    reserved = _true(conditions, "QuotaReserved")
+    if evicted is None or reserved is None:
+        return evicted
+    since = str(evicted.get("lastTransitionTime", ""))
+    return None if str(reserved.get("lastTransitionTime", "")) > since else evicted
+
+
 class KueueAdmission:
     """Reads Kueue's Workloads for the executor's JobSets/Jobs (one namespace)."""
 
@@ -162,12 +173,25 @@ class KueueAdmission:
     def held(self, attempt_key: str, owner: Obj) -> AttemptStatus | None:
         """The attempt's status while Kueue holds its JobSet/Job suspended (waiting, or
         evicted: CANCELLED with a 'preempted by Kueue' reason); None when it is not held."""
-        if not get(owner, "spec", "suspend") or _ended(owner):
-            # Not held; or it ended before Kueue's suspension took effect (an eviction racing
-            # the last pod's exit): its own status says how.
-            return None
+        suspended, ended = bool(get(owner, "spec", "suspend")), _ended(owner)
+        if not suspended and not ended:
+            return None  # running as Kueue admitted it: its own status says how
         queue = (get(owner, "metadata", "labels") or {}).get(KUEUE_QUEUE_LABEL, "?")
         wl = self.workload_of(owner)
+        if ended:
+            # It ended. If Kueue was evicting it, its pods may have exited 0 on the eviction's
+            # SIGTERM after a checkpoint (the runtime stops early): that is no success. Requeue
+            # it; an attempt that had in fact finished resumes at its last step and ends.
+            evicted = _eviction(_conditions(wl))
+            if evicted is None:
+                return None
+            self._admitted.pop(attempt_key, None)
+            return AttemptStatus(
+                AttemptPhase.CANCELLED,
+                reason=f"{PREEMPTED_BY_KUEUE} ({evicted.get('reason', '')}): "
+                f"{evicted.get('message', '')}; it ended while being evicted, so it resumes "
+                "from its last checkpoint",
+            )
         if wl is None:
             age = _age_s(owner)
             hint = (
@@ -182,7 +206,7 @@ class KueueAdmission:
                 queued=True,
             )
         conds = _conditions(wl)
-        evicted = _true(conds, "Preempted") or _true(conds, "Evicted")
+        evicted = _eviction(conds)
         if evicted is not None and not _true(conds, "QuotaReserved"):
             self._admitted.pop(attempt_key, None)
             return AttemptStatus(
