@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import secrets
 import statistics
 import subprocess
@@ -38,15 +36,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_results_line  # noqa: E402
-from k8s_launch import GANGS, gang_sizes  # noqa: E402
+from k8s_launch import GANGS, gang_sizes, test_cluster  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID  # noqa: E402
 
@@ -54,41 +50,6 @@ NAME = "k8s_admission"
 GOAL_RATIO = 5.0
 POOL = "tensoryard.io/bench-pool"
 IMAGE = "registry.invalid/tensoryard/trainer:bench"
-PORTS = 12
-
-
-@contextmanager
-def kueue_cluster(kubeconfig: Path | None) -> Iterator[Path]:
-    if kubeconfig is not None:
-        yield kubeconfig
-        return
-    script = REPO / "scripts" / "k8s-testenv"
-    with tempfile.TemporaryDirectory(prefix="k8s-adm-bench-") as tmp:
-        env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_base())}
-        up = subprocess.run(
-            [script, "up", "--dir", tmp, "--kueue"], env=env, capture_output=True, text=True
-        )
-        if up.returncode != 0:
-            raise SystemExit(f"scripts/k8s-testenv up --kueue failed:\n{up.stderr[-3000:]}")
-        try:
-            yield Path(tmp) / "kubeconfig"
-        finally:
-            subprocess.run([script, "down", "--dir", tmp], env=env, capture_output=True)
-
-
-def _free_base() -> int:
-    import socket
-
-    for _ in range(50):
-        base = random.randrange(20000, 32000)
-        try:
-            for port in range(base, base + PORTS):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
 
 
 def inventory(nodes: int, teams: int, namespace: str) -> dict[str, Any]:
@@ -472,7 +433,7 @@ def main() -> None:
     sizes = [min(n, args.nodes) for n in gang_sizes(args.jobs, seed=args.seed)]
     teams = [f"team-{i}" for i in range(args.teams)]
     arms: dict[str, Any] = {}
-    with kueue_cluster(args.kubeconfig) as kubeconfig:
+    with test_cluster(args.kubeconfig, "--kueue") as kubeconfig:
         api = config.new_client_from_config(config_file=str(kubeconfig))
         pool = secrets.token_hex(3)
         inv = inventory(args.nodes, args.teams, "default")

@@ -63,15 +63,24 @@ def gang_sizes(jobs: int, seed: int = 7) -> list[int]:
     return rng.choices(sizes, weights=weights, k=jobs)
 
 
+PORTS = 12  # scripts/k8s-testenv's ports per environment
+
+
 @contextmanager
-def test_cluster(kubeconfig: Path | None) -> Iterator[Path]:
+def test_cluster(kubeconfig: Path | None, *up_args: str) -> Iterator[Path]:
+    """A running test control plane: the given kubeconfig, or `scripts/k8s-testenv up` (with
+    `up_args`, e.g. --kueue) on free ports for the duration."""
     if kubeconfig is not None:
         yield kubeconfig
         return
     script = REPO / "scripts" / "k8s-testenv"
     with tempfile.TemporaryDirectory(prefix="k8s-bench-") as tmp:
         env = {**os.environ, "TYARD_K8S_PORT_BASE": str(_free_base())}
-        subprocess.run([script, "up", "--dir", tmp], env=env, check=True, capture_output=True)
+        up = subprocess.run(
+            [script, "up", "--dir", tmp, *up_args], env=env, capture_output=True, text=True
+        )
+        if up.returncode != 0:
+            raise SystemExit(f"scripts/k8s-testenv up failed:\n{up.stderr[-3000:]}")
         try:
             yield Path(tmp) / "kubeconfig"
         finally:
@@ -80,9 +89,9 @@ def test_cluster(kubeconfig: Path | None) -> Iterator[Path]:
 
 def _free_base() -> int:
     for _ in range(50):
-        base = random.randrange(20000, 59000)
+        base = random.randrange(20000, 32000)  # below the kernel's ephemeral ports
         try:
-            for port in range(base, base + 9):
+            for port in range(base, base + PORTS):
                 with socket.socket() as sock:
                     sock.bind(("127.0.0.1", port))
         except OSError:
