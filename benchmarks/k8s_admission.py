@@ -42,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_results_line  # noqa: E402
-from k8s_launch import GANGS, gang_sizes, test_cluster  # noqa: E402
+from k8s_launch import GANGS, create_fake_nodes, gang_sizes, test_cluster  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID  # noqa: E402
 
@@ -99,40 +99,15 @@ def make_nodes(api: Any, kubeconfig: Path, inv: dict[str, Any], pool: str) -> li
 
     core = client.CoreV1Api(api)
     plan = write_plan(build_plan(parse_inventory(inv)), Path(tempfile.mkdtemp()) / "plan")
-    resources = {"cpu": "224", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
     names = [n["name"] for n in inv["nodes"]]
-    for name in names:
-        core.create_node(
-            {
-                "metadata": {
-                    "name": name,
-                    "annotations": {"kwok.x-k8s.io/node": "fake"},
-                    "labels": {
-                        "kubernetes.io/hostname": name,
-                        "type": "kwok",
-                        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                        POOL: pool,
-                    },
-                },
-                "status": {"capacity": resources, "allocatable": resources},
-            }
-        )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        ready = [
-            n
-            for n in core.list_node(label_selector=f"{POOL}={pool}").items
-            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-        ]
-        if len(ready) == len(names):
-            # Ready first: the node controller's not-ready taint would conflict with the plan's
-            kubectl(
-                kubeconfig, "apply", "--server-side", "--field-manager=tyard-cluster-plan",
-                "-f", str(plan / "nodes.yaml"),
-            )  # fmt: skip
-            return names
-        time.sleep(0.5)
-    raise RuntimeError("kwok did not make the nodes Ready")
+    # registered untainted, as a kubelet would, and Ready before the plan is applied: the
+    # node controller's not-ready taint would conflict with the plan's
+    create_fake_nodes(core, names, pool, tainted=False, timeout_s=180)
+    kubectl(
+        kubeconfig, "apply", "--server-side", "--field-manager=tyard-cluster-plan",
+        "-f", str(plan / "nodes.yaml"),
+    )  # fmt: skip
+    return names
 
 
 def kubectl(kubeconfig: Path, *args: str) -> None:

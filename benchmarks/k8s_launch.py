@@ -100,38 +100,53 @@ def _free_base() -> int:
     raise RuntimeError("no free port range")
 
 
-def make_nodes(core: Any, count: int, pool: str) -> list[str]:
-    names = [f"bench-{pool}-{i}" for i in range(count)]
+def create_fake_nodes(
+    core: Any,
+    names: list[str],
+    pool: str,
+    *,
+    labels: dict[str, dict[str, str]] | None = None,
+    tainted: bool = True,
+    timeout_s: float = 120,
+) -> list[str]:
+    """8-GPU kwok nodes in label pool `pool` (extra `labels` per name), once kwok has made
+    them all Ready. `tainted`: with the GPU taint, as a configured GPU node has it."""
     resources = {"cpu": "224", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
-    for i, name in enumerate(names):
-        core.create_node(
-            {
-                "metadata": {
-                    "name": name,
-                    "annotations": {"kwok.x-k8s.io/node": "fake"},
-                    "labels": {
-                        "kubernetes.io/hostname": name,
-                        "type": "kwok",
-                        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                        "tensoryard.io/switch": f"leaf-{i // 8}",
-                        POOL: pool,
-                    },
+    for name in names:
+        node: dict[str, Any] = {
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "type": "kwok",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                    POOL: pool,
+                    **(labels or {}).get(name, {}),
                 },
-                "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-                "status": {"capacity": resources, "allocatable": resources},
-            }
-        )
-    deadline = time.monotonic() + 120
+            },
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+        if tainted:
+            node["spec"] = {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}
+        core.create_node(node)
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ready = [
             n
             for n in core.list_node(label_selector=f"{POOL}={pool}").items
             if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
         ]
-        if len(ready) == count:
+        if len(ready) == len(names):
             return names
         time.sleep(0.5)
     raise RuntimeError("kwok did not make the nodes Ready")
+
+
+def make_nodes(core: Any, count: int, pool: str) -> list[str]:
+    names = [f"bench-{pool}-{i}" for i in range(count)]
+    switches = {name: {"tensoryard.io/switch": f"leaf-{i // 8}"} for i, name in enumerate(names)}
+    return create_fake_nodes(core, names, pool, labels=switches)
 
 
 class RunningWatch:

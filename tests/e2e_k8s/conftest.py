@@ -152,6 +152,15 @@ def k8s_kueue_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
     yield from _environment(tmp_path_factory, "k8s-kueue-env", "--kueue")
 
 
+@pytest.fixture
+def servers() -> Iterator[list[Any]]:
+    """Control planes a test started (`tests.e2e.conftest.ServerProcess`), stopped after it."""
+    started: list[Any] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def api_client(k8s_env: K8sEnv) -> Iterator[Any]:
     from kubernetes import config

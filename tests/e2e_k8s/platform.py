@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.e2e.conftest import ServerProcess, free_port
-from tests.e2e_k8s.conftest import REPO
+from tests.e2e_k8s.conftest import REPO, K8sEnv
 
 RBAC = REPO / "deploy" / "kubernetes" / "rbac.yaml"
 SERVICE_ACCOUNT = "tensoryard-control-plane"
@@ -26,6 +27,20 @@ COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
 COMPLETE_JITTER = "pod-complete.stage.kwok.x-k8s.io/jitter-delay"
 UNPULLABLE_IMAGE = "registry.invalid/tensoryard/unpullable:test"  # see scripts/k8s-testenv
 IMAGE = "registry.invalid/tensoryard/trainer:test"
+
+
+def kubectl(env: K8sEnv, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """kubectl against the test control plane; a failure fails the test with its output."""
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        pytest.fail(f"kubectl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done
 
 
 def rbac_objects(namespace: str) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ scheduler's view of the labelled nodes carries the switch and block the inventor
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import yaml
 from tensoryard.cluster import build_plan, parse_inventory, write_plan
 from tensoryard.cluster.labels import node_from_labels
 from tests.e2e_k8s.conftest import K8sEnv, fake_gpu_node, wait_until
+from tests.e2e_k8s.platform import kubectl
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
@@ -24,19 +24,6 @@ EXAMPLE = REPO / "examples" / "cluster" / "inventory.yaml"
 KUEUE_CRDS = REPO.parent / "shared" / "k8s" / "crds" / "kueue"
 USED = ("topologies", "resourceflavors", "workloadpriorityclasses", "cohorts", "clusterqueues")
 USED += ("localqueues",)
-
-
-def kubectl(env: K8sEnv, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check and done.returncode != 0:
-        pytest.fail(f"kubectl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done
 
 
 @pytest.fixture(scope="module")

@@ -84,14 +84,6 @@ def _ready(core: Any, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for server in started:
-        server.stop()
-
-
 def _start(
     servers: list[ServerProcess], tmp_path: Path, identity: Path, namespace: str, *extra: str
 ) -> tuple[ServerProcess, Any]:

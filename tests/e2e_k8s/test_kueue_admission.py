@@ -32,6 +32,7 @@ from tests.e2e_k8s.platform import (
     SERVICE_ACCOUNT,
     apply_rbac,
     delete_cluster_rbac,
+    kubectl,
     start_server,
     token_kubeconfig,
     tyard,
@@ -88,17 +89,6 @@ def _inventory(namespace: str) -> dict[str, Any]:
     }
 
 
-def _kubectl(env: K8sEnv, *args: str) -> None:
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-
-
 @pytest.fixture
 def planned_cluster(
     k8s_kueue_env: K8sEnv, core: Any, namespace: str, tmp_path: Path
@@ -113,11 +103,11 @@ def planned_cluster(
         core.create_node(node)
     for name in names:  # Ready first: no not-ready taint of the node controller in the way
         wait_until(lambda n=name: _node_ready(core, n), timeout=60, what=f"node {name} Ready")
-    _kubectl(
+    kubectl(
         k8s_kueue_env, "apply", "--server-side", "--field-manager=tyard-cluster-plan", "-f",
         str(plan / "nodes.yaml"),
     )  # fmt: skip
-    _kubectl(
+    kubectl(
         k8s_kueue_env, "apply", "--server-side", "--field-manager=tyard-cluster-plan", "-f",
         str(plan / "kueue" / "kueue.yaml"),
     )  # fmt: skip
@@ -125,7 +115,7 @@ def planned_cluster(
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     for name in names:
         core.delete_node(name)
-    _kubectl(
+    kubectl(
         k8s_kueue_env, "delete", "--ignore-not-found", "--wait=false", "-f",
         str(plan / "kueue" / "kueue.yaml"),
     )  # fmt: skip
@@ -140,14 +130,6 @@ def identity(
         k8s_kueue_env.kubeconfig, api_client, namespace, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig"
     )
     delete_cluster_rbac(api_client, namespace)
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for server in started:
-        server.stop()
 
 
 def _spec(path: Path, team: str, nodes: int) -> Path:

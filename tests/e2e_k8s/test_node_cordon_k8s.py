@@ -97,14 +97,6 @@ def nodes(core: Any, namespace: str) -> Iterator[Callable[..., list[str]]]:
         core.delete_node(name)
 
 
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for server in started:
-        server.stop()
-
-
 def _ready(core: Any, name: str) -> bool:
     node = core.read_node(name)
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
