@@ -165,6 +165,33 @@ def server(
             min=0,
         ),
     ] = 3600.0,
+    artifact_gc_interval: Annotated[
+        float,
+        typer.Option(
+            "--artifact-gc-interval",
+            help="Seconds between the leader's scheduled artifact GC passes (0: none; run "
+            "`tyard models gc` by hand).",
+            min=0,
+        ),
+    ] = 6 * 3600.0,
+    webhooks: Annotated[
+        Path | None,
+        typer.Option(
+            "--webhooks",
+            help="YAML file of model-registry webhook receivers: 'webhooks:' then items with "
+            "url, secret_env (or secret_file, secret), events, retries (docs/artifacts.md).",
+            show_default=False,
+        ),
+    ] = None,
+    webhook_keep_days: Annotated[
+        float,
+        typer.Option(
+            "--webhook-keep-days",
+            help="Days a delivered webhook row is kept before it is pruned (0: keep all; "
+            "failed ones stay until redelivered).",
+            min=0,
+        ),
+    ] = 7.0,
     local_nodes: Annotated[
         str | None,
         typer.Option(
@@ -181,6 +208,7 @@ def server(
     Several replicas may share one PostgreSQL database (and one --home, for the local
     executor's run directories and job-token key): all serve the API, one leads the loop."""
     from tensoryard.cli.k8s import kubernetes_config
+    from tensoryard.registry.webhooks import load_webhooks_file
     from tensoryard.server.config import ServerConfig, default_home
     from tensoryard.server.main import run_server
 
@@ -189,6 +217,7 @@ def server(
     if admission != "tensoryard" and executor != "kubernetes":
         die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
     with user_errors():
+        hooks = load_webhooks_file(webhooks) if webhooks is not None else ()
         k8s = kubernetes_config(
             kubeconfig=kubeconfig,
             namespace=namespace,
@@ -217,6 +246,9 @@ def server(
         rate_limit_burst=int(4 * rate_limit),
         artifacts_url=artifacts,
         artifact_gc_grace_s=artifact_gc_grace,
+        artifact_gc_interval_s=artifact_gc_interval or None,
+        webhooks=hooks,
+        webhook_keep_s=webhook_keep_days * 86400 if webhook_keep_days else None,
         local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
     )
     with user_errors():

@@ -24,16 +24,20 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
-from tensoryard.errors import ConfigError
+from tensoryard.errors import ConfigError, FieldIssue, SpecError
 from tensoryard.store import Store, WebhookDeliveryRecord
 from tensoryard.store._webhooks import Outcome
 
@@ -44,6 +48,7 @@ __all__ = [
     "WebhookDispatcher",
     "backoff_s",
     "body_of",
+    "load_webhooks_file",
     "post_once",
     "sign",
     "verify",
@@ -94,6 +99,155 @@ class WebhookConfig:
             raise ConfigError(
                 f"webhook {self.url}: retries and backoff_s must be >= 0 and timeout_s > 0"
             )
+
+
+_FILE_KEYS = {
+    "url",
+    "secret",
+    "secret_env",
+    "secret_file",
+    "events",
+    "retries",
+    "backoff_s",
+    "max_backoff_s",
+    "timeout_s",
+}
+
+
+def load_webhooks_file(
+    path: Path, *, environ: Mapping[str, str] | None = None
+) -> tuple[WebhookConfig, ...]:
+    """Receivers from a YAML file (``tyard server --webhooks FILE``)::
+
+        webhooks:
+          - url: https://ci.example.org/hooks/tyard
+            secret_env: TYARD_HOOK_SECRET     # or secret_file: PATH, or secret: VALUE
+            events: [model.alias.moved]       # default: every event
+            retries: 5                        # optional, as WebhookConfig
+
+    Every problem is reported at once, each naming its field (``webhooks[0].url``) and the fix.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read webhooks file {path}: {exc.strerror or exc} (fix: pass an existing "
+            "YAML file to --webhooks)"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise SpecError(
+            [FieldIssue("", f"not valid YAML: {exc}", "fix the syntax")], source=str(path)
+        ) from exc
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not isinstance(raw.get("webhooks", []), list):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "webhooks",
+                    "expected a mapping with a list under 'webhooks'",
+                    "write 'webhooks:' followed by '- url: ...' items",
+                )
+            ],
+            source=str(path),
+        )
+    unknown_top = sorted(set(raw) - {"webhooks"})
+    issues = [FieldIssue(k, "unknown key", "the file has one key, 'webhooks'") for k in unknown_top]
+    hooks: list[WebhookConfig] = []
+    for i, item in enumerate(raw.get("webhooks") or []):
+        where = f"webhooks[{i}]"
+        if not isinstance(item, dict):
+            issues.append(FieldIssue(where, "expected a mapping", "write '- url: ...'"))
+            continue
+        for key in sorted(set(item) - _FILE_KEYS):
+            issues.append(
+                FieldIssue(f"{where}.{key}", "unknown key", f"use one of {sorted(_FILE_KEYS)}")
+            )
+        url = item.get("url")
+        if not isinstance(url, str) or not url:
+            issues.append(FieldIssue(f"{where}.url", "missing", "give the receiver's http(s) URL"))
+            continue
+        sources = [k for k in ("secret", "secret_env", "secret_file") if item.get(k)]
+        if len(sources) != 1:
+            issues.append(
+                FieldIssue(
+                    f"{where}.secret",
+                    "needs exactly one of secret, secret_env, secret_file"
+                    + (f" (got {', '.join(sources)})" if sources else ""),
+                    "prefer secret_env: NAME of an environment variable holding it",
+                )
+            )
+            continue
+        secret = ""
+        if sources[0] == "secret":
+            secret = str(item["secret"])
+        elif sources[0] == "secret_env":
+            secret = env.get(str(item["secret_env"]), "")
+            if not secret:
+                issues.append(
+                    FieldIssue(
+                        f"{where}.secret_env",
+                        f"environment variable {item['secret_env']} is unset or empty",
+                        f"export {item['secret_env']}=... before starting the server",
+                    )
+                )
+                continue
+        else:
+            try:
+                secret = Path(str(item["secret_file"])).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                issues.append(
+                    FieldIssue(
+                        f"{where}.secret_file",
+                        f"cannot read {item['secret_file']}: {exc.strerror or exc}",
+                        "point it at a readable file holding the secret",
+                    )
+                )
+                continue
+        options: dict[str, Any] = {}
+        events = item.get("events")
+        if events is not None:
+            if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
+                issues.append(
+                    FieldIssue(
+                        f"{where}.events",
+                        "expected a list of event names",
+                        f"pick from {list(EVENTS)}",
+                    )
+                )
+                continue
+            options["events"] = tuple(events)
+        bad_number = False
+        for key in ("retries", "backoff_s", "max_backoff_s", "timeout_s"):
+            if key in item:
+                value = item[key]
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    issues.append(
+                        FieldIssue(f"{where}.{key}", f"not a number: {value!r}", "give a number")
+                    )
+                    bad_number = True
+                    continue
+                options[key] = int(value) if key == "retries" else float(value)
+        if bad_number:
+            continue
+        try:
+            hooks.append(WebhookConfig(url=url, secret=secret, **options))
+        except ConfigError as exc:
+            issues.append(FieldIssue(where, str(exc), "see the message"))
+    if issues:
+        raise SpecError(issues, source=str(path))
+    urls = [h.url for h in hooks]
+    dupes = sorted({u for u in urls if urls.count(u) > 1})
+    if dupes:
+        raise SpecError(
+            [
+                FieldIssue("webhooks", f"receiver {u} listed twice", "keep one entry per URL")
+                for u in dupes
+            ],
+            source=str(path),
+        )
+    return tuple(hooks)
 
 
 @dataclass(frozen=True)

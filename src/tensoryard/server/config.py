@@ -107,8 +107,14 @@ class ServerConfig:
     artifact_gc_grace_s: float = 3600.0
     """Artifact GC frees a chunk only after it stayed unreferenced this long; it must exceed
     the time one upload batch takes (`tyard models gc`)."""
+    artifact_gc_interval_s: float | None = 6 * 3600.0
+    """The leader runs one artifact GC pass this often (None: never; `tyard models gc` by
+    hand). A pass within the interval, manual or not, found in the audit log, counts."""
     webhooks: tuple[WebhookConfig, ...] = ()
     """Receivers of model-registry events (HMAC-signed POSTs, retried with backoff)."""
+    webhook_keep_s: float | None = 7 * 86400.0
+    """Delivered webhook rows are deleted this long after delivery (None: kept forever);
+    failed ones stay until redelivered."""
 
     @property
     def token_path(self) -> Path:

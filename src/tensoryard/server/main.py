@@ -24,6 +24,7 @@ from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller, NodeSync
+from tensoryard.server.housekeeping import Housekeeper, HousekeepingMetrics
 from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, KueuePolicy, NodeCapacity
 from tensoryard.serving.deploy import Deployer
@@ -48,6 +49,7 @@ class ControlPlane:
     fits: Callable[[JobSpec], None] = lambda spec: None
     serving: ServingPlane | None = None
     webhooks: WebhookDispatcher | None = None
+    housekeeper: Housekeeper | None = None
 
     def app(self) -> FastAPI:
         return create_app(
@@ -206,8 +208,28 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller.pipelines.deployer = Deployer(
         store, serving.weights, serving.manager, gateway_url=config.report_url
     )
+    housekeeper = Housekeeper(
+        store,
+        ArtifactStore(
+            open_blobs(config.artifact_store_url),
+            config=ArtifactConfig(gc_grace_s=config.artifact_gc_grace_s),
+        ),
+        is_leader=lambda: controller.is_leader,
+        metrics=HousekeepingMetrics(registry),
+        artifact_gc_interval_s=config.artifact_gc_interval_s,
+        webhook_keep_s=config.webhook_keep_s,
+    )
     return ControlPlane(
-        config, store, executor, controller, token, registry, backend.fits, serving, webhooks
+        config,
+        store,
+        executor,
+        controller,
+        token,
+        registry,
+        backend.fits,
+        serving,
+        webhooks,
+        housekeeper,
     )
 
 
@@ -259,6 +281,8 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
         plane.serving.manager.start()  # re-attaches to or restarts replicas, then supervises
     if plane.webhooks is not None:
         plane.webhooks.start()  # sends what the outbox holds, from before a restart too
+    if plane.housekeeper is not None:
+        plane.housekeeper.start()  # scheduled artifact GC and outbox pruning (leader only)
     server = uvicorn.Server(
         uvicorn.Config(
             plane.app(),
@@ -276,5 +300,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
             plane.serving.manager.stop()
         if plane.webhooks is not None:
             plane.webhooks.stop()
+        if plane.housekeeper is not None:
+            plane.housekeeper.stop()
         plane.controller.stop()
         plane.store.close()

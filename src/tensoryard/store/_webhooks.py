@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import CursorResult, or_, select, update
+from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError
@@ -270,6 +270,22 @@ class WebhookOutboxMixin:
             query = query.where(WebhookDelivery.event_id == event_id)
         with self._tx("list webhook deliveries", write=False) as s:
             return [_record(r) for r in s.scalars(query.limit(max(1, min(limit, MAX_LIST))))]
+
+    def prune_webhook_deliveries(self, older_than_s: float) -> int:
+        """Delete delivered rows whose delivery is older than ``older_than_s`` (the outbox
+        would otherwise grow with every event). Pending and failed rows are kept: a failed one
+        is the dead letter an admin may still redeliver. Returns how many were deleted."""
+        cutoff = self._now() - timedelta(seconds=older_than_s)
+        with self._tx("prune webhook deliveries", write=True) as s:
+            result = s.execute(
+                delete(WebhookDelivery)
+                .where(
+                    WebhookDelivery.status == "delivered",
+                    WebhookDelivery.delivered_at < cutoff,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            return _rowcount(result)
 
     def get_webhook_delivery(self, row_id: int) -> WebhookDeliveryRecord:
         with self._tx(f"read webhook delivery {row_id}", write=False) as s:
