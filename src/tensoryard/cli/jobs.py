@@ -434,7 +434,24 @@ def _checkpoint_line(
     gone = ", ".join(str(r["step"]) for r in removed[-20:])
     more = f"{len(removed) - 20} more and " if len(removed) > 20 else ""
     deleted = f"deleted step {more}{gone}" if removed else "deleted nothing yet"
-    return f"checkpoints: {steps}; retention ({policy}): {deleted}"
+    latest = ""
+    if checkpoints:
+        last = max(checkpoints, key=lambda c: (c["step"], c["ts"]))
+        facts = [str(last.get("format") or "format unknown")]
+        if last.get("size_bytes") is not None:
+            facts.append(_human_bytes(int(last["size_bytes"])))
+        facts += [f"{k} {v:.4g}" for k, v in sorted((last.get("metrics") or {}).items())[:4]]
+        latest = f" (latest {last['step']}: {', '.join(facts)})"
+    return f"checkpoints: {steps}{latest}; retention ({policy}): {deleted}"
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

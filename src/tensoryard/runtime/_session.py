@@ -224,7 +224,7 @@ class Session:
 
     def _on_saved(self, info: CheckpointInfo) -> None:
         self.goodput.checkpointed(info.step)
-        self.reporter.checkpoint(info.step, info.path, info.size_bytes, info.ts)
+        self.reporter.checkpoint(info.step, info.path, info.size_bytes, info.ts, format=info.format)
 
     def _install_sigterm(self) -> Any:
         if threading.current_thread() is not threading.main_thread():

@@ -93,6 +93,8 @@ class CheckpointInfo:
     path: Path
     ts: float
     size_bytes: int
+    format: str = "state-dict"
+    """``state-dict`` (full layout) or ``dcp`` (sharded: a torch.distributed.checkpoint dir)."""
 
 
 # -- RNG state --------------------------------------------------------------------------------
@@ -569,7 +571,8 @@ class Checkpointer:
             raise
         self._prune(keep_step=step)
         size = sum(entry["size"] for entry in files.values())
-        return CheckpointInfo(step, final, time.time(), size)
+        fmt = "dcp" if layout == "sharded" else "state-dict"
+        return CheckpointInfo(step, final, time.time(), size, fmt)
 
     def _replace(self, tmp: Path, final: Path) -> None:
         """Rename tmp to final; an existing final (same step saved again) is swapped out."""
@@ -597,7 +600,8 @@ class Checkpointer:
         for step, path in _step_dirs(self.dir):
             if (path / "meta.json").is_file():
                 size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-                out.append(CheckpointInfo(step, path, path.stat().st_mtime, size))
+                fmt = "dcp" if (path / ".metadata").is_file() else "state-dict"
+                out.append(CheckpointInfo(step, path, path.stat().st_mtime, size, fmt))
         return out
 
     def load_latest(

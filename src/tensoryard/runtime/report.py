@@ -245,17 +245,26 @@ class Reporter:
             self._wake.set()
 
     def checkpoint(
-        self, step: int, path: str | Path, size_bytes: int, ts: float | None = None
+        self,
+        step: int,
+        path: str | Path,
+        size_bytes: int,
+        ts: float | None = None,
+        *,
+        format: str | None = None,
     ) -> None:
-        """Record a checkpoint written by this attempt (the Checkpointer calls this)."""
+        """Record a checkpoint written by this attempt (the Checkpointer calls this);
+        ``format`` as in docs/artifacts.md (None: the control plane detects it)."""
         if self._thread is None:
             return
-        record = {
+        record: dict[str, Any] = {
             "step": int(step),
             "path": str(path),
             "ts": time.time() if ts is None else ts,
             "size_bytes": int(size_bytes),
         }
+        if format is not None:
+            record["format"] = format
         with self._lock:
             self._pending.checkpoints.append(record)
         self._wake.set()

@@ -33,7 +33,7 @@ from tensoryard.errors import (
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.pruning import CheckpointPruner
-from tensoryard.registry.service import ModelRegistry
+from tensoryard.registry.service import ModelRegistry, detect_format
 from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
@@ -286,7 +286,12 @@ def create_app(
         job_id: JobId, request: Request, who: Principal = Depends(guard.user)
     ) -> list[CheckpointOut]:
         visible_job(request, who, job_id)
-        return [CheckpointOut.model_validate(c) for c in store.list_checkpoints(job_id)]
+        rows = store.list_checkpoints(job_id)
+        metrics = store.metrics_at_steps(job_id, [c.step for c in rows])
+        return [
+            CheckpointOut.model_validate(c).model_copy(update={"metrics": metrics.get(c.step, {})})
+            for c in rows
+        ]
 
     @app.get(f"{API}/jobs/{{job_id}}/checkpoint-removals", tags=["jobs"])
     def checkpoint_removals(
@@ -347,11 +352,21 @@ def create_app(
         for c in body.checkpoints:
             if (c.step, c.path) in known:  # a re-sent report: stored (or retired) already
                 continue
+            fmt = c.format or _visible_format(c.path)
             store.add_checkpoint(
-                job_id, body.attempt, step=c.step, path=c.path, ts=c.ts, size_bytes=c.size_bytes
+                job_id,
+                body.attempt,
+                step=c.step,
+                path=c.path,
+                ts=c.ts,
+                size_bytes=c.size_bytes,
+                format=fmt,
             )
             store.add_event(
-                job_id, "checkpoint", f"checkpoint at step {c.step}", attempt=body.attempt
+                job_id,
+                "checkpoint",
+                f"checkpoint at step {c.step}" + (f" ({fmt})" if fmt else ""),
+                attempt=body.attempt,
             )
             added += 1
         if added:
@@ -529,6 +544,16 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
             f"a job may not post events of kind {', '.join(bad)}; allowed: "
             f"{', '.join(sorted(JOB_EVENT_KINDS))} (the control plane writes the others)"
         )
+
+
+def _visible_format(path: str) -> str | None:
+    """The format of a reported checkpoint the runtime did not name, when this control plane
+    can see its path (the local executor); None otherwise (e.g. a pod-local volume)."""
+    try:
+        where = Path(path)
+        return detect_format(where) if where.exists() else None
+    except OSError:
+        return None
 
 
 def _known_checkpoints(store: Store, job_id: int, body: ReportIn) -> set[tuple[int, str]]:

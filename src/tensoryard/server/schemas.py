@@ -168,6 +168,12 @@ class CheckpointOut(_FromRecord):
     path: str
     ts: float
     size_bytes: int | None
+    format: str | None = Field(
+        None, description="state-dict, dcp, megatron-dist, safetensors, hf or files; null: unknown"
+    )
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="The metrics the job reported at this step."
+    )
 
 
 class CheckpointRemovalOut(_FromRecord):
@@ -214,11 +220,17 @@ class MetricIn(BaseModel):
     values: dict[str, Annotated[float, Field(allow_inf_nan=True)]] = Field(default_factory=dict)
 
 
+CheckpointFormat = Literal["state-dict", "dcp", "megatron-dist", "safetensors", "hf", "files"]
+
+
 class CheckpointIn(BaseModel):
     step: Count
     path: str = Field(..., min_length=1, max_length=4096)
     ts: UnixTime
     size_bytes: int | None = Field(None, ge=0, le=INT64)
+    format: CheckpointFormat | None = Field(
+        None, description="What the runtime wrote; omitted: detected from the path if visible."
+    )
 
 
 class EventIn(BaseModel):

@@ -9,6 +9,7 @@ from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionL
 from tensoryard.store._retention import CheckpointRemovalRecord, Retirement
 from tensoryard.store._webhooks import WebhookDeliveryRecord
 from tensoryard.store.records import (
+    CHECKPOINT_FORMATS,
     TEAM_ROLES,
     TOKEN_SCOPES,
     AttemptRecord,
@@ -34,6 +35,7 @@ from tensoryard.store.records import (
 from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
 
 __all__ = [
+    "CHECKPOINT_FORMATS",
     "JOB_FIELDS",
     "TEAM_ROLES",
     "TOKEN_SCOPES",

@@ -124,6 +124,7 @@ def checkpoint_record(c: Checkpoint) -> CheckpointRecord:
         path=c.path,
         ts=c.ts,
         size_bytes=c.size_bytes,
+        format=c.format,
     )
 
 

@@ -236,6 +236,7 @@ class Checkpoint(Base):
     path: Mapped[str] = mapped_column(Text)
     ts: Mapped[float] = mapped_column(Float)
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    format: Mapped[str | None] = mapped_column(String(32))  # 0012; CHECKPOINT_FORMATS
 
 
 class CheckpointRemoval(Base):

@@ -9,6 +9,7 @@ from typing import Any
 from tensoryard.spec.states import JobState
 
 __all__ = [
+    "CHECKPOINT_FORMATS",
     "PIPELINE_TERMINAL",
     "STEP_TERMINAL",
     "TEAM_ROLES",
@@ -126,6 +127,12 @@ class MetricRecord:
     values: dict[str, float]
 
 
+CHECKPOINT_FORMATS = ("state-dict", "dcp", "megatron-dist", "safetensors", "hf", "files")
+"""A checkpoint's format: a full state dict (tensoryard's DDP layout), a
+``torch.distributed.checkpoint`` directory, a Megatron distributed checkpoint, safetensors
+shards, a Hugging Face directory, anything else (docs/artifacts.md)."""
+
+
 @dataclass(frozen=True)
 class CheckpointRecord:
     """A checkpoint written by a job."""
@@ -136,6 +143,7 @@ class CheckpointRecord:
     path: str
     ts: float  # unix seconds
     size_bytes: int | None
+    format: str | None = None  # one of CHECKPOINT_FORMATS; None: unknown
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import hmac
 import itertools
 import re
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -1062,6 +1062,7 @@ class Store(
         path: str,
         ts: float,
         size_bytes: int | None = None,
+        format: str | None = None,
     ) -> CheckpointRecord:
         """Record a checkpoint; idempotent on (job, step, path): the first report wins."""
         with self._tx(f"add a checkpoint to job {job_id}", write=True) as s:
@@ -1073,6 +1074,7 @@ class Store(
                 path=path,
                 ts=ts,
                 size_bytes=size_bytes,
+                format=format,
             )
             s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "step", "path"]))
             row = s.scalars(
@@ -1081,6 +1083,24 @@ class Store(
                 )
             ).one()
             return _rows.checkpoint_record(row)
+
+    def metrics_at_steps(self, job_id: int, steps: Collection[int]) -> dict[int, dict[str, float]]:
+        """The metrics reported at each of ``steps`` (a later attempt's row for the same step
+        wins: it is what the checkpoint of that step holds after a resume)."""
+        if not steps:
+            return {}
+        query = (
+            select(Metric.step, Metric.values)
+            .where(Metric.job_id == job_id, Metric.step.in_(sorted(set(steps))))
+            .order_by(Metric.attempt)
+        )
+        out: dict[int, dict[str, float]] = {}
+        with self._tx(f"read metrics of job {job_id} at checkpoints", write=False) as s:
+            for step, values in s.execute(query):
+                out.setdefault(int(step), {}).update(
+                    {k: float(v) for k, v in dict(values).items() if isinstance(v, int | float)}
+                )
+        return out
 
     def latest_checkpoint(self, job_id: int) -> CheckpointRecord | None:
         """The checkpoint with the highest step (newest report on a tie), or None."""

@@ -59,6 +59,7 @@ def test_two_ranks_write_committed_sharded_checkpoints(
     assert meta["layout"] == "sharded" and meta["world_size"] == 2
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "extra.pt", "rng.pt"} <= set(meta["files"])
     assert record["last_saved"] == 6
+    assert {c.format for c in Checkpointer(root / "ckpt").checkpoints()} == {"dcp"}
     assert len(record["stalls"]) == 3 and all(s is not None for s in record["stalls"])
 
 

@@ -172,3 +172,53 @@ def test_a_restarted_control_loop_finishes_removals_a_crash_interrupted(
 
     assert [p.exists() for p in paths] == [False, False, True]
     assert store.pending_checkpoint_removals() == []
+
+
+def test_a_checkpoint_records_its_format_and_lists_the_metrics_of_its_step(
+    api: TestClient, plane: ControlPlane, tmp_path: Path
+) -> None:
+    job = api.post("/api/v1/jobs", json={"spec": {**SPEC, "checkpoint": {"keep": 10}}}).json()
+    plane.store.start_attempt(job["id"], handle={})
+    auth = {"Authorization": f"Bearer {plane.store.issue_job_token(job['id'], attempt=1)}"}
+    now = time.time()
+    dcp = tmp_path / "dcp"  # a torch.distributed.checkpoint directory the server can see
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"m")
+    (dcp / "__0_0.distcp").write_bytes(b"s")
+    megatron = tmp_path / "iter_0000300"  # a Megatron distributed checkpoint
+    megatron.mkdir()
+    for name in ("metadata.json", "common.pt", "0.distcp.bin"):
+        (megatron / name).write_bytes(b"x")
+    body = {
+        "attempt": 1,
+        "metrics": [
+            {"step": 100, "ts": now, "values": {"loss": 2.5, "eval_loss": 2.75}},
+            {"step": 150, "ts": now, "values": {"loss": 2.0}},
+        ],
+        "checkpoints": [
+            {"step": 100, "path": str(tmp_path / "s"), "ts": now, "format": "state-dict"},
+            {"step": 200, "path": str(dcp), "ts": now},  # no format: detected
+            {"step": 300, "path": str(megatron), "ts": now},
+            {"step": 400, "path": "/pod-local/step-400", "ts": now},  # invisible: unknown
+        ],
+    }
+    response = api.post(f"/api/v1/jobs/{job['id']}/report", json=body, headers=auth)
+    assert response.status_code == 200, response.text
+
+    listed = api.get(f"/api/v1/jobs/{job['id']}/checkpoints").json()
+    assert [(c["step"], c["format"]) for c in listed] == [
+        (100, "state-dict"),
+        (200, "dcp"),
+        (300, "megatron-dist"),
+        (400, None),
+    ]
+    assert listed[0]["metrics"] == {"loss": 2.5, "eval_loss": 2.75}
+    assert [c["metrics"] for c in listed[1:]] == [{}, {}, {}]  # no metrics at those steps
+    events = [e["message"] for e in api.get(f"/api/v1/jobs/{job['id']}/events").json()]
+    assert "checkpoint at step 200 (dcp)" in events
+
+    bad = dict(body, checkpoints=[{"step": 500, "path": "/x", "ts": now, "format": "pickle"}])
+    refused = api.post(f"/api/v1/jobs/{job['id']}/report", json=bad, headers=auth)
+    assert refused.status_code == 422
+    assert "format" in refused.text and "dcp" in refused.text  # the field and the choices
+    assert len(api.get(f"/api/v1/jobs/{job['id']}/checkpoints").json()) == 4

@@ -117,10 +117,15 @@ checkpoint:
 
     code, text = tyard(live, "describe", str(job["id"]))
     assert code == 0, text
-    assert f"checkpoints: {SWITCH}, {STEPS}; retention (keep last 1, best 1 by eval_loss" in text
+    assert f"checkpoints: {SWITCH}, {STEPS} (latest {STEPS}: state-dict, " in text
+    assert "; retention (keep last 1, best 1 by eval_loss" in text
     assert f"deleted step {', '.join(str(s) for s in removed)}" in text
     code, described = tyard(live, "describe", str(job["id"]), "--json")
     assert [r["step"] for r in described["checkpoints_removed"]] == removed
+    # each kept checkpoint: its format (the runtime's full layout) and the metrics at its step
+    by_step = {c["step"]: c for c in described["checkpoints"]}
+    assert {c["format"] for c in by_step.values()} == {"state-dict"}
+    assert by_step[SWITCH]["metrics"]["eval_loss"] == pytest.approx(evals[SWITCH])
 
     code, gc = tyard(live, "models", "gc", "--dry-run", "--json")
     assert code == 0 and gc["dry_run"] is True and gc["chunks_freed"] == 0

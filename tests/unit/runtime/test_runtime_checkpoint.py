@@ -45,6 +45,7 @@ def test_save_then_load_latest_restores_model_optimizer_and_step(tmp_path: Path)
     train_step(model, opt)
     info = Checkpointer(tmp_path, interval=1, keep=3).save(7, model, opt, {"tokens_seen": 700})
     assert isinstance(info, CheckpointInfo) and info.step == 7 and info.size_bytes > 0
+    assert info.format == "state-dict"  # what the control plane records for it
     other, other_opt = make_model(1)
     ckpt = Checkpointer(tmp_path, interval=1, keep=3)
     assert ckpt.load_latest(other, other_opt) == 7
