@@ -471,9 +471,19 @@ class ReplicaManager:
                 start_new_session=True,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
             )
-        self.store.put_replica(rec.name, slot, port=port, state="starting", pid=popen.pid)
-        with self._lock:
-            dep.replicas[slot] = Replica(rec.name, slot, port, popen.pid, popen, restarts=restarts)
+        replica = Replica(rec.name, slot, port, popen.pid, popen, restarts=restarts)
+        with self._lock:  # known in memory before anything else can fail: stop() finds it
+            dep.replicas[slot] = replica
+        try:
+            self.store.put_replica(rec.name, slot, port=port, state="starting", pid=popen.pid)
+        except NotFound:  # the deployment was deleted while this replica started
+            log.info(
+                "deployment %s was deleted while replica %d started: stopping it", rec.name, slot
+            )
+            with self._lock:
+                if dep.replicas.get(slot) is replica:
+                    del dep.replicas[slot]
+            _terminate(replica)
 
     def _answers(self, port: int) -> bool:
         """Readiness: the model generates one token (a process with an open port is not enough)."""

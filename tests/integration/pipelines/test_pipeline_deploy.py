@@ -7,6 +7,8 @@ reason."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,9 +22,12 @@ from prometheus_client import CollectorRegistry
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.server.pipelines import PipelineAdvancer
 from tensoryard.serving.deploy import Deployer, PlannedDeployment
+from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.plane import ServingPlane
+from tensoryard.serving.replicas import ReplicaManager, default_command
 from tensoryard.spec.pipeline import parse_pipeline_spec
 from tensoryard.store import PipelineRecord, Store
+from tensoryard.store._serving import DeploymentRecord
 
 pytestmark = pytest.mark.slow
 
@@ -254,3 +259,61 @@ def test_a_deployment_not_ready_in_time_or_deleted_meanwhile_fails_the_step(worl
     assert (
         done.step("deploy").reason == "deployment m-other was deleted while the step waited for it"
     )
+
+
+def _engines_on(port: int) -> list[int]:
+    """Pids of live mock-engine processes listening on ``port`` (from /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        ours = b"tensoryard.serving.mock_engine" in argv and str(port).encode() in argv
+        if ours and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_deployment_deleted_while_its_replica_starts_leaves_no_process(
+    store: Store, tmp_path: Path
+) -> None:
+    """The race a CI run left two mock engines behind from: the deployment is deleted after the
+    replica's intent row and before its pid is recorded. The process is stopped at once."""
+    store.ensure_team("default")
+    ports: list[int] = []
+
+    def deleted_meanwhile(rec: DeploymentRecord, port: int) -> list[str]:
+        store.delete_deployment(rec.name)  # e.g. `tyard deployments delete` right now
+        ports.append(port)
+        return default_command(rec, port)
+
+    manager = ReplicaManager(
+        store,
+        log_dir=tmp_path / "serving",
+        metrics=ServingMetrics(CollectorRegistry()),
+        command_for=deleted_meanwhile,
+    )
+    store.create_deployment(
+        "racy",
+        team="default",
+        model_ref="m",
+        model_path=str(tmp_path / "m.gguf"),
+        engine="mock",
+        replicas=1,
+        options={},
+        idle_timeout_s=None,
+        created_by="admin",
+    )
+    try:
+        manager.reconcile()  # intent row, process, then the pid row finds no deployment
+        (port,) = ports
+        assert manager.replicas("racy") == []
+        assert _engines_on(port) == []  # stopped, not left behind
+        manager.reconcile()  # the next pass forgets the deployment without an error
+        assert manager.deployments() == [] and store.list_replicas("racy") == []
+    finally:
+        manager.stop()
+        for pid in _engines_on(ports[0]) if ports else []:
+            os.kill(pid, signal.SIGKILL)
