@@ -39,6 +39,7 @@ import io
 import json
 import logging
 import os
+import queue
 import random
 import re
 import shutil
@@ -47,7 +48,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -260,7 +261,7 @@ def _cpu_copy(obj: Any) -> Any:
 
 @dataclass
 class _Save:
-    """One save, from its snapshot to its commit (run inline, or in a background thread)."""
+    """One save, from its snapshot to its commit (run inline, or by the background writer)."""
 
     step: int
     started: float
@@ -269,7 +270,7 @@ class _Save:
     error: BaseException | None = None
     finished: float | None = None
     delivered: bool = False
-    thread: threading.Thread | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         try:
@@ -278,17 +279,35 @@ class _Save:
             self.error = exc
         finally:
             self.finished = time.perf_counter()
-
-    def start(self) -> None:
-        # A daemon: a save still in flight when the process dies is simply not committed.
-        self.thread = threading.Thread(
-            target=self.run, name=f"tyard-checkpoint-{self.step}", daemon=True
-        )
-        self.thread.start()
+            self.done.set()
 
     def join(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
+        self.done.wait()
+
+
+class _Writer:
+    """The thread that runs a Checkpointer's background saves, started once and reused.
+
+    Handing a save over is a queue put. Starting a thread per save cost ~5 ms of stall each
+    time: `Thread.start` waits until the new thread runs, and it runs holding the GIL (it
+    serialises the snapshot) until the interpreter's switch interval hands it back. A daemon:
+    a save still in flight when the process dies is simply not committed."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Save] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, save: _Save) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._loop, name="tyard-checkpoint-writer", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(save)
+
+    def _loop(self) -> None:
+        while True:
+            self._queue.get().run()
 
 
 class Checkpointer:
@@ -348,6 +367,7 @@ class Checkpointer:
         self._pending: _Save | None = None
         self._async_group: Any = None
         self._staging = _Staging()
+        self._writer = _Writer()
 
     def should_save(self, step: int) -> bool:
         """True every `interval` steps."""
@@ -386,7 +406,7 @@ class Checkpointer:
             write = self._stage_full(step, model, optimizer, extra, rng)
         pending = _Save(step, started, write)
         if self.async_save:
-            pending.start()
+            self._writer.submit(pending)
             self._pending = pending
             self.last_stall_s = time.perf_counter() - started
             return None
