@@ -590,7 +590,8 @@ class Controller:
         self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec, now: float
     ) -> None:
         """Hung: no heartbeat for the timeout, or no step for stall_factor x the median step
-        time (at least min_stall). Then stop (checkpoint signal first) and restart."""
+        time (at least min_stall). Then stop (SIGTERM, SIGKILL after the hang grace) and
+        restart."""
         key = (job.id, attempt.number)
         if now - self._mem.health_checked.get(key, 0.0) < _HEALTH_CHECK_EVERY_S:
             return
@@ -620,7 +621,10 @@ class Controller:
                 self._mem.warned.add((job.id, attempt.number, why[:20]))
                 self.store.add_event(job.id, "warning", why, attempt=attempt.number)
             return
-        self._stop_attempt(job, attempt, why, f"{why}; restarting", self.config.cancel_grace_s)
+        # A hung gang cannot checkpoint (its ranks wait in a collective): the short hang grace,
+        # not the cancel grace, before SIGKILL; the restart resumes from the last checkpoint.
+        grace = min(health.hang_grace, self.config.cancel_grace_s)
+        self._stop_attempt(job, attempt, why, f"{why}; restarting", grace)
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         if status.phase is AttemptPhase.STARTING:

@@ -192,6 +192,14 @@ class HealthSpec(StrictModel):
         description="restart: stop the attempt (checkpoint signal first) and restart it; "
         "warn: only record an event.",
     )
+    hang_grace: Seconds = Field(
+        2.0,
+        ge=0,
+        le=3600,
+        description="Seconds a hung attempt gets between SIGTERM and SIGKILL, like '2s'. Its "
+        "ranks wait in a collective and cannot checkpoint, so waiting the full cancel grace "
+        "only delays the restart from the last checkpoint.",
+    )
 
 
 class SchedulingSpec(StrictModel):

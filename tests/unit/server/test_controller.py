@@ -267,19 +267,22 @@ def test_a_job_that_stops_stepping_is_stopped_and_restarted_as_hung(world: World
     world.cycle(advance=40)  # 65 s after the last step: over max(10 x 1 s, 60 s)
     reason = world.store.get_attempt(job_id, 1).reason
     assert reason.startswith("hung: no step for") and "after step 5" in reason
+    # the hang grace (default 2 s), not the cancel grace: a stuck gang cannot checkpoint
+    assert world.executor.cancels == [(world.key(job_id), 2.0)]
     world.executor.finish(world.key(job_id), AttemptPhase.CANCELLED)
     world.cycle()
     assert world.state(job_id) is JobState.RESTARTING
 
 
 def test_a_silent_job_is_hung_after_its_heartbeat_timeout(world: World) -> None:
-    job_id = world.submit(health={"heartbeat_timeout": "50s"})
+    job_id = world.submit(health={"heartbeat_timeout": "50s", "hang_grace": 0.5})
     world.cycle(2)
     world.cycle(advance=120)  # no heartbeat yet: a job without the runtime sends none
     assert world.store.get_attempt(job_id, 1).reason == ""
     world.store.heartbeat(job_id, 1, world.clock.dt())
     world.cycle(advance=51)
     assert world.store.get_attempt(job_id, 1).reason.startswith("hung: no heartbeat for")
+    assert world.executor.cancels == [(world.key(job_id), 0.5)]  # the spec's hang_grace
 
 
 def test_a_job_with_a_bad_stored_spec_fails_and_the_others_go_on(world: World) -> None:
