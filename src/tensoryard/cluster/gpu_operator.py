@@ -155,7 +155,9 @@ def gpu_operator_values(inventory: Inventory) -> dict[str, Any]:
                 {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
                 {"name": "DCGM_EXPORTER_INTERVAL", "value": "15000"},
             ],
-            "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": False},
+            # honorLabels: the exporter's pod/namespace (the GPU's workload) stay pod/namespace
+            # (the recording rules join both shapes; deploy/prometheus/rules/k8s.yml)
+            "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": True},
         },
         "mig": {"strategy": "single" if settings.mig_strategy == "none" else settings.mig_strategy},
         "migManager": {"enabled": settings.mig_strategy != "none"},
