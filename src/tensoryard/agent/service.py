@@ -32,9 +32,13 @@ from tensoryard.observability.base import Collector, CollectorErrors
 from tensoryard.observability.gpu import FATAL_XIDS, GpuCollector, GpuOwner
 from tensoryard.observability.infiniband import InfinibandCollector
 from tensoryard.observability.nccl import NcclLogCollector, NcclLogSource
-from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource
+from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource, rank_processes
 from tensoryard.observability.registry import agent_registry, render
-from tensoryard.observability.storage import DiskstatsCollector, MountsCollector
+from tensoryard.observability.storage import (
+    DiskstatsCollector,
+    MountsCollector,
+    ProcessIoCollector,
+)
 
 __all__ = ["AgentConfig", "ControlPlaneApi", "NodeAgent", "gpu_owners"]
 
@@ -145,6 +149,14 @@ class NodeAgent:
             ("gpu", self.gpu),
             ("nccl", NcclLogCollector(lambda: self._nccl, errors=self.errors)),
             ("ranks", RankStatsCollector(lambda: self._ranks, errors=self.errors)),
+            (
+                "process_io",
+                ProcessIoCollector(
+                    lambda: rank_processes(self._ranks, config.proc_root, errors=self.errors),
+                    config.proc_root,
+                    errors=self.errors,
+                ),
+            ),
         ]
         guarded: list[Collector] = [_Guarded(n, c, self.errors) for n, c in collectors]
         self.errors.declare("agent", *(n for n, _ in collectors))

@@ -13,8 +13,10 @@ from prometheus_client.metrics_core import Metric
 
 from tensoryard.observability import metrics as m
 from tensoryard.observability.base import CollectorErrors, family
+from tensoryard.observability.storage import JobProcess
+from tensoryard.runtime.rank_stats import process_start_ticks
 
-__all__ = ["RankStatsCollector", "RankStatsSource"]
+__all__ = ["RankStatsCollector", "RankStatsSource", "rank_processes"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +75,64 @@ class RankStatsCollector:
                 data_wait.add_metric(labels, wait_s)
         yield step_time
         yield data_wait
+
+
+def rank_processes(
+    sources: Iterable[RankStatsSource],
+    proc: str | Path = "/proc",
+    *,
+    max_age_s: float = 300.0,
+    wall: Callable[[], float] = time.time,
+    errors: CollectorErrors | None = None,
+) -> list[JobProcess]:
+    """The live processes of the ranks whose files are fresh: each rank's own process (the pid
+    its file names, if it still has the start time the file recorded: a reused pid is not the
+    rank) and its descendants (DataLoader workers), for the per-rank /proc/<pid>/io metrics."""
+    root = Path(proc)
+    out: list[JobProcess] = []
+    now = wall()
+    for source in sources:
+        try:
+            files = sorted(source.directory.glob("rank-*.json"))
+        except OSError:
+            continue  # RankStatsCollector reports it
+        for path in files:
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+                if "pid" not in record:
+                    continue  # written by a runtime from before ranks recorded their pid
+                rank, ts, pid = int(record["rank"]), float(record["ts"]), int(record["pid"])
+                started = record.get("pid_start")
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                if errors is not None:
+                    errors.record("process_io", str(path), exc)
+                continue
+            if now - ts > max_age_s:
+                continue
+            if started is None or process_start_ticks(pid, root) != int(started):
+                continue  # exited (or the pid was reused)
+            for member in (pid, *_descendants(root, pid)):
+                out.append(JobProcess(member, source.job, source.team, str(rank)))
+    return out
+
+
+def _descendants(proc: Path, pid: int, depth: int = 3) -> list[int]:
+    """Children (and theirs, ``depth`` levels) from /proc/<pid>/task/*/children."""
+    if depth == 0:
+        return []
+    children: list[int] = []
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    found = list(children)
+    for child in children:
+        found += _descendants(proc, child, depth - 1)
+    return found

@@ -16,7 +16,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["RankStats", "rank_stats_path"]
+__all__ = ["RankStats", "process_start_ticks", "rank_stats_path"]
+
+
+def process_start_ticks(pid: int, proc: str | Path = "/proc") -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); None
+    when it does not exist or /proc is not Linux's. With the pid it names one process for good:
+    a pid reused later has another start time."""
+    try:
+        stat = (Path(proc) / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def rank_stats_path(run_dir: str | Path, rank: int) -> Path:
@@ -42,6 +53,7 @@ class RankStats:
         self.clock, self.wall = clock, wall
         self._last_write = float("-inf")
         self._failed = False
+        self._pid_start = process_start_ticks(os.getpid())
 
     def step(self, step: int, step_time_s: float, data_wait_s: float) -> None:
         """Record a finished step; written now if the last write is `every_s` old."""
@@ -54,6 +66,10 @@ class RankStats:
         record = {
             "rank": self.rank,
             "attempt": self.attempt,
+            # which process this is, for the agent's per-rank /proc/<pid>/io (the start time
+            # tells a reused pid from this rank)
+            "pid": os.getpid(),
+            "pid_start": self._pid_start,
             "step": step,
             "step_time_s": round(step_time_s, 6),
             "data_wait_s": round(data_wait_s, 6),

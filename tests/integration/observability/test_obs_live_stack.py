@@ -38,8 +38,6 @@ NOT_SERVED_HERE = {
     "node_filesystem_readonly": "node_exporter's filesystem collector (not run here)",
     "tyard_nccl_collective_timeouts_total": "a CPU job (gloo) writes no NCCL log",
     "tyard_nccl_warnings_total": "a CPU job (gloo) writes no NCCL log",
-    "tyard_job_io_read_bytes_total": "per-rank process I/O: the agent does not know rank pids yet",
-    "tyard_job_io_read_chars_total": "per-rank process I/O: the agent does not know rank pids yet",
     **{
         f"tyard:{name}:by_job": "the DCGM exporter joined to platform pods: Kubernetes only"
         for name in (
@@ -201,6 +199,12 @@ def test_prometheus_reads_the_jobs_step_metrics_and_runs_every_dashboard_query(s
         lambda: _query(base, f'tyard_job_data_wait_seconds{{job="{job_id}"}}')["data"]["result"],
     )
     assert sorted(s["metric"]["rank"] for s in waits) == ["0", "1"]
+    io = _wait(  # each rank's /proc/<pid>/io, found through the pid in its rank file
+        "per-rank process I/O from the agent",
+        lambda: _query(base, f'tyard_job_io_read_chars_total{{job="{job_id}"}}')["data"]["result"],
+    )
+    assert sorted(s["metric"]["rank"] for s in io) == ["0", "1"]
+    assert all(float(s["value"][1]) > 0 for s in io)
     straggler = _query(base, f'tyard_job_rank_step_time_seconds{{job="{job_id}"}}')
     assert len(straggler["data"]["result"]) == 2
     assert [n["state"] for n in client.nodes()] == ["ready"]  # XID 13 is not fatal

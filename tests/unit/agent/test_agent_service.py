@@ -21,6 +21,7 @@ from tensoryard.agent.fake_nvml import FakeNvml
 from tensoryard.agent.service import AgentConfig, NodeAgent, gpu_owners
 from tensoryard.errors import ClientError
 from tensoryard.observability.gpu import GpuOwner
+from tensoryard.runtime.rank_stats import RankStats
 
 FIXTURES = Path(__file__).resolve().parents[1] / "observability" / "fixtures"
 
@@ -242,3 +243,27 @@ def test_only_metrics_is_served(agent):
         get(f"{url}/secrets")
     assert err.value.code == 404
     assert json.dumps(get(url)[2]).startswith('"tensoryard node agent')
+
+
+def test_the_agent_serves_each_ranks_process_io_from_the_rank_files_of_its_jobs(
+    tmp_path: Path, sysfs: Path
+) -> None:
+    """This test process plays rank 0 of job 12: RankStats writes its pid into the job's run
+    dir; the agent (reading this machine's real /proc) serves its /proc/<pid>/io per rank."""
+    run_dir = tmp_path / "runs" / "12"
+    RankStats(run_dir, 0, 1).step(3, 0.5, 0.0)
+    job = {**llama(), "run_dir": str(run_dir)}
+    service = NodeAgent(
+        AgentConfig(node="n7", port=0, proc_root=Path("/proc"), sys_root=sysfs),
+        control_plane=RecordingControlPlane(jobs_answer=[job]),
+        nvml=FakeNvml.with_gpus(8),
+    )
+    try:
+        service.refresh_jobs()
+        got = samples(service.scrape().decode())
+    finally:
+        service.stop()
+    labels = frozenset({"job": "12", "team": "research", "rank": "0"}.items())
+    assert got[("tyard_job_io_read_chars_total", labels)] > 0  # it read its own code at least
+    errors = {dict(k[1]).get("collector"): v for k, v in got.items() if "collector_errors" in k[0]}
+    assert errors["process_io"] == 0  # declared, and nothing failed

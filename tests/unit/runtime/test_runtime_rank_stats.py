@@ -3,7 +3,12 @@ RankStats for the node agent, read back by its RankStatsCollector."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +17,8 @@ import torch
 from test_runtime_session import build, job_env
 
 from tensoryard.observability import CollectorErrors
-from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource
+from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource, rank_processes
+from tensoryard.observability.storage import ProcessIoCollector
 from tensoryard.runtime import session
 from tensoryard.runtime.rank_stats import RankStats, rank_stats_path
 
@@ -85,3 +91,68 @@ def test_the_collector_exports_fresh_ranks_and_counts_broken_files(tmp_path: Pat
         ("tyard_job_data_wait_seconds", "1"): 0.25,
     }
     assert errors.count("ranks") == 1
+
+
+def _rank_file(directory: Path, rank: int, **fields: object) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "attempt": 1, "step": 1, "step_time_s": 1.0, "data_wait_s": 0.0}
+    (directory / f"rank-{rank}.json").write_text(json.dumps({**record, **fields}))
+
+
+def test_the_agent_counts_each_ranks_process_io_with_its_workers_from_the_real_proc(
+    tmp_path: Path,
+) -> None:
+    """A rank (a real process that starts a worker, as a DataLoader does) writes its pid with
+    RankStats; the agent's ProcessIoCollector sums /proc/<pid>/io of it and its worker."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"x" * 3_000_000)
+    ready = tmp_path / "ready"
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from tensoryard.runtime.rank_stats import RankStats\n"
+        f"worker = subprocess.Popen([sys.executable, '-c', "
+        f"\"open({str(data)!r}, 'rb').read(); import time; time.sleep(60)\"])\n"
+        f"RankStats({str(tmp_path)!r}, 1, 1).step(5, 0.5, 0.0)\n"
+        f"open({str(data)!r}, 'rb').read()\n"
+        "time.sleep(1)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert rank.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        source = RankStatsSource(tmp_path / "ranks", "12", "nlp")
+        # a rank file from an older runtime (no pid), one whose pid was reused, a stale one
+        _rank_file(tmp_path / "ranks", 2)
+        _rank_file(tmp_path / "ranks", 3, pid=rank.pid, pid_start=1, ts=time.time())
+        _rank_file(tmp_path / "ranks", 4, pid=rank.pid, pid_start=None, ts=time.time())
+        processes = rank_processes([source])
+        assert {p.pid for p in processes if p.rank == "1"} >= {rank.pid}
+        assert len(processes) == 2 and {p.rank for p in processes} == {"1"}  # rank + worker
+        errors = CollectorErrors()
+        io = {
+            (s.name, s.labels["rank"]): s.value
+            for f in ProcessIoCollector(lambda: processes, errors=errors).collect()
+            for s in f.samples
+            if s.labels["job"] == "12"
+        }
+        assert io[("tyard_job_io_read_chars_total", "1")] >= 2 * 3_000_000  # both read it
+        assert errors.count("process_io") == 0
+        stale = rank_processes([source], wall=lambda: time.time() + 3600)
+        assert stale == []  # the file is an hour old: an earlier attempt's
+    finally:
+        for child in _children(rank.pid):
+            os.kill(child, signal.SIGKILL)
+        rank.kill()
+        rank.wait()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
