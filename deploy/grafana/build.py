@@ -196,6 +196,21 @@ def job() -> dict[str, Any]:
                 ),
             ),
             panel(
+                "NCCL bus bandwidth (NCCL Inspector plugin, when the job loads it)",
+                (
+                    f"tyard_nccl_inspector_bus_bandwidth_gbps{{{sel}}}",
+                    "rank {{rank}} {{collective}} last",
+                ),
+                (
+                    "sum by (collective) "
+                    f"(rate(tyard_nccl_inspector_bytes_total{{{sel}}}[{RATE}]))"
+                    " / sum by (collective) "
+                    f"(rate(tyard_nccl_inspector_exec_seconds_total{{{sel}}}[{RATE}])) / 1e9",
+                    "{{collective}} algorithm GB/s (mean)",
+                ),
+                unit="GBs",
+            ),
+            panel(
                 "Checkpoint, step and heartbeat age",
                 (f"tyard_job_last_checkpoint_age_seconds{{{sel}}}", "since checkpoint"),
                 (f"tyard_job_last_step_age_seconds{{{sel}}}", "since step"),

@@ -309,6 +309,35 @@ NCCL = (
         (*_NCCL, "rank", "op"),
     ),
 )
+# NCCL Inspector (profiler plugin) records: one per collective per communicator; the rank is
+# the communicator's, the collective one of NCCL's few names (bounded labels)
+_INSPECTOR = ("job", "team", "rank", "collective")
+NCCL_INSPECTOR = (
+    MetricDef(
+        "tyard_nccl_inspector_collectives_total",
+        "counter",
+        "Collectives the NCCL Inspector plugin recorded",
+        _INSPECTOR,
+    ),
+    MetricDef(
+        "tyard_nccl_inspector_bytes_total",
+        "counter",
+        "Message bytes of the recorded collectives (coll_msg_size_bytes)",
+        _INSPECTOR,
+    ),
+    MetricDef(
+        "tyard_nccl_inspector_exec_seconds_total",
+        "counter",
+        "Execution time of the recorded collectives (coll_exec_time_us)",
+        _INSPECTOR,
+    ),
+    MetricDef(
+        "tyard_nccl_inspector_bus_bandwidth_gbps",
+        "gauge",
+        "Bus bandwidth of the last recorded collective of this kind in GB/s (coll_busbw_gbs)",
+        _INSPECTOR,
+    ),
+)
 
 # --- In-job runtime (exported by tensoryard.runtime, defined here for rules and dashboards) ----
 JOB_DATA_WAIT = MetricDef(
@@ -321,6 +350,13 @@ JOB_RANK_STEP_TIME = MetricDef(
     "tyard_job_rank_step_time_seconds",
     "gauge",
     "Duration of this rank's last training step (straggler detection)",
+    _RANK,
+)
+JOB_COLLECTIVE_BUSBW = MetricDef(
+    "tyard_job_collective_busbw_gbps",
+    "gauge",
+    "Bus bandwidth of this rank's last all-reduce probe in GB/s (opt-in: "
+    "TYARD_COLLECTIVE_PROBE_EVERY steps)",
     _RANK,
 )
 
@@ -452,8 +488,10 @@ ALL: tuple[MetricDef, ...] = (
     *DCGM_EXTRA,
     *GPU_TYARD,
     *NCCL,
+    *NCCL_INSPECTOR,
     JOB_DATA_WAIT,
     JOB_RANK_STEP_TIME,
+    JOB_COLLECTIVE_BUSBW,
     *CONTROL_PLANE,
     *K8S_PODS,
     *DCGM_JOINED,

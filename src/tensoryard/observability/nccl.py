@@ -7,6 +7,7 @@ malformed; unrelated lines are ignored.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +20,7 @@ from tensoryard.observability import metrics as m
 from tensoryard.observability.base import CollectorErrors, family
 
 __all__ = [
+    "InspectorStats",
     "NcclEvent",
     "NcclLogCollector",
     "NcclLogSource",
@@ -123,6 +125,16 @@ class NcclLogStats:
         return event
 
 
+@dataclass
+class InspectorStats:
+    """NCCL Inspector records of one (job, team, communicator rank, collective)."""
+
+    collectives: int = 0
+    bytes: int = 0
+    exec_s: float = 0.0
+    last_busbw_gbps: float = 0.0
+
+
 @dataclass(frozen=True)
 class NcclLogSource:
     """Where a job's NCCL/stderr logs lie on this node."""
@@ -148,10 +160,14 @@ class NcclLogCollector:
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
         self._stats: dict[tuple[str, str, str], NcclLogStats] = {}  # job, team, host
+        self._inspector: dict[tuple[str, str, str, str], InspectorStats] = {}
+        self._inspector_partial: dict[Path, str] = {}
 
     def collect(self) -> Iterable[Metric]:
         for source in self.sources():
             self._read_source(source)
+            self._read_inspector(source)
+        yield from self._inspector_families()
         names = (
             "tyard_nccl_init_complete_total",
             "tyard_nccl_warnings_total",
@@ -180,6 +196,99 @@ class NcclLogCollector:
             stats = self._stats.setdefault((source.job, source.team, host), NcclLogStats())
             for line in self._new_lines(path):
                 stats.feed(line)
+
+    def _read_inspector(self, source: NcclLogSource) -> None:
+        """NCCL Inspector's JSON records (one object per collective per communicator, written
+        as the plugin's dump thread goes) under `<dir>/inspector`, from where the last scrape
+        stopped."""
+        root = source.directory / "inspector"
+        try:
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+        except FileNotFoundError:
+            return  # the job does not use the plugin
+        except OSError as exc:
+            self.errors.record(self.NAME, str(root), exc)
+            return
+        decoder = json.JSONDecoder()
+        for path in files:
+            chunk = self._read_new(path)
+            if chunk is None:
+                continue
+            text = self._inspector_partial.get(path, "") + chunk
+            pos = 0
+            while True:
+                while pos < len(text) and text[pos] in " \t\r\n":
+                    pos += 1
+                if pos >= len(text):
+                    text = ""
+                    break
+                try:
+                    record, end = decoder.raw_decode(text, pos)
+                except json.JSONDecodeError:
+                    if "\n{" in text[pos + 1 :] or len(text) - pos > 1 << 20:
+                        # a broken record with more after it: skip to the next object
+                        skip = text.find("\n{", pos + 1)
+                        self.errors.record(
+                            self.NAME,
+                            f"malformed NCCL Inspector record in {path}",
+                            repr(text[pos : pos + 80]),
+                        )
+                        if skip < 0:
+                            text = ""
+                            break
+                        pos = skip + 1
+                        continue
+                    text = text[pos:]  # incomplete: the rest comes with the next scrape
+                    break
+                pos = end
+                self._feed_inspector(source, record, path)
+            self._inspector_partial[path] = text
+
+    def _feed_inspector(self, source: NcclLogSource, record: object, path: Path) -> None:
+        try:
+            assert isinstance(record, dict)
+            perf, header = record["coll_perf"], record["header"]
+            key = (source.job, source.team, str(int(header["rank"])), str(perf["coll"]))
+            size, exec_us = int(perf["coll_msg_size_bytes"]), float(perf["coll_exec_time_us"])
+            busbw = float(perf["coll_busbw_gbs"])
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:
+            self.errors.record(self.NAME, f"unexpected NCCL Inspector record in {path}", exc)
+            return
+        stats = self._inspector.setdefault(key, InspectorStats())
+        stats.collectives += 1
+        stats.bytes += size
+        stats.exec_s += exec_us / 1e6
+        stats.last_busbw_gbps = busbw
+
+    def _inspector_families(self) -> Iterable[Metric]:
+        names = (
+            "tyard_nccl_inspector_collectives_total",
+            "tyard_nccl_inspector_bytes_total",
+            "tyard_nccl_inspector_exec_seconds_total",
+            "tyard_nccl_inspector_bus_bandwidth_gbps",
+        )
+        count, size, seconds, busbw = (family(m.by_name(n)) for n in names)
+        for key, stats in sorted(self._inspector.items()):
+            count.add_metric(list(key), stats.collectives)
+            size.add_metric(list(key), stats.bytes)
+            seconds.add_metric(list(key), stats.exec_s)
+            busbw.add_metric(list(key), stats.last_busbw_gbps)
+        return (count, size, seconds, busbw)
+
+    def _read_new(self, path: Path) -> str | None:
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                offset = self._offsets.get(path, 0)
+                if size < offset:  # truncated or replaced: start over
+                    offset, self._inspector_partial[path] = 0, ""
+                f.seek(offset)
+                data = f.read(8 << 20)
+                self._offsets[path] = offset + len(data)
+        except OSError as exc:
+            self.errors.record(self.NAME, str(path), exc)
+            return None
+        return data.decode("utf-8", errors="replace")
 
     def _new_lines(self, path: Path) -> list[str]:
         try:
@@ -224,4 +333,7 @@ def nccl_debug_env(run_dir: str | Path, *, trace_buffer_size: int = 2000) -> Map
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         # PyTorch appends the rank: <run>/nccl/flight_recorder_rank_<r>
         "TORCH_FR_DUMP_TEMP_FILE": str(run / "nccl" / "flight_recorder_rank_"),
+        # read by the NCCL Inspector profiler plugin only, when a job loads it
+        # (NCCL_PROFILER_PLUGIN=.../libnccl-profiler-inspector.so, NCCL_INSPECTOR_ENABLE=1)
+        "NCCL_INSPECTOR_DUMP_DIR": str(run / "nccl" / "inspector"),
     }

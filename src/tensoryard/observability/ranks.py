@@ -51,6 +51,7 @@ class RankStatsCollector:
     def collect(self) -> Iterable[Metric]:
         step_time = family(m.JOB_RANK_STEP_TIME)
         data_wait = family(m.JOB_DATA_WAIT)
+        busbw = family(m.JOB_COLLECTIVE_BUSBW)
         now = self.wall()
         for source in self.sources():
             try:
@@ -73,8 +74,14 @@ class RankStatsCollector:
                 labels = [source.job, source.team, str(rank)]
                 step_time.add_metric(labels, step_s)
                 data_wait.add_metric(labels, wait_s)
+                probe = record.get("probe_busbw_gbps")
+                if isinstance(probe, int | float) and now - float(record.get("probe_ts", 0)) <= (
+                    self.max_age_s
+                ):
+                    busbw.add_metric(labels, float(probe))
         yield step_time
         yield data_wait
+        yield busbw
 
 
 def rank_processes(

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from tensoryard.runtime._env import env_int
 from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo, unwrap_module
 from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
 from tensoryard.runtime.goodput import GoodputTracker
@@ -54,8 +55,12 @@ class Session:
         stop_check_every: int = 10,
         final_checkpoint: bool = True,
         rank_stats: RankStats | None = None,
+        probe_every: int = 0,
+        probe_mb: int = 64,
     ) -> None:
         self.dist = dist
+        self.probe_every = max(0, probe_every)  # 0: no collective-bandwidth probe
+        self.probe_mb = max(1, probe_mb)
         self.rank_stats = rank_stats
         self._data_wait = 0.0
         self.checkpointer = checkpointer
@@ -178,6 +183,8 @@ class Session:
                 self.goodput.step(step, elapsed)
                 if self.rank_stats is not None:
                     self.rank_stats.step(step, elapsed, self._data_wait)
+                if self.probe_every and step % self.probe_every == 0:
+                    self._probe_bandwidth()
                 self.checkpointer.poll()
                 if self.checkpointer.should_save(step):
                     self.save(step, model, optimizer, extra() if extra else None)
@@ -197,6 +204,14 @@ class Session:
             self._restore_sigterm(previous)
             if timer is not None:
                 timer.close()
+
+    def _probe_bandwidth(self) -> None:
+        """The opt-in collective-bandwidth probe (TYARD_COLLECTIVE_PROBE_EVERY steps): one
+        timed all-reduce of TYARD_COLLECTIVE_PROBE_MB on every rank, into the rank file."""
+        size = self.probe_mb * 1024 * 1024
+        result = self.dist.probe_all_reduce(size)
+        if result is not None and self.rank_stats is not None:
+            self.rank_stats.probed(result[0], result[1], size)
 
     def _check_stragglers(self, timer: ForwardTimer) -> None:
         """Exchange every rank's mean forward time; rank 0 names stragglers in the events."""
@@ -311,4 +326,6 @@ def session(
         stop_check_every=stop_check_every,
         final_checkpoint=final_checkpoint,
         rank_stats=RankStats(env.get("TYARD_RUN_DIR"), dist.rank, reporter.config.attempt),
+        probe_every=env_int(env, "TYARD_COLLECTIVE_PROBE_EVERY", 0),
+        probe_mb=env_int(env, "TYARD_COLLECTIVE_PROBE_MB", 64),
     )

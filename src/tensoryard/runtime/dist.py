@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,6 +67,28 @@ class DistContext:
         out: list[Any] = [None] * self.world_size
         tdist.all_gather_object(out, obj)
         return out
+
+    def probe_all_reduce(self, size_bytes: int) -> tuple[float, float] | None:
+        """Time one all-reduce of `size_bytes` of float32 on this rank's device (a collective:
+        every rank calls it). Returns (seconds, bus bandwidth in GB/s) with NCCL-tests'
+        definition, busbw = bytes / seconds * 2 (n - 1) / n; None for a single process."""
+        if not self.is_distributed or self.world_size < 2:
+            return None
+        buffer = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=self.device)
+        tdist.all_reduce(buffer)  # warm-up: a first call may set up connections
+        self._sync()
+        tdist.barrier()
+        started = time.perf_counter()
+        tdist.all_reduce(buffer)
+        self._sync()
+        seconds = time.perf_counter() - started
+        n = self.world_size
+        busbw = buffer.numel() * 4 / seconds * 2 * (n - 1) / n / 1e9
+        return seconds, busbw
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def gather_floats(self, value: float) -> list[float]:
         """Every rank's `value`, indexed by rank (one small all_gather)."""

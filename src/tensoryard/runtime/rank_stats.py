@@ -54,6 +54,18 @@ class RankStats:
         self._last_write = float("-inf")
         self._failed = False
         self._pid_start = process_start_ticks(os.getpid())
+        self._probe: dict[str, float] = {}
+
+    def probed(self, seconds: float, busbw_gbps: float, size_bytes: int) -> None:
+        """The last collective-bandwidth probe (an all-reduce timed by the session), written
+        with the next step's record; the agent exports it per rank."""
+        self._probe = {
+            "probe_busbw_gbps": round(busbw_gbps, 4),
+            "probe_seconds": round(seconds, 6),
+            "probe_bytes": size_bytes,
+            "probe_ts": self.wall(),
+        }
+        self._last_write = float("-inf")  # written with the next step, whatever its age
 
     def step(self, step: int, step_time_s: float, data_wait_s: float) -> None:
         """Record a finished step; written now if the last write is `every_s` old."""
@@ -73,6 +85,7 @@ class RankStats:
             "step": step,
             "step_time_s": round(step_time_s, 6),
             "data_wait_s": round(data_wait_s, 6),
+            **self._probe,
             "ts": self.wall(),
         }
         try:

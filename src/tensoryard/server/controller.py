@@ -1072,6 +1072,7 @@ class Controller:
             )
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
             (Path(job.run_dir) / "nccl").mkdir(exist_ok=True, mode=0o700)  # NCCL makes no dirs
+            (Path(job.run_dir) / "nccl" / "inspector").mkdir(exist_ok=True, mode=0o700)
             try:
                 handle = self.executor.launch(request)
             except (ExecutorError, OSError) as exc:

@@ -33,6 +33,10 @@ PROMETHEUS = shutil.which("prometheus")
 
 # Names the dashboards use that this stack cannot serve, and why (anything else must exist).
 NOT_SERVED_HERE = {
+    **{
+        f"tyard_nccl_inspector_{name}": "NCCL Inspector: a GPU job that loads the plugin"
+        for name in ("bus_bandwidth_gbps", "bytes_total", "exec_seconds_total")
+    },
     "node_filesystem_avail_bytes": "node_exporter's filesystem collector (not run here)",
     "node_filesystem_size_bytes": "node_exporter's filesystem collector (not run here)",
     "node_filesystem_readonly": "node_exporter's filesystem collector (not run here)",

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _scrape import scrape, value
+from _scrape import Samples, scrape, value
 
 from tensoryard.observability.nccl import (
     NcclEvent,
@@ -109,6 +109,7 @@ def test_the_debug_env_puts_everything_into_the_run_dir():
         "TORCH_FR_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": "/runs/llama/attempt-3/nccl/flight_recorder_rank_",
+        "NCCL_INSPECTOR_DUMP_DIR": "/runs/llama/attempt-3/nccl/inspector",
     }
 
 
@@ -118,3 +119,44 @@ def test_hosts_with_dashes_are_read_from_the_log_file_name(tmp_path: Path):
     s = scrape(NcclLogCollector(lambda: [NcclLogSource(tmp_path, "j", "t")]))
     assert value(s, "tyard_nccl_warnings_total", host="gpu-node-07") == 1
     assert value(s, "tyard_nccl_warnings_total", host="") == 1
+
+
+def test_nccl_inspector_records_become_per_rank_collective_counters(
+    fixtures: Path, tmp_path: Path
+) -> None:
+    """The plugin appends one JSON object per collective; a scrape may catch one half written,
+    and a broken one is counted as an error while the ones after it still count."""
+    inspector = tmp_path / "inspector"
+    inspector.mkdir()
+    log = inspector / "node7-pid4242.log"
+    text = (fixtures / "nccl-inspector/node7-pid4242.log").read_text()
+    cut = text.index('"coll_perf"', text.index("AllGather") - 400)
+    log.write_text(text[:cut])  # the third record (AllGather) half written
+    collector = NcclLogCollector(lambda: [NcclLogSource(tmp_path, "llama", "research")])
+    s = scrape(collector)
+    reduce = {"job": "llama", "team": "research", "rank": "3", "collective": "AllReduce"}
+    assert value(s, "tyard_nccl_inspector_collectives_total", **reduce) == 2
+    assert value(s, "tyard_nccl_inspector_bytes_total", **reduce) == 2 * 268435456
+    assert value(s, "tyard_nccl_inspector_exec_seconds_total", **reduce) == pytest.approx(
+        (1450 + 1390) / 1e6
+    )
+    assert value(s, "tyard_nccl_inspector_bus_bandwidth_gbps", **reduce) == 337.96
+    assert ("3", "AllGather") not in _collectives(s)
+
+    with log.open("a") as f:
+        f.write(text[cut:] + '{"header": {"rank": 3}, "coll_perf": {"coll": "AllReduce"}}\n')
+        f.write('{"header": oops\n')  # broken, then one more good record
+        f.write(text[: text.index("\n}\n") + 3])
+    s = scrape(collector)
+    assert value(s, "tyard_nccl_inspector_collectives_total", **reduce) == 3
+    gather = {**reduce, "collective": "AllGather"}
+    assert value(s, "tyard_nccl_inspector_bus_bandwidth_gbps", **gather) == 112.92
+    assert collector.errors.count("nccl") == 2  # the record without sizes, the broken one
+
+
+def _collectives(s: Samples) -> set[tuple[str, str]]:
+    return {
+        (dict(labels)["rank"], dict(labels)["collective"])
+        for name, labels in s
+        if name == "tyard_nccl_inspector_collectives_total"
+    }
