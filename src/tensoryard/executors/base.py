@@ -62,6 +62,9 @@ class AttemptStatus:
     # STARTING only: waiting in an admission queue outside tensoryard (Kueue); the starting
     # timeout counts from the end of that wait, not from the launch.
     queued: bool = False
+    # When the external admission engine granted the attempt's resources (unix seconds; Kueue's
+    # QuotaReserved time); the wait before it is queueing, not startup, in the goodput account.
+    admitted_at: float | None = None
 
     @property
     def finished(self) -> bool:

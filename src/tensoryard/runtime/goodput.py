@@ -211,6 +211,8 @@ class AttemptTimes:
     checkpoint_save_s: float = 0.0  # reported by the runtime: saves blocking training
     checkpoint_restore_s: float = 0.0  # reported by the runtime: loading the checkpoint
     hung: bool = False  # stopped by the control plane's hang detection
+    admitted: float | None = None  # an external queue (Kueue) granted the resources; None:
+    # at launch. From `started` to `admitted` it waited in that queue holding nothing.
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ class GoodputBreakdown:
     lost_s: float  # steps redone after a restart from an older checkpoint
     hang_s: float  # from the last step to the end of an attempt stopped as hung
     other_s: float
-    queueing_s: float  # submitted -> first attempt
+    queueing_s: float  # submitted -> first attempt, plus each attempt's wait in Kueue's queue
     restart_wait_s: float  # between the end of an attempt and the start of the next
 
     def as_dict(self) -> dict[str, float]:
@@ -248,25 +250,29 @@ def goodput_breakdown(
     now: float,
 ) -> GoodputBreakdown:
     """Break a job's time down; `productive_s` and `lost_s` come from `compute_goodput`."""
-    allocated = startup = save = restore = hang = wait = 0.0
+    allocated = startup = save = restore = hang = wait = queued = 0.0
     previous_end: float | None = None
     for attempt in attempts:
         end = attempt.finished if attempt.finished is not None else now
-        held = max(0.0, end - attempt.started)
+        granted = attempt.started
+        if attempt.admitted is not None:  # Kueue's wait: queueing, not the allocation's
+            granted = min(max(attempt.admitted, attempt.started), end)
+            queued += granted - attempt.started
+        held = max(0.0, end - granted)
         allocated += held
         save += attempt.checkpoint_save_s
         restore += attempt.checkpoint_restore_s
         if attempt.first_step_start is None:
             startup += max(0.0, held - attempt.checkpoint_restore_s)
         else:
-            before = attempt.first_step_start - attempt.started - attempt.checkpoint_restore_s
+            before = attempt.first_step_start - granted - attempt.checkpoint_restore_s
             startup += min(held, max(0.0, before))
         if attempt.hung and attempt.last_step_end is not None:
             hang += max(0.0, end - attempt.last_step_end)
         if previous_end is not None:
             wait += max(0.0, attempt.started - previous_end)
         previous_end = end
-    queueing = (attempts[0].started if attempts else now) - submitted
+    queueing = (attempts[0].started if attempts else now) - submitted + queued
     accounted = productive_s + startup + save + restore + lost_s + hang
     return GoodputBreakdown(
         allocated_s=allocated,

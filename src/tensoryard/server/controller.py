@@ -174,6 +174,7 @@ class _Memory:
     # External admission (Kueue): when a poll last saw the attempt waiting in its queue; the
     # starting timeout counts from there (absent: not polled since this process started).
     queued_seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    admitted_noted: set[tuple[int, int]] = field(default_factory=set)  # admitted_at written
 
 
 class Controller:
@@ -627,6 +628,17 @@ class Controller:
         self._stop_attempt(job, attempt, why, f"{why}; restarting", grace)
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
+        key = (job.id, attempt.number)
+        if (
+            status.admitted_at is not None
+            and attempt.admitted_at is None
+            and key not in self._mem.admitted_noted
+        ):
+            # Kueue granted the resources: the wait before is queueing (goodput); written once
+            when = datetime.fromtimestamp(status.admitted_at, UTC)
+            with contextlib.suppress(NotFound):
+                self.store.update_attempt(job.id, attempt.number, admitted_at=when)
+            self._mem.admitted_noted.add(key)
         if status.phase is AttemptPhase.STARTING:
             self._note_starting_reason(job, attempt, status.reason, queued=status.queued)
             return
@@ -667,6 +679,7 @@ class Controller:
         self._put(record)
         self._mem.starting_reason.pop((job.id, attempt.number), None)
         self._mem.queued_seen.pop((job.id, attempt.number), None)
+        self._mem.admitted_noted.discard((job.id, attempt.number))
         if to in (JobState.RESTARTING, JobState.PENDING):
             self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))

@@ -103,6 +103,7 @@ def _breakdown(
                 checkpoint_save_s=a.checkpoint_save_s or 0.0,
                 checkpoint_restore_s=a.checkpoint_restore_s or 0.0,
                 hung=a.reason.startswith(_HUNG),
+                admitted=a.admitted_at.timestamp() if a.admitted_at else None,
             )
         )
     return goodput_breakdown(

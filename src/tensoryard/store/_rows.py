@@ -96,6 +96,7 @@ def attempt_record(a: Attempt) -> AttemptRecord:
         running_at=a.running_at,
         checkpoint_save_s=a.checkpoint_save_s,
         checkpoint_restore_s=a.checkpoint_restore_s,
+        admitted_at=a.admitted_at,
     )
 
 

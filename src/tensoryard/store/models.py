@@ -188,6 +188,9 @@ class Attempt(Base):
     """Names every process/object of the attempt; recorded before anything is launched."""
     running_at: Mapped[datetime | None]
     """When the attempt's workers were confirmed running (its run time starts here)."""
+    admitted_at: Mapped[datetime | None]
+    """When an external admission engine (Kueue) granted its resources (0013); None: at
+    launch. Before it, the attempt waited in a queue and held nothing."""
     checkpoint_save_s: Mapped[float | None] = mapped_column(Float)
     """Seconds checkpoint saves blocked training in this attempt (reported by the runtime)."""
     checkpoint_restore_s: Mapped[float | None] = mapped_column(Float)

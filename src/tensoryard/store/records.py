@@ -101,6 +101,7 @@ class AttemptRecord:
     running_at: datetime | None = None
     checkpoint_save_s: float | None = None
     checkpoint_restore_s: float | None = None
+    admitted_at: datetime | None = None  # Kueue's admission; None: admitted at launch
 
 
 @dataclass(frozen=True)

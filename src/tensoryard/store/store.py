@@ -543,8 +543,11 @@ class Store(
         resumed_from_step: int | None = None,
         checkpoint_save_s: float | None = None,
         checkpoint_restore_s: float | None = None,
+        admitted_at: datetime | None = None,
     ) -> AttemptRecord:
-        """Change the given fields of an attempt; ``finished=True`` stamps ``finished_at``."""
+        """Change the given fields of an attempt; ``finished=True`` stamps ``finished_at``;
+        ``admitted_at`` is written once (the first admission: a later one is a re-admission
+        after an eviction, which ends the attempt anyway)."""
         with self._tx(f"update attempt {number} of job {job_id}", write=True) as s:
             attempt = _get(
                 s, Attempt, (job_id, number), f"attempt {number} of job {job_id}", lock=True
@@ -563,6 +566,8 @@ class Store(
                 attempt.checkpoint_save_s = checkpoint_save_s
             if checkpoint_restore_s is not None:
                 attempt.checkpoint_restore_s = checkpoint_restore_s
+            if admitted_at is not None and attempt.admitted_at is None:
+                attempt.admitted_at = admitted_at
             if finished and attempt.finished_at is None:
                 attempt.finished_at = self._now()
             return _rows.attempt_record(attempt)

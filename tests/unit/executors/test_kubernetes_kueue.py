@@ -277,6 +277,22 @@ def test_an_admitted_workload_is_starting_not_queued_and_says_how_it_was_admitte
     assert ("get", *KUEUE, "clusterqueues", "nlp") in kube.custom.calls
 
 
+def test_the_admission_time_is_kueues_quota_reservation_for_the_goodput_account() -> None:
+    reserved = {**cond("QuotaReserved", True), "lastTransitionTime": "2026-12-03T03:20:10Z"}
+    wl = workload_object(reserved, cond("Admitted", True), admission=ADMISSION)
+    kueue = admission(kube_with(wl, cluster_queues={"nlp": cluster_queue(0)}))
+    when = datetime(2026, 12, 3, 3, 20, 10, tzinfo=UTC).timestamp()
+    held = kueue.held("k", owner())
+    assert held is not None and held.admitted_at == when  # admitted, pods starting
+    kueue.admitted("k", owner(suspended=False))  # running
+    assert kueue.admitted_at("k") == when
+    kueue.forget("k")
+    assert kueue.admitted_at("k") is None
+    waiting = workload_object(cond("QuotaReserved", False, "Pending", WAITING_MESSAGE))
+    queued = admission(kube_with(waiting)).held("k", owner())
+    assert queued is not None and queued.queued and queued.admitted_at is None
+
+
 def test_borrowing_is_left_out_when_there_is_none_or_the_clusterqueue_cannot_be_read() -> None:
     wl = workload_object(cond("QuotaReserved", True), cond("Admitted", True), admission=ADMISSION)
     kueue = admission(kube_with(wl, cluster_queues={"nlp": cluster_queue(0)}))

@@ -46,6 +46,25 @@ def test_a_running_attempt_is_counted_up_to_now_and_one_without_steps_is_all_sta
     assert (b.allocated_s, b.startup_s, b.queueing_s, b.goodput) == (30.0, 30.0, 30.0, 0.0)
 
 
+def test_the_wait_in_kueues_queue_is_queueing_not_startup() -> None:
+    """Under --admission kueue an attempt is launched suspended and waits for Kueue: from its
+    launch to Kueue's admission it holds nothing (the second attempt waited after an eviction)."""
+    attempts = [
+        AttemptTimes(started=10, finished=60, first_step_start=45, last_step_end=60, admitted=40),
+        AttemptTimes(started=62, finished=None, first_step_start=None, last_step_end=None,
+                     admitted=90),
+    ]  # fmt: skip
+    b = goodput_breakdown(0.0, attempts, productive_s=15.0, lost_s=0.0, now=100.0)
+    assert b.allocated_s == 20.0 + 10.0  # 40..60 and 90..100
+    assert b.startup_s == 5.0 + 10.0  # admission to the first step; the second has no step
+    assert b.queueing_s == 10.0 + 30.0 + 28.0  # before the launch, then Kueue twice
+    assert b.restart_wait_s == 2.0
+    assert b.goodput == pytest.approx(15 / 30)
+    early = AttemptTimes(started=10, finished=20, first_step_start=None, last_step_end=None,
+                         admitted=5)  # fmt: skip
+    assert goodput_breakdown(0.0, [early], productive_s=0, lost_s=0, now=30).allocated_s == 10.0
+
+
 def test_a_job_still_queued_has_only_queueing() -> None:
     b = goodput_breakdown(20.0, [], productive_s=0.0, lost_s=0.0, now=80.0)
     assert (b.allocated_s, b.queueing_s, b.goodput) == (0.0, 60.0, 0.0)

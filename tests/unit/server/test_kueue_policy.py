@@ -7,7 +7,7 @@ test_controller.py, with `external_admission` set as the Kubernetes executor set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from tensoryard.executors.base import AttemptPhase, AttemptStatus
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import ClusterView, KueuePolicy, NodeCapacity
+from tensoryard.server.summary import summarize
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import JobState
 from tensoryard.store import JobRecord, Store, TeamRecord
@@ -258,3 +259,26 @@ def test_a_queue_reason_that_only_changes_its_numbers_is_one_event(world: World)
         f"attempt 1 not running yet: {quota.format(8)}",
         "attempt 1 not running yet: waiting for Kueue to create its Workload",
     ]
+
+
+def test_the_time_kueue_admitted_an_attempt_is_recorded_once_and_its_wait_is_queueing(
+    world: World,
+) -> None:
+    job_id = world.submit()
+    world.cycle(2)
+    world.cycle(20, advance=1.0)  # 20 s in Kueue's queue
+    assert world.store.get_attempt(job_id, 1).admitted_at is None
+    admitted = world.clock.t - 2.0  # Kueue's QuotaReserved time (a little before this poll)
+    key = world.key(job_id)
+    world.executor.statuses[key] = [replace(ADMITTED, admitted_at=admitted)]
+    world.cycle(advance=1.0)
+    recorded = world.store.get_attempt(job_id, 1).admitted_at
+    assert recorded is not None and recorded.timestamp() == pytest.approx(admitted)
+    later = replace(ADMITTED, admitted_at=admitted + 50)  # e.g. a re-admission: not rewritten
+    world.executor.statuses[key] = [replace(later, phase=AttemptPhase.RUNNING, reason="")]
+    world.cycle(advance=1.0)
+    attempt = world.store.get_attempt(job_id, 1)
+    assert attempt.admitted_at == recorded and attempt.state == "running"
+    b = summarize(world.store, job_id, now=world.clock.dt()).breakdown
+    assert b is not None and b.queueing_s >= 18.0  # Kueue's wait: queueing, not startup
+    assert b.startup_s < 5.0 and b.allocated_s < 5.0

@@ -387,7 +387,11 @@ class KubernetesExecutor:
                 self.kueue.forget(h.attempt_key)
         elif self.kueue is not None and owner is not None and status.phase is AttemptPhase.RUNNING:
             how = self.kueue.admitted(h.attempt_key, owner)
-            status = AttemptStatus(AttemptPhase.RUNNING, reason=f"admitted by Kueue: {how}")
+            status = AttemptStatus(
+                AttemptPhase.RUNNING,
+                reason=f"admitted by Kueue: {how}",
+                admitted_at=self.kueue.admitted_at(h.attempt_key),
+            )
         return status
 
     def _end_evicted(

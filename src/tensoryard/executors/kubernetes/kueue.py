@@ -46,6 +46,18 @@ def _age_s(obj: Obj) -> float | None:
     return (datetime.now(UTC) - when).total_seconds()
 
 
+def _reserved_at(conditions: dict[str, Obj]) -> float | None:
+    """When Kueue reserved the Workload's quota (QuotaReserved True), unix seconds."""
+    reserved = _true(conditions, "QuotaReserved")
+    stamp = reserved.get("lastTransitionTime") if reserved is not None else None
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def _owner_uids(wl: Obj) -> list[str]:
     return [str(r.get("uid")) for r in get(wl, "metadata", "ownerReferences") or []]
 
@@ -88,6 +100,7 @@ class KueueAdmission:
         self.namespace = namespace
         self._cache: WatchCache | None = None
         self._admitted: dict[str, str] = {}  # attempt key -> how Kueue admitted it
+        self._admitted_at: dict[str, float | None] = {}  # attempt key -> QuotaReserved time
         self._queues: tuple[float, set[str]] = (float("-inf"), set())  # (read at, names)
 
     # -- checks -------------------------------------------------------------------------------
@@ -224,6 +237,7 @@ class KueueAdmission:
             return AttemptStatus(
                 AttemptPhase.STARTING,
                 reason=f"admitted by Kueue: {self._describe_admission(wl)}; starting its pods",
+                admitted_at=_reserved_at(conds),
             )
         reserved = conds.get("QuotaReserved")
         why = str(reserved.get("message")) if reserved else "Kueue has not considered it yet"
@@ -242,10 +256,16 @@ class KueueAdmission:
         wl = self.workload_of(owner)
         text = self._describe_admission(wl) if wl is not None else ""
         self._admitted[attempt_key] = text
+        self._admitted_at[attempt_key] = _reserved_at(_conditions(wl)) if wl is not None else None
         return text
+
+    def admitted_at(self, attempt_key: str) -> float | None:
+        """When Kueue reserved the quota of an attempt `admitted` described (None: unknown)."""
+        return self._admitted_at.get(attempt_key)
 
     def forget(self, attempt_key: str) -> None:
         self._admitted.pop(attempt_key, None)
+        self._admitted_at.pop(attempt_key, None)
 
     def _describe_admission(self, wl: Obj) -> str:
         admission = get(wl, "status", "admission") or {}
