@@ -96,7 +96,10 @@ class Housekeeper:
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # the database went away mid-pass: the next tick retries
+                log.exception("housekeeping pass failed")
 
     def tick(self) -> None:
         """Run each pass that is due (nothing unless this replica leads)."""
