@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ def _nvml() -> FakeNvml:
     return FakeNvml.from_records(doc["gpus"])
 
 
-def _pod(name: str, rank: int, node: str) -> dict[str, Any]:
+def _pod(name: str, rank: int, node: str) -> Mapping[str, Any]:
     """A platform pod as the executor's watch cache holds it (job 7 of team nlp)."""
     return {
         "metadata": {
@@ -72,7 +72,7 @@ def _pod(name: str, rank: int, node: str) -> dict[str, Any]:
 def endpoints() -> Iterator[dict[str, int]]:
     """/metrics of the control plane and of the DCGM exporters of nodes gpu-a and gpu-b."""
     pod_a, pod_b = "ty-7-1-node-0-0-abcde", "ty-7-1-node-1-0-fghij"
-    pods = [_pod(pod_a, 0, "gpu-a"), _pod(pod_b, 1, "gpu-b")]
+    pods: list[Mapping[str, Any]] = [_pod(pod_a, 0, "gpu-a"), _pod(pod_b, 1, "gpu-b")]
     control = CollectorRegistry()
     control.register(PodCollector(lambda: pods))
     node_a, node_b = _nvml(), _nvml()

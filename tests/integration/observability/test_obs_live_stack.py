@@ -111,7 +111,8 @@ def _names(expr: str) -> set[str]:
     sys.path.insert(0, str(REPO / "tests" / "unit" / "observability"))
     from _promql import metric_names
 
-    return metric_names(_concrete(expr))
+    names: set[str] = metric_names(_concrete(expr))
+    return names
 
 
 @pytest.fixture
@@ -153,6 +154,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             }
         )
     )
+    assert PROMETHEUS is not None
     proc = subprocess.Popen(
         [
             PROMETHEUS,
@@ -173,7 +175,9 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         _kill_leftovers(server.home)
 
 
-def test_prometheus_reads_the_jobs_step_metrics_and_runs_every_dashboard_query(stack) -> None:
+def test_prometheus_reads_the_jobs_step_metrics_and_runs_every_dashboard_query(
+    stack: dict[str, Any],
+) -> None:
     base, client = stack["base"], stack["client"]
     spec = yaml.safe_load(tiny_job(stack["tmp"], "--steps", "60").read_text())
     job_id = str(client.submit(spec)["id"])

@@ -54,6 +54,9 @@ def llama(node: str = "n7", gpus: list[int] | None = None, per_node: int = 4) ->
     }
 
 
+AgentFixture = tuple[NodeAgent, FakeNvml, RecordingControlPlane]
+
+
 @pytest.fixture
 def sysfs(tmp_path: Path) -> Path:
     """A writable copy of the recorded 8-port sysfs tree (ports can be taken down)."""
@@ -61,7 +64,7 @@ def sysfs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def agent(sysfs: Path) -> Iterator[tuple[NodeAgent, FakeNvml, RecordingControlPlane]]:
+def agent(sysfs: Path) -> Iterator[AgentFixture]:
     nvml = FakeNvml.with_gpus(8)
     control_plane = RecordingControlPlane(jobs_answer=[llama()])
     service = NodeAgent(
@@ -86,7 +89,9 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def test_metrics_are_served_over_http_with_gpus_labelled_by_the_job_that_holds_them(agent):
+def test_metrics_are_served_over_http_with_gpus_labelled_by_the_job_that_holds_them(
+    agent: AgentFixture,
+) -> None:
     service, _, _ = agent
     service.refresh_jobs()
     url = service.start()
@@ -102,7 +107,9 @@ def test_metrics_are_served_over_http_with_gpus_labelled_by_the_job_that_holds_t
     assert any(n == "node_disk_reads_completed_total" for n, _ in got)
 
 
-def test_a_collector_that_raises_becomes_an_error_count_and_the_scrape_still_answers(agent):
+def test_a_collector_that_raises_becomes_an_error_count_and_the_scrape_still_answers(
+    agent: AgentFixture,
+) -> None:
     service, nvml, _ = agent
 
     def broken(*_: Any) -> int:
@@ -118,7 +125,7 @@ def test_a_collector_that_raises_becomes_an_error_count_and_the_scrape_still_ans
     assert not any(n.startswith("DCGM_") for n, _ in got)
 
 
-def test_missing_roots_and_an_unreachable_control_plane_never_fail_a_scrape(tmp_path: Path):
+def test_missing_roots_and_an_unreachable_control_plane_never_fail_a_scrape(tmp_path: Path) -> None:
     control_plane = RecordingControlPlane(down=True)
     service = NodeAgent(
         AgentConfig(node="n7", proc_root=tmp_path / "no-proc", sys_root=tmp_path / "no-sys"),
@@ -134,7 +141,9 @@ def test_missing_roots_and_an_unreachable_control_plane_never_fail_a_scrape(tmp_
     service.stop()
 
 
-def test_a_fatal_xid_is_reported_once_as_a_drain_alert_naming_node_gpu_and_xid(agent):
+def test_a_fatal_xid_is_reported_once_as_a_drain_alert_naming_node_gpu_and_xid(
+    agent: AgentFixture,
+) -> None:
     service, nvml, control_plane = agent
     assert service.report() is None  # healthy: nothing to send
     nvml.gpus[2].xid_events.append(79)
@@ -161,7 +170,7 @@ def test_a_fatal_xid_is_reported_once_as_a_drain_alert_naming_node_gpu_and_xid(a
     assert len(control_plane.reports) == 2
 
 
-def test_a_report_the_control_plane_did_not_get_is_sent_again(agent):
+def test_a_report_the_control_plane_did_not_get_is_sent_again(agent: AgentFixture) -> None:
     service, nvml, control_plane = agent
     control_plane.down = True
     nvml.gpus[6].xid_events.append(48)
@@ -171,7 +180,9 @@ def test_a_report_the_control_plane_did_not_get_is_sent_again(agent):
     assert [a["labels"]["xid"] for a in control_plane.reports[0]] == ["48"]
 
 
-def test_an_infiniband_port_that_leaves_active_is_reported_once_per_outage(agent, sysfs: Path):
+def test_an_infiniband_port_that_leaves_active_is_reported_once_per_outage(
+    agent: AgentFixture, sysfs: Path
+) -> None:
     service, _, control_plane = agent
     state = sysfs / "class/infiniband/mlx5_5/ports/1/state"
     service.report()  # mlx5_3 was never ACTIVE (not cabled, as far as the agent knows): quiet
@@ -191,7 +202,7 @@ def test_an_infiniband_port_that_leaves_active_is_reported_once_per_outage(agent
 
 def test_a_failing_health_check_command_is_reported_until_it_passes_again(
     sysfs: Path, tmp_path: Path
-):
+) -> None:
     flag = tmp_path / "healthy"
     script = tmp_path / "gpu-burn-check"
     script.write_text(
@@ -229,14 +240,16 @@ def test_a_failing_health_check_command_is_reported_until_it_passes_again(
         pytest.param(llama(node="n8"), {}, id="a job on other nodes owns nothing here"),
     ],
 )
-def test_gpu_owners_come_from_the_placement(job: dict[str, Any], expected: dict[int, GpuOwner]):
+def test_gpu_owners_come_from_the_placement(
+    job: dict[str, Any], expected: dict[int, GpuOwner]
+) -> None:
     owners = gpu_owners([job], "n7")
     assert {k: owners[k] for k in expected} == expected
     if not expected:
         assert owners == {}
 
 
-def test_only_metrics_is_served(agent):
+def test_only_metrics_is_served(agent: AgentFixture) -> None:
     service, _, _ = agent
     url = service.start()
     with pytest.raises(urllib.error.HTTPError) as err:

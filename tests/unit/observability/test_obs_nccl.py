@@ -15,15 +15,16 @@ from tensoryard.observability.nccl import (
 )
 
 
-def test_init_complete_lines_give_the_rank():
+def test_init_complete_lines_give_the_rank() -> None:
     event = parse_line(
         "node7:4242:4301 [0] NCCL INFO comm 0x5581e2a0 rank 8 nranks 16 cudaDev 0 nvmlDev 0 "
         "busId 18000 commId 0x7e3c1a9b5d2f4e10 - Init COMPLETE"
     )
+    assert isinstance(event, NcclEvent)
     assert event == NcclEvent("init_complete", host="node7", rank="8", message=event.message)
 
 
-def test_the_pytorch_watchdog_timeout_gives_rank_op_sequence_and_duration():
+def test_the_pytorch_watchdog_timeout_gives_rank_op_sequence_and_duration() -> None:
     event = parse_line(
         "[rank8]:[E1202 14:03:11.482913 4242 ProcessGroupNCCL.cpp:616] [Rank 8] Watchdog caught "
         "collective operation timeout: WorkNCCL(SeqNum=90211, OpType=ALLREDUCE, NumelIn=131072, "
@@ -62,13 +63,13 @@ def test_the_pytorch_watchdog_timeout_gives_rank_op_sequence_and_duration():
         "binary garbage with NCCL in it is malformed",
     ],
 )
-def test_line_kinds(line: str, expected: str | bool | None):
+def test_line_kinds(line: str, expected: str | bool | None) -> None:
     event = parse_line(line)
     kind = event.kind if isinstance(event, NcclEvent) else event
     assert kind == expected
 
 
-def test_the_recorded_log_counts(fixtures: Path):
+def test_the_recorded_log_counts(fixtures: Path) -> None:
     stats = NcclLogStats()
     for line in (fixtures / "nccl/nccl-node7-4242.log").read_text().splitlines():
         stats.feed(line)
@@ -77,7 +78,7 @@ def test_the_recorded_log_counts(fixtures: Path):
     assert [e.kind for e in stats.recent] == ["warn", "collective_timeout"]
 
 
-def test_the_collector_tails_logs_across_scrapes(fixtures: Path, tmp_path: Path):
+def test_the_collector_tails_logs_across_scrapes(fixtures: Path, tmp_path: Path) -> None:
     log = tmp_path / "nccl-node7-4242.log"
     lines = (fixtures / "nccl/nccl-node7-4242.log").read_text().splitlines(keepends=True)
     log.write_text("".join(lines[:4]) + lines[4][:30])  # the WARN line half written
@@ -95,13 +96,13 @@ def test_the_collector_tails_logs_across_scrapes(fixtures: Path, tmp_path: Path)
     assert value(s, "tyard_nccl_collective_timeouts_total", rank="8", op="ALLREDUCE") == 1
 
 
-def test_a_job_without_logs_yet_is_not_an_error(tmp_path: Path):
+def test_a_job_without_logs_yet_is_not_an_error(tmp_path: Path) -> None:
     collector = NcclLogCollector(lambda: [NcclLogSource(tmp_path / "later", "j", "t")])
     assert not scrape(collector)
     assert collector.errors.count("nccl") == 0
 
 
-def test_the_debug_env_puts_everything_into_the_run_dir():
+def test_the_debug_env_puts_everything_into_the_run_dir() -> None:
     env = nccl_debug_env("/runs/llama/attempt-3")
     assert env == {
         "NCCL_DEBUG": "INFO",
@@ -113,7 +114,7 @@ def test_the_debug_env_puts_everything_into_the_run_dir():
     }
 
 
-def test_hosts_with_dashes_are_read_from_the_log_file_name(tmp_path: Path):
+def test_hosts_with_dashes_are_read_from_the_log_file_name(tmp_path: Path) -> None:
     (tmp_path / "nccl-gpu-node-07-4242.log").write_text("gpu-node-07:4242:1 [0] NCCL WARN x\n")
     (tmp_path / "stderr.log").write_text("gpu-node-07:4242:1 [0] NCCL WARN y\n")
     s = scrape(NcclLogCollector(lambda: [NcclLogSource(tmp_path, "j", "t")]))

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -63,10 +63,14 @@ def test_rank_stats_are_written_at_most_once_per_interval_and_never_fail_the_ste
     RankStats(blocked, 0, 1).step(1, 1.0, 0.0)  # run dir is a file: silently off
 
 
+def _at(ts: float) -> Callable[[], float]:
+    return lambda: ts
+
+
 def test_the_collector_exports_fresh_ranks_and_counts_broken_files(tmp_path: Path) -> None:
     ranks = tmp_path / "ranks"
     for rank, ts in ((0, 1000.0), (1, 990.0), (2, 100.0)):  # rank 2: an earlier attempt
-        RankStats(tmp_path, rank, 1, wall=lambda ts=ts: ts).step(7, 1.5 + rank, 0.25 * rank)
+        RankStats(tmp_path, rank, 1, wall=_at(ts)).step(7, 1.5 + rank, 0.25 * rank)
     (ranks / "rank-9.json").write_text("{not json")
     errors = CollectorErrors()
     collector = RankStatsCollector(

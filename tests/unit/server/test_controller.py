@@ -381,6 +381,7 @@ def test_a_cycle_longer_than_the_lease_is_no_change_of_leader_but_a_restart_is(
     restarted = make_controller(world.store, world.executor, world.clock)
     restarted.holder = world.controller.holder  # same host, port and home: same holder name
     world.clock.t += 30
+    assert epoch is not None
     assert restarted.lead() and restarted.epoch == epoch + 1  # it recovered (fresh memory)
 
 
