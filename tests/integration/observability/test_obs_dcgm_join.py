@@ -12,9 +12,6 @@ idle GPUs and GPUs of pods that are not the platform's."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -26,6 +23,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from tests.integration.observability.prometheus_server import PROMETHEUS, running_prometheus
 
 from tensoryard.agent.fake_nvml import FakeNvml
 from tensoryard.executors.kubernetes.pod_metrics import PodCollector
@@ -34,7 +32,6 @@ from tensoryard.observability.fake_dcgm_exporter import PodGpu, render_dcgm_expo
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "unit" / "observability" / "fixtures"
 RULES = ROOT / "deploy" / "prometheus" / "rules"
-PROMETHEUS = shutil.which("prometheus")
 
 pytestmark = [
     pytest.mark.slow,
@@ -116,12 +113,6 @@ def endpoints() -> Iterator[dict[str, int]]:
         server.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _query(base: str, expr: str) -> list[dict[str, Any]]:
     url = f"{base}/api/v1/query?query={urllib.parse.quote(expr)}"
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -132,9 +123,7 @@ def test_dcgm_series_join_to_jobs_with_and_without_honor_labels(
     endpoints: dict[str, int], tmp_path: Path
 ) -> None:
     assert PROMETHEUS is not None
-    web = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{RULES}/*.yml']\n"
         "scrape_configs:\n"
@@ -148,23 +137,12 @@ def test_dcgm_series_join_to_jobs_with_and_without_honor_labels(
         "{namespace: gpu-operator, pod: nvidia-dcgm-exporter-x1, "
         "container: nvidia-dcgm-exporter}}]\n"
     )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{web}"
-    try:
+    with running_prometheus(config, tmp_path) as prometheus:
+        base = prometheus.base
         joined: list[dict[str, Any]] = []
         deadline = time.monotonic() + 60
         while len(joined) < 8:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            prometheus.assert_alive()
             assert time.monotonic() < deadline, f"join incomplete: {joined}"
             time.sleep(0.5)
             try:
@@ -203,7 +181,3 @@ def test_dcgm_series_join_to_jobs_with_and_without_honor_labels(
         assert len(raw) == 16  # every GPU was scraped, joined or not
         per_job = _query(base, "sum by (job, team) (tyard:DCGM_FI_DEV_FB_USED:by_job)")
         assert [(s["metric"]["job"], s["metric"]["team"]) for s in per_job] == [("7", "nlp")]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -23,6 +22,7 @@ import pytest
 import yaml
 from tests.e2e.conftest import REPO, ServerProcess, _kill_leftovers, free_port, wait_for
 from tests.e2e.test_e2e_jobs import TERMINAL, tiny_job
+from tests.integration.observability.prometheus_server import running_prometheus
 
 from tensoryard.agent.fake_nvml import FakeNvml
 from tensoryard.agent.service import AgentConfig, NodeAgent
@@ -131,45 +131,29 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         nvml=nvml,
     )
     agent_url = agent.start()
-    web = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(REPO / "deploy" / "prometheus" / "rules" / "*.yml")],
-                "scrape_configs": [
-                    {
-                        "job_name": "tensoryard-control-plane",
-                        "honor_labels": True,
-                        "authorization": {"credentials_file": str(server.home / "admin.token")},
-                        "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}],
-                    },
-                    {
-                        "job_name": "tensoryard-agent",
-                        "honor_labels": True,
-                        "static_configs": [{"targets": [agent_url.removeprefix("http://")]}],
-                    },
-                ],
-            }
-        )
-    )
-    assert PROMETHEUS is not None
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
+    config = yaml.safe_dump(
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(REPO / "deploy" / "prometheus" / "rules" / "*.yml")],
+            "scrape_configs": [
+                {
+                    "job_name": "tensoryard-control-plane",
+                    "honor_labels": True,
+                    "authorization": {"credentials_file": str(server.home / "admin.token")},
+                    "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}],
+                },
+                {
+                    "job_name": "tensoryard-agent",
+                    "honor_labels": True,
+                    "static_configs": [{"targets": [agent_url.removeprefix("http://")]}],
+                },
+            ],
+        }
     )
     try:
-        yield {"base": f"http://127.0.0.1:{web}", "client": client, "node": node, "tmp": tmp_path}
+        with running_prometheus(config, tmp_path) as prometheus:
+            yield {"base": prometheus.base, "client": client, "node": node, "tmp": tmp_path}
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         agent.stop()
         server.stop()
         _kill_leftovers(server.home)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.observability.prometheus_server import running_prometheus
 
 from tensoryard.agent.fake_nvml import FakeNvml
 from tensoryard.observability import (
@@ -103,29 +104,19 @@ def _wait(what: str, check: Any, timeout: float = 60) -> Any:
 @pytest.mark.skipif(
     PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)"
 )
-def test_prometheus_fires_the_rules_on_the_agents_metrics(agent, tmp_path: Path):
+def test_prometheus_fires_the_rules_on_the_agents_metrics(
+    agent: tuple[int, FakeNvml], tmp_path: Path
+) -> None:
     port, nvml = agent
-    web = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{RULES}/*.yml']\n"
         "scrape_configs:\n"
         "  - job_name: tensoryard-agent\n    honor_labels: true\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
     )
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
-    )
-    base = f"http://127.0.0.1:{web}"
-    try:
+    with running_prometheus(config, tmp_path) as prometheus:
+        base = prometheus.base
         query = urllib.parse.quote('tyard_gpu_xid_errors_total{gpu="3",xid="79"}')
         _wait(
             "two scrapes of XID counters at 0",
@@ -168,13 +159,11 @@ def test_prometheus_fires_the_rules_on_the_agents_metrics(agent, tmp_path: Path)
         util = urllib.parse.quote('DCGM_FI_DEV_GPU_UTIL{gpu="4"}')
         series = _get(f"{base}/api/v1/query?query={util}")["data"]["result"]
         assert [s["metric"].get("job", "") for s in series] == [""]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
-def test_promtool_parses_the_exposition_and_lints_only_dcgm_conventions():
+def test_promtool_parses_the_exposition_and_lints_only_dcgm_conventions() -> None:
+    assert PROMTOOL is not None
     registry = agent_registry([InfinibandCollector(FIXTURES / "sys"), GpuCollector(_nvml())])
     done = subprocess.run(
         [PROMTOOL, "check", "metrics"], input=render(registry), capture_output=True
