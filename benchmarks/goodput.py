@@ -5,7 +5,8 @@ seconds in three arms, one after the other in this process:
 
 - failure_free: submitted to a real `tyard server` (embedded SQLite, local executor), no faults;
 - tensoryard:   the same job, with rank 1 killed every `--kill-every` seconds (from
-                `--first-kill`) and rank 1 SIGSTOPped once at `--hang-at` (a hang); async
+                `--first-kill`, for the whole arm but the 10 s before and the minute after
+                the hang) and rank 1 SIGSTOPped once at `--hang-at` (a hang); async
                 checkpoints; restarts on the held allocation (RESTARTING, no queue), hang
                 detection by the control plane (`health.min_stall`);
 - torchrun:     the same script under plain `torchrun --max-restarts`, the same checkpoint
@@ -20,6 +21,8 @@ measured on a larger model in this process. Every ratio is reported.
     python benchmarks/goodput.py --json benchmarks/out/goodput.json
     python benchmarks/goodput.py --duration 60 --kill-every 25 --first-kill 15 --hang-at 45 \\
         --json /tmp/goodput.json        # a smoke run
+    python benchmarks/goodput.py --duration 1200 --kill-every 240 --first-kill 240 \\
+        --hang-at 600 --json benchmarks/out/goodput-20min.json   # the issue's schedule
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from tensoryard.spec.states import TERMINAL_STATES  # noqa: E402
 NAME = "goodput"
 EXAMPLE = ROOT / "examples" / "tiny_gpt"
 STEPS = 1_000_000  # runs until the arm's time is up
+HANG_QUIET_S = 60.0  # no kill planned this soon after the hang: it is being detected
 
 
 @dataclass
@@ -107,10 +111,26 @@ def split_segments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def inject_faults(run_dir: str, plan: Plan, launched: float, arm: Arm) -> threading.Thread:
-    """Kill rank 1 at each planned time, then stop it once (a hang) at hang_at."""
+    """Kill rank 1 at each planned time and stop it once (a hang) at hang_at, in time order."""
+
+    def hang() -> None:
+        delay = launched + (plan.hang_at or 0.0) - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        pid = find_pid(run_dir, 1)
+        if pid is not None:
+            now = time.time()
+            inject("stop", pid)  # left stopped until someone notices
+            arm.faults.append(ChaosRecord(now, "stop", run_dir, 1, pid, True, "hang"))
 
     def run() -> None:
-        for at in plan.kills:
+        events: list[tuple[float, str]] = [(at, "kill") for at in plan.kills]
+        if plan.hang_at is not None:
+            events.append((plan.hang_at, "stop"))
+        for at, action in sorted(events):
+            if action == "stop":
+                hang()
+                continue
             arm.faults += run_schedule(
                 run_dir,
                 1,
@@ -119,15 +139,6 @@ def inject_faults(run_dir: str, plan: Plan, launched: float, arm: Arm) -> thread
                 count=1,
                 start_after=max(0.0, launched + at - time.time()),
             )
-        if plan.hang_at is not None:
-            delay = launched + plan.hang_at - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            pid = find_pid(run_dir, 1)
-            if pid is not None:
-                now = time.time()
-                inject("stop", pid)  # left stopped until someone notices
-                arm.faults.append(ChaosRecord(now, "stop", run_dir, 1, pid, True, "hang"))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -405,10 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
     args = parser.parse_args(argv)
     hang_at = args.hang_at if args.hang_at >= 0 else None
-    last = hang_at if hang_at is not None else args.duration
+    # a kill every --kill-every seconds for the whole arm, except in the minute after the hang
+    # (its detection and restart) and the 10 s before it
     kills, at = [], args.first_kill
-    while at < min(last, args.duration) - 10:
-        kills.append(at)
+    while at < args.duration - 10:
+        if hang_at is None or not hang_at - 10 <= at <= hang_at + HANG_QUIET_S:
+            kills.append(at)
         at += args.kill_every
     plan = Plan(args.duration, kills, hang_at, args.interval)
     report: dict[str, Any] = {"plan": plan.__dict__, "arms": {}}
