@@ -6,8 +6,6 @@ webhook rows pruned after the keep period; and `tyard server --webhooks FILE` en
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,9 +16,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.e2e.conftest import ServerProcess, free_port
 
-from tensoryard.client import Client
-from tensoryard.errors import ClientError
 from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
 from tensoryard.registry.webhooks import verify
 from tensoryard.server.housekeeping import GC_ACTION, Housekeeper, HousekeepingMetrics
@@ -193,39 +190,25 @@ def test_tyard_server_sends_registry_events_to_the_receivers_of_its_webhooks_fil
     hooks = tmp_path / "hooks.yaml"
     hooks.write_text(f"webhooks:\n  - url: {url}\n    secret_env: TEST_HOOK_SECRET\n")
     home = tmp_path / "home"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    out = (tmp_path / "server.out").open("ab")
-    env = {**os.environ, "TEST_HOOK_SECRET": "from-env", "PYTHONPATH": os.pathsep.join(sys.path)}
-    cmd = [sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(home)]
-    cmd += ["--port", str(port), "--cpu-slots", "1", "--webhooks", str(hooks)]
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    out.close()
+    home.mkdir()
+    server = ServerProcess(
+        home=home,
+        port=free_port(),
+        extra_args=["--cpu-slots", "1", "--webhooks", str(hooks)],
+        env={"TEST_HOOK_SECRET": "from-env", "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    client = server.start()
     try:
-        probe = Client(f"http://127.0.0.1:{port}", None, timeout=2)
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.out").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the control plane did not start"
-            try:
-                probe.healthz()
-                break
-            except ClientError:
-                time.sleep(0.2)
-        probe.close()
         artifacts = ArtifactStore(open_blobs(str(home / "artifacts")))
         digest = _push(artifacts, tmp_path, "w.bin", b"w" * 5000)
-        token = (home / "admin.token").read_text().strip()
-        with Client(f"http://127.0.0.1:{port}", token) as client:
+        with client:
             client.register_version("default", "m", artifact=digest)
         deadline = time.monotonic() + 30
         while not got:
             assert time.monotonic() < deadline, "no webhook arrived"
             time.sleep(0.05)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
     headers, body = got[0]
     assert headers["X-Tyard-Event"] == "model.version.created"
     assert verify("from-env", body, headers["X-Tyard-Timestamp"], headers["X-Tyard-Signature"])
