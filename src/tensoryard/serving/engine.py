@@ -143,6 +143,11 @@ def engine_command(
         str(o.cache_size),
         "--seed",
         str(o.seed),
+        # llama-cpp-python's server ends a stream early (a bare [DONE]) as soon as another
+        # request waits for the model, by default: a second request routed to a busy replica,
+        # or the gateway's prompt-token count, would silently truncate the first completion.
+        "--interrupt_requests",
+        "False",
         "--verbose",
         "False",
     ]

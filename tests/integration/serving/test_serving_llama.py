@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,22 @@ def test_smollm2_answers_streams_with_usage_and_refuses_an_overlong_prompt(
         after = c.post("/v1/completions", json={"model": "smollm2", "prompt": "1, 2, 3,",
                                                "max_tokens": 3})  # fmt: skip
         assert after.status_code == 200  # the replica survived the refused request
+
+    # Two streams at once on the one replica: the second waits for the model, and the first
+    # must not be cut short by it (llama-cpp-python's server interrupts by default).
+    prompts = ["1, 2, 3, 4,", "a, b, c, d,"]
+    solo = [_streamed_text(s, p) for p in prompts]
+    assert all(len(t) > 4 for t in solo), solo
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda p: _streamed_text(s, p), prompts))
+    assert together == solo
+
+
+def _streamed_text(s: Any, prompt: str) -> str:
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "stream": True}  # fmt: skip
+    with s.http() as c, c.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return "".join(json.loads(e)["choices"][0].get("text") or "" for e in events[:-1])
