@@ -7,7 +7,12 @@ on :meth:`Guard.user` or, for the report endpoint, :meth:`Guard.reporter`. Both 
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -27,6 +32,12 @@ JobId = Annotated[int, Path(ge=1, le=INT32, description="Job id.")]
 _bearer_scheme = HTTPBearer(auto_error=False, description="An API token, or a job's token.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_scheme)]
 
+AUTH_CACHE_S = 2.0
+"""How long a token's principal is reused without reading the database. A revoked token, or a
+changed membership, takes effect at once on the control plane that made the change (its
+store's identity epoch moves) and within this long on the others."""
+_AUTH_CACHE_MAX = 10_000
+
 MISSING = "missing bearer token (fix: run `tyard login`, set TYARD_TOKEN or pass --token)"
 
 
@@ -42,9 +53,21 @@ class Reporter:
 class Guard:
     """Resolves tokens to principals (with a per-token rate limit) and checks actions."""
 
-    def __init__(self, store: Store, limiter: RateLimiter) -> None:
+    def __init__(
+        self,
+        store: Store,
+        limiter: RateLimiter,
+        *,
+        cache_s: float = AUTH_CACHE_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.limiter = limiter
+        self.cache_s = cache_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        # sha256(token) -> (cached at, store identity epoch, principal, token expiry)
+        self._cache: dict[bytes, tuple[float, int, Principal, datetime | None]] = {}
 
     # -- dependencies ----------------------------------------------------------------------
 
@@ -59,14 +82,62 @@ class Guard:
                 "$TYARD_HOME/admin.token; job tokens only work for their job's report)"
             )
         self.limiter.check(f"token:{token_id}")
-        try:
-            user, record = self.store.authenticate(token)
-        except Unauthenticated:
-            self.limiter.check(f"address:{_ip(request)}")  # guessing costs the guesser
-            raise
-        who = principal_of(user, record)
+        key = hashlib.sha256(token.encode()).digest()
+        who = self._cached(key)
+        if who is None:
+            epoch = self.store.identity_epoch  # read before: a change during the read misses
+            try:
+                user, record = self.store.authenticate(token)
+            except Unauthenticated:
+                self.limiter.check(f"address:{_ip(request)}")  # guessing costs the guesser
+                raise
+            who = principal_of(user, record)
+            self._remember(key, epoch, who, record.expires_at)
         request.state.principal = who
         return who
+
+    def cached_user(
+        self, request: Request, credentials: HTTPAuthorizationCredentials | None
+    ) -> Principal | None:
+        """:meth:`user` when the token's principal is cached (no database read: the gateway
+        calls this on its event loop), else None. Errors as :meth:`user`'s."""
+        token = _token_of(credentials)
+        token_id = parse_api_token(token)
+        if token_id is None:
+            return None  # user() refuses it, counting the address
+        who = self._cached(hashlib.sha256(token.encode()).digest())
+        if who is not None:
+            self.limiter.check(f"token:{token_id}")
+            request.state.principal = who
+        return who
+
+    def _cached(self, key: bytes) -> Principal | None:
+        if self.cache_s <= 0:
+            return None
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is None:
+            return None
+        at, epoch, who, expires_at = hit
+        if (
+            self._monotonic() - at > self.cache_s
+            or epoch != self.store.identity_epoch
+            or (expires_at is not None and expires_at <= self.store.now())
+        ):
+            with self._lock:
+                self._cache.pop(key, None)
+            return None
+        return who
+
+    def _remember(
+        self, key: bytes, epoch: int, who: Principal, expires_at: datetime | None
+    ) -> None:
+        if self.cache_s <= 0:
+            return
+        with self._lock:
+            if len(self._cache) >= _AUTH_CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = (self._monotonic(), epoch, who, expires_at)
 
     def reporter(self, job_id: JobId, request: Request, credentials: Credentials) -> Reporter:
         """A job's own token (bound to one attempt), or a platform admin's user token."""

@@ -53,6 +53,17 @@ def parse_api_token(token: str) -> str | None:
 class IdentityMixin:
     """Users, memberships, API tokens, audit log. Needs ``_tx`` and ``_now`` of the Store."""
 
+    # Bumped after every committed change to users, memberships or tokens made through this
+    # Store: the API's authentication cache (server/guard.py) drops what it holds when it moves.
+    identity_epoch: int = 0
+
+    def _identity_changed(self) -> None:
+        self.identity_epoch += 1
+
+    def now(self) -> datetime:
+        """The store's clock (timezone-aware UTC): what token expiry is checked against."""
+        return self._now()
+
     if TYPE_CHECKING:
 
         def _tx(self, action: str, *, write: bool) -> AbstractContextManager[Session]: ...
@@ -97,7 +108,9 @@ class IdentityMixin:
                 s.add(user)
             user.platform_admin = user.platform_admin or platform_admin
             s.flush()
-            return _rows.user_record(user, _teams_of(s, name))
+            out = _rows.user_record(user, _teams_of(s, name))
+        self._identity_changed()
+        return out
 
     def get_user(self, name: str) -> UserRecord:
         """The user with their team roles, or NotFound."""
@@ -140,7 +153,9 @@ class IdentityMixin:
                 row.role = role
             self._audit(s, audit, "team.member.set", f"team/{team}/member/{user}", detail=detail)
             s.flush()
-            return _rows.member_record(row)
+            out = _rows.member_record(row)
+        self._identity_changed()
+        return out
 
     def remove_member(self, team: str, user: str, *, audit: AuditContext | None = None) -> None:
         """Take ``user`` out of ``team``; NotFound if they are not a member."""
@@ -150,6 +165,7 @@ class IdentityMixin:
             self._audit(
                 s, audit, "team.member.remove", f"team/{team}/member/{user}", detail=row.role
             )
+        self._identity_changed()
 
     def list_members(self, team: str) -> list[MemberRecord]:
         """A team's members by name; NotFound for an unknown team."""
@@ -255,7 +271,9 @@ class IdentityMixin:
             if row.revoked_at is None:
                 row.revoked_at = self._now()
             self._audit(s, audit, "token.revoke", f"token/{token_id}", detail=f"of {row.user_name}")
-            return _rows.token_record(row)
+            out = _rows.token_record(row)
+        self._identity_changed()
+        return out
 
     # -- audit log -------------------------------------------------------------------------
 
