@@ -10,12 +10,14 @@ gets an error event and a closed stream, and its replica is restarted by the sup
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,11 +30,13 @@ from tensoryard.server.guard import Credentials, Guard
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request
 from tensoryard.serving.replicas import Replica, ReplicaManager
+from tensoryard.serving.router import Route
 
 __all__ = ["GATEWAY_PATHS", "add_gateway_routes"]
 
 GATEWAY_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
 _HOLD_S = 300.0  # how long a request may wait for a replica (scale from zero, model load)
+_UPSTREAM_TIMEOUT_S = 600.0  # a whole generation, first byte to last
 
 
 class OpenAIErrorDetail(BaseModel):
@@ -73,7 +77,11 @@ def _error(exc: OpenAIError) -> JSONResponse:
 async def _principal(
     guard: Guard, request: Request, creds: HTTPAuthorizationCredentials | None
 ) -> Principal:
-    try:  # the token lookup is a database read: off the event loop that relays streams
+    try:  # a token seen in the last seconds is cached; else the lookup is a database
+        # read, made off the event loop that relays streams
+        who = guard.cached_user(request, creds)
+        if who is not None:
+            return who
         return await run_in_threadpool(guard.user, request, creds)
     except RateLimited as exc:
         raise OpenAIError(429, str(exc), type="rate_limit_error", code="rate_limited") from exc
@@ -87,16 +95,37 @@ def add_gateway_routes(
     app: FastAPI, *, guard: Guard, manager: ReplicaManager, metrics: ServingMetrics
 ) -> None:
     """Mount the /v1 routes on the control plane's app."""
-    clients: dict[int, httpx.AsyncClient] = {}
+    # The upstream client is aiohttp's, not httpx's: at a few hundred requests per second its
+    # connection pool and the per-request async-library probe of httpx/httpcore took most of
+    # the event loop (benchmarks/serving.py, router latency). One session per event loop.
+    sessions: dict[int, aiohttp.ClientSession] = {}
 
-    def client() -> httpx.AsyncClient:
-        import asyncio
-
+    def client() -> aiohttp.ClientSession:
         loop = id(asyncio.get_running_loop())
-        if loop not in clients:
-            limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-            clients[loop] = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits)
-        return clients[loop]
+        session = sessions.get(loop)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, ttl_dns_cache=None),
+                timeout=aiohttp.ClientTimeout(total=_UPSTREAM_TIMEOUT_S),
+                read_bufsize=2**20,  # long SSE lines (a big usage chunk) still fit
+                auto_decompress=False,
+            )
+            sessions[loop] = session
+        return session
+
+    outer_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        async with outer_lifespan(app_) as state:
+            try:
+                yield state
+            finally:  # the server is stopping: close this loop's upstream connections
+                session = sessions.pop(id(asyncio.get_running_loop()), None)
+                if session is not None:
+                    await session.close()
+
+    app.router.lifespan_context = lifespan
 
     @app.get("/v1/models", tags=["gateway"], responses=_RESPONSES, response_model=None)
     async def models(request: Request, credentials: Credentials) -> Response:
@@ -151,13 +180,11 @@ def add_gateway_routes(
         req: ParsedRequest, path: str, who: Principal, team: str, received: float
     ) -> Response:
         for attempt in (1, 2):
-            replica = await _acquire(manager, req)
+            replica, route = await _acquire(manager, req)
             try:
-                upstream = await client().send(
-                    client().build_request("POST", replica.url + path, json=req.body), stream=True
-                )
-            except httpx.ConnectError as exc:  # not sent: the replica died; one retry
-                manager.release(replica, failed=True)
+                upstream = await client().post(replica.url + path, json=req.body)
+            except aiohttp.ClientConnectorError as exc:  # not sent: the replica died; one retry
+                manager.release(replica, failed=True, route=route)
                 if attempt == 2:
                     raise OpenAIError(
                         503,
@@ -166,37 +193,47 @@ def add_gateway_routes(
                         code="engine_unavailable",
                     ) from exc
                 continue
+            except (TimeoutError, aiohttp.ClientError) as exc:  # sent, no answer
+                manager.release(replica, failed=True, route=route)
+                raise OpenAIError(
+                    502,
+                    f"the engine of {replica.id} failed before answering "
+                    f"({type(exc).__name__}: {exc}); retry the request",
+                    type="server_error",
+                    code="engine_crashed",
+                ) from exc
             except BaseException:
-                manager.release(replica, failed=True)
+                manager.release(replica, failed=True, route=route)
                 raise
-            if upstream.status_code != 200:
-                body = await upstream.aread()
-                await upstream.aclose()
-                manager.release(replica)
-                metrics.requests.labels(req.model, str(upstream.status_code)).inc()
-                return Response(
-                    body, status_code=upstream.status_code, media_type="application/json"
-                )
+            if upstream.status != 200:
+                try:
+                    body = await upstream.read()
+                finally:
+                    upstream.release()
+                    manager.release(replica, route=route)
+                metrics.requests.labels(req.model, str(upstream.status)).inc()
+                return Response(body, status_code=upstream.status, media_type="application/json")
             if req.stream:
                 return StreamingResponse(
-                    _relay(req, upstream, replica, who, team, received),
+                    _relay(req, upstream, replica, route, who, team, received),
                     media_type="text/event-stream",
                 )
-            return await _whole(req, upstream, replica, who, team, received)
+            return await _whole(req, upstream, replica, route, who, team, received)
         raise AssertionError("unreachable")
 
     async def _whole(
         req: ParsedRequest,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         replica: Replica,
+        route: Route,
         who: Principal,
         team: str,
         received: float,
     ) -> Response:
         failed = False
         try:
-            body = await upstream.aread()
-        except httpx.HTTPError as exc:
+            body = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
             failed = True
             raise OpenAIError(
                 502,
@@ -205,10 +242,14 @@ def add_gateway_routes(
                 code="engine_crashed",
             ) from exc
         finally:
-            await upstream.aclose()
-            manager.release(replica, failed=failed)
+            if failed:
+                upstream.close()
+            else:
+                upstream.release()
+            manager.release(replica, failed=failed, route=route)
         elapsed = time.perf_counter() - received
         metrics.ttft.labels(req.model).observe(elapsed)
+        manager.observe_ttft(req.model, elapsed)
         metrics.e2e.labels(req.model).observe(elapsed)
         metrics.requests.labels(req.model, "200").inc()
         usage = json.loads(body).get("usage") or {}
@@ -223,8 +264,9 @@ def add_gateway_routes(
 
     async def _relay(
         req: ParsedRequest,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         replica: Replica,
+        route: Route,
         who: Principal,
         team: str,
         received: float,
@@ -233,61 +275,86 @@ def add_gateway_routes(
         last = received
         tokens = 0
         failed = False
+        released = False
         meta: dict[str, Any] = {}
+
+        def done() -> None:  # exactly once, however the stream ends (a client may go away)
+            nonlocal released
+            if not released:
+                released = True
+                manager.release(replica, failed=failed, route=route)
+                metrics.e2e.labels(req.model).observe(time.perf_counter() - received)
+                metrics.requests.labels(req.model, "502" if failed else "200").inc()
+
         try:
-            async for line in upstream.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                now = time.perf_counter()
-                chunk = json.loads(data)
-                meta = {k: chunk.get(k) for k in ("id", "object", "created", "model")}
-                if _has_token(chunk):
-                    tokens += 1
-                    if first is None:
-                        first = now
-                        metrics.ttft.labels(req.model).observe(now - received)
-                    else:
-                        metrics.itl.labels(req.model).observe(now - last)
-                    last = now
-                yield f"data: {data}\n\n".encode()
-        except (httpx.HTTPError, ValueError) as exc:
-            failed = True
-            err = OpenAIError(
-                502,
-                f"the engine of {replica.id} crashed mid-stream ({type(exc).__name__}); "
-                "the replica is being replaced: retry the request",
-                type="server_error",
-                code="engine_crashed",
-            )
-            yield f"data: {json.dumps(err.body())}\n\n".encode()
+            try:
+                async for raw_line in upstream.content:
+                    if not raw_line.startswith(b"data:"):
+                        continue
+                    data = raw_line[5:].strip().decode()
+                    if data == "[DONE]":
+                        break
+                    now = time.perf_counter()
+                    chunk = json.loads(data)
+                    meta = {k: chunk.get(k) for k in ("id", "object", "created", "model")}
+                    if _has_token(chunk):
+                        tokens += 1
+                        if first is None:
+                            first = now
+                            metrics.ttft.labels(req.model).observe(now - received)
+                            manager.observe_ttft(req.model, now - received)
+                        else:
+                            metrics.itl.labels(req.model).observe(now - last)
+                        last = now
+                    yield f"data: {data}\n\n".encode()
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+                failed = True
+                err = OpenAIError(
+                    502,
+                    f"the engine of {replica.id} crashed mid-stream ({type(exc).__name__}); "
+                    "the replica is being replaced: retry the request",
+                    type="server_error",
+                    code="engine_crashed",
+                )
+                yield f"data: {json.dumps(err.body())}\n\n".encode()
+            finally:
+                if failed:
+                    upstream.close()
+                else:
+                    upstream.release()
+            done()  # the replica is free for the router before the prompt is counted
+            if failed:
+                _count(req.model, team, who.name, 0, tokens)
+            elif req.include_usage:  # the caller waits for the count
+                prompt_tokens = await _count_prompt(replica, req.prompt)
+                _count(req.model, team, who.name, prompt_tokens, tokens)
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": tokens,
+                    "total_tokens": prompt_tokens + tokens,
+                }
+                yield f"data: {json.dumps({**meta, 'choices': [], 'usage': usage})}\n\n".encode()
+            else:  # nobody waits for it: counted for the team's usage after the stream ends
+                _count(req.model, team, who.name, 0, tokens)
+                task = asyncio.create_task(_count_later(replica, req, team, who.name))
+                background.add(task)
+                task.add_done_callback(background.discard)
+            yield b"data: [DONE]\n\n"
         finally:
-            await upstream.aclose()
-        prompt_tokens = 0
-        if not failed:
-            prompt_tokens = await _count_prompt(replica, req.prompt)
-        manager.release(replica, failed=failed)
-        metrics.e2e.labels(req.model).observe(time.perf_counter() - received)
-        metrics.requests.labels(req.model, "502" if failed else "200").inc()
-        _count(req.model, team, who.name, prompt_tokens, tokens)
-        if req.include_usage and not failed:
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": tokens,
-                "total_tokens": prompt_tokens + tokens,
-            }
-            yield f"data: {json.dumps({**meta, 'choices': [], 'usage': usage})}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+            done()
+
+    background: set[asyncio.Task[None]] = set()
+
+    async def _count_later(replica: Replica, req: ParsedRequest, team: str, user: str) -> None:
+        _count(req.model, team, user, await _count_prompt(replica, req.prompt), 0)
 
     async def _count_prompt(replica: Replica, prompt: str) -> int:
         try:
-            resp = await client().post(
+            async with client().post(
                 replica.url + "/extras/tokenize/count", json={"input": prompt}
-            )
-            return int(resp.json().get("count", 0))
-        except (httpx.HTTPError, ValueError):
+            ) as resp:
+                return int((await resp.json(content_type=None)).get("count", 0))
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             return 0
 
     def _count(model: str, team: str, user: str, prompt: int, completion: int) -> None:
@@ -324,11 +391,11 @@ def _deployment(manager: ReplicaManager, name: str) -> Any:
         ) from exc
 
 
-async def _acquire(manager: ReplicaManager, req: ParsedRequest) -> Replica:
+async def _acquire(manager: ReplicaManager, req: ParsedRequest) -> tuple[Replica, Route]:
     try:
-        replica, _route = await manager.acquire(req.model, req.prompt, timeout_s=_HOLD_S)
+        replica, route = await manager.acquire(req.model, req.prompt, timeout_s=_HOLD_S)
     except NotFound as exc:
         raise OpenAIError(503, str(exc), type="server_error", code="no_replicas") from exc
     except TimeoutError as exc:
         raise OpenAIError(503, str(exc), type="server_error", code="replica_timeout") from exc
-    return replica
+    return replica, route

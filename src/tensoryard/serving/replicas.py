@@ -4,9 +4,11 @@ One supervisor thread reconciles, every ``tick_s``, the deployments stored in th
 the processes on this machine, in numbered phases:
 
 1. read the deployments; stop the processes of deleted ones;
-2. per deployment, the target: its replica count, or 0 once idle for ``idle_timeout_s`` (scale
-   to zero) until the next request wakes it;
-3. start missing replicas (the row with its port is written before the spawn) and stop surplus;
+2. per deployment, the target: its replica count (with ``autoscale``, what the autoscaler wants
+   between that minimum and ``max_replicas``: serving/autoscale.py), or 0 once idle for
+   ``idle_timeout_s`` (scale to zero) until the next request wakes it;
+3. start missing replicas (the row with its port is written before the spawn) and stop surplus
+   ones (a surplus replica gets no new request and is stopped once it has none in flight);
 4. a process that exited is restarted after a backoff (0.5 s doubling per restart, at
    most 30 s; its row counts the restart); a starting one becomes ready
    only when the model answers a one-token generation (not when the port opens);
@@ -39,6 +41,7 @@ from pathlib import Path
 import httpx
 
 from tensoryard.errors import NotFound
+from tensoryard.serving.autoscale import AutoscalePolicy, Autoscaler
 from tensoryard.serving.engine import GATEWAY_OPTIONS, engine_command, parse_engine_options
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
@@ -104,6 +107,7 @@ class Replica:
     popen: subprocess.Popen[bytes] | None = None
     ready: bool = False
     in_flight: int = 0
+    pending_chars: int = 0  # uncached prompt characters of the requests in flight
     restarts: int = 0
     retry_at: float | None = None  # set when it exited: restart no earlier than this
 
@@ -131,6 +135,21 @@ class _Deployment:
     waiting: int = 0
     retiring: dict[int, Replica] = field(default_factory=dict)  # serving the previous model
     drain_from: float | None = None  # when every new replica was first seen ready
+    autoscaler: Autoscaler | None = None
+    target: int | None = None  # replicas wanted at the last reconcile (None: not yet)
+
+
+def _policy(rec: DeploymentRecord) -> AutoscalePolicy | None:
+    auto = rec.options.get("autoscale")
+    if not isinstance(auto, dict):
+        return None
+    return AutoscalePolicy(
+        min_replicas=rec.replicas,
+        max_replicas=max(rec.replicas, int(auto["max_replicas"])),
+        target_queue=float(auto.get("target_queue", 2.0)),
+        target_ttft_s=None if auto.get("target_ttft_s") is None else float(auto["target_ttft_s"]),
+        scale_down_after_s=float(auto.get("scale_down_after_s", 60.0)),
+    )
 
 
 class ReplicaManager:
@@ -254,14 +273,18 @@ class ReplicaManager:
                 with self._lock:
                     # the new model's replicas; during a rolling update, until one of them
                     # is ready, the previous model's
-                    ready = [r for r in dep.replicas.values() if r.ready] or [
+                    ready = [r for r in dep.replicas.values() if r.ready]
+                    if dep.target is not None and any(r.slot < dep.target for r in ready):
+                        ready = [r for r in ready if r.slot < dep.target]  # not the surplus
+                    ready = ready or [
                         r for r in dep.retiring.values() if r.ready and not r.exited()
                     ]
                     if ready:
-                        loads = [ReplicaLoad(r.id, r.in_flight) for r in ready]
+                        loads = [ReplicaLoad(r.id, r.in_flight, r.pending_chars) for r in ready]
                         route = dep.router.pick(prompt, loads)
                         chosen = next(r for r in ready if r.id == route.replica)
                         chosen.in_flight += 1
+                        chosen.pending_chars += route.uncached_chars
                         dep.last_request = self.clock()
                         break
                     if name not in self._deps:
@@ -280,9 +303,29 @@ class ReplicaManager:
         self.metrics.routed(name, route.matched_chars, route.prompt_chars)
         return chosen, route
 
-    def release(self, replica: Replica, *, failed: bool = False) -> None:
+    def observe_ttft(self, name: str, seconds: float) -> None:
+        """A time to first token the gateway measured (the autoscaler's TTFT signal)."""
+        with self._lock:
+            dep = self._deps.get(name)
+            if dep is not None and dep.autoscaler is not None:
+                dep.autoscaler.observe_ttft(self.clock(), seconds)
+
+    def target(self, name: str, record: DeploymentRecord) -> tuple[int, str]:
+        """The replica count the supervisor aims for now, and the autoscaler's last reason."""
+        with self._lock:
+            dep = self._deps.get(name)
+            if dep is None or dep.target is None:
+                return record.replicas, ""
+            return dep.target, dep.autoscaler.reason if dep.autoscaler is not None else ""
+
+    def release(
+        self, replica: Replica, *, failed: bool = False, route: Route | None = None
+    ) -> None:
+        """A request acquired with ``route`` is done (or ``failed``)."""
         with self._lock:
             replica.in_flight = max(0, replica.in_flight - 1)
+            if route is not None:
+                replica.pending_chars = max(0, replica.pending_chars - route.uncached_chars)
             dep = self._deps.get(replica.deployment)
             if dep is not None:
                 dep.last_request = self.clock()
@@ -396,8 +439,30 @@ class ReplicaManager:
                     now - dep.last_request,
                 )
                 dep.asleep = True
-            target = 0 if dep.asleep else rec.replicas
-            surplus = [dep.replicas.pop(s) for s in sorted(dep.replicas) if s >= target]
+            wanted = rec.replicas
+            policy = _policy(rec)
+            if policy is None:
+                dep.autoscaler = None
+            else:
+                if dep.autoscaler is None or dep.autoscaler.policy != policy:
+                    before = dep.autoscaler.desired if dep.autoscaler else rec.replicas
+                    dep.autoscaler = Autoscaler(policy)
+                    dep.autoscaler.desired = max(
+                        policy.min_replicas, min(policy.max_replicas, before)
+                    )
+                load = dep.waiting + sum(r.in_flight for r in dep.replicas.values())
+                starting = sum(1 for r in dep.replicas.values() if not r.ready)
+                wanted = dep.autoscaler.decide(now, load, len(dep.replicas), starting)
+            target = 0 if dep.asleep else wanted
+            if dep.target != target:
+                self.metrics.desired.labels(rec.name).set(target)
+            dep.target = target
+            # surplus replicas get no new request (acquire) and stop once they have none
+            surplus = [
+                dep.replicas.pop(s)
+                for s in sorted(dep.replicas)
+                if s >= target and dep.replicas[s].in_flight == 0
+            ]
             missing = [s for s in range(target) if s not in dep.replicas]
         # 3. stop surplus, start missing
         for r in surplus:

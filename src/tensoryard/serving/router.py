@@ -3,10 +3,16 @@
 The prefix-aware key is the *whole* prompt, cut into fixed-size character blocks whose hashes
 are chained (block i's hash covers blocks 0..i), so two prompts share a key prefix exactly as
 far as their texts agree, system prompt, few-shot examples and conversation history alike. Each
-replica remembers the chains it was sent (bounded, least recently used out first); a request
-goes to the replica holding the longest match, *unless* that replica already has more than
-``max_imbalance`` requests in flight above the least loaded one: then the burst spreads to the
-least loaded replicas (the guard against piling a burst of one prefix onto one replica).
+replica remembers the chains it was sent (bounded, least recently used out first).
+
+A request goes to the replica where it would be served soonest by a simple cost model: the
+prompt characters that replica would have to prefill (those past its cached prefix), plus the
+uncached characters of the requests already in flight there (prefill queued ahead of it), plus
+``request_cost_chars`` per request in flight (their decoding). So a cached prefix wins when its
+replica is idle or busy with cheap work, and loses to an idle replica when the cached one is
+busy prefilling long prompts: a serial engine such as llama.cpp would make the request wait for
+all of that. Replicas more than ``max_imbalance`` requests above the least loaded one are not
+considered at all (the guard against piling a burst of one prefix onto one replica).
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ReplicaLoad:
-    """A ready replica as the router sees it: its id and requests in flight."""
+    """A ready replica as the router sees it: its id, requests in flight, and the uncached
+    prompt characters of those requests (prefill work queued on it)."""
 
     replica: str
     in_flight: int
+    pending_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,11 @@ class Route:
     replica: str
     matched_chars: int
     prompt_chars: int
+
+    @property
+    def uncached_chars(self) -> int:
+        """Prompt characters the replica has to prefill (past its cached prefix)."""
+        return max(0, self.prompt_chars - self.matched_chars)
 
 
 class Router(Protocol):
@@ -83,16 +96,20 @@ class RoundRobinRouter:
 
 @dataclass
 class PrefixAwareRouter:
-    """Longest cached prefix wins, within ``max_imbalance`` of the least loaded replica.
+    """Cheapest replica by cached prefix and queued work, within ``max_imbalance`` of the
+    least loaded replica (the module docstring has the cost model).
 
     ``block_chars``: size of a key block (about 16-32 tokens of English text at 64 chars).
     ``max_blocks_per_replica``: how many block hashes each replica's memory holds (LRU).
     ``max_imbalance``: in-flight requests a replica may have above the least loaded one and
-    still get a request for its cached prefix."""
+    still be considered.
+    ``request_cost_chars``: the cost of a request in flight beyond its prefill (decoding), in
+    prompt characters."""
 
     block_chars: int = 64
     max_blocks_per_replica: int = 200_000
     max_imbalance: int = 2
+    request_cost_chars: int = 256
     _seen: dict[str, OrderedDict[bytes, None]] = field(default_factory=dict)
     _rr: int = 0
 
@@ -100,20 +117,24 @@ class PrefixAwareRouter:
         if not replicas:
             raise ValueError("no ready replica")
         blocks = prefix_blocks(prompt, self.block_chars)
+        size = len(prompt.encode("utf-8", "surrogatepass"))
         least = min(r.in_flight for r in replicas)
-        allowed = [r for r in replicas if r.in_flight <= least + self.max_imbalance]
-        best: ReplicaLoad | None = None
-        best_match = 0
-        for r in sorted(allowed, key=lambda r: (r.in_flight, r.replica)):
-            n = self._match(r.replica, blocks)
-            if n > best_match:
-                best, best_match = r, n
-        if best is None:  # nothing cached anywhere allowed: least loaded, ties in turn
-            idle = sorted((r for r in allowed if r.in_flight == least), key=lambda r: r.replica)
-            best = idle[self._rr % len(idle)]
+        allowed = sorted(
+            (r for r in replicas if r.in_flight <= least + self.max_imbalance),
+            key=lambda r: r.replica,
+        )
+        scored: list[tuple[int, int, ReplicaLoad]] = []
+        for r in allowed:
+            matched = min(size, self._match(r.replica, blocks) * self.block_chars)
+            cost = r.pending_chars + (size - matched) + self.request_cost_chars * r.in_flight
+            scored.append((cost, matched, r))
+        best_cost, best_matched = min((c, -m) for c, m, _ in scored)
+        ties = [r for c, m, r in scored if (c, -m) == (best_cost, best_matched)]
+        best = ties[self._rr % len(ties)]  # equal (nothing cached, all idle): in turn
+        if len(ties) > 1:
             self._rr += 1
         self._remember(best.replica, blocks)
-        return Route(best.replica, best_match * self.block_chars, len(prompt))
+        return Route(best.replica, -best_matched, size)
 
     def forget(self, replica: str) -> None:
         """A replica restarted or went away: its cache is gone."""

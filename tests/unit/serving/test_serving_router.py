@@ -52,6 +52,28 @@ def test_a_burst_of_one_prefix_spreads_once_a_replica_is_ahead_by_more_than_the_
     assert min(loads.values()) >= 3
 
 
+def test_a_cached_replica_busy_prefilling_a_long_prompt_loses_to_an_idle_one() -> None:
+    router = PrefixAwareRouter(block_chars=32)
+    first = router.pick(SYSTEM_A, idle("r0", "r1")).replica
+    other = "r1" if first == "r0" else "r0"
+    # the cached replica is prefilling 5,000 uncached characters of someone else's prompt: a
+    # serial engine would make this request wait for all of it, longer than a full prefill
+    busy = [ReplicaLoad(first, 1, pending_chars=5000), ReplicaLoad(other, 0)]
+    route = router.pick(SYSTEM_A + "question 2", busy)
+    assert route.replica == other
+    assert route.matched_chars == 0 and route.uncached_chars == route.prompt_chars
+
+
+def test_a_cached_replica_busy_with_cheap_work_keeps_its_prefix() -> None:
+    router = PrefixAwareRouter(block_chars=32)
+    first = router.pick(SYSTEM_A, idle("r0", "r1")).replica
+    other = "r1" if first == "r0" else "r0"
+    cheap = [ReplicaLoad(first, 1, pending_chars=40), ReplicaLoad(other, 0)]
+    route = router.pick(SYSTEM_A + "question 2", cheap)
+    assert route.replica == first
+    assert route.uncached_chars < 64
+
+
 def test_with_nothing_cached_requests_go_to_the_least_loaded_replica() -> None:
     router = PrefixAwareRouter()
     route = router.pick("short unique prompt", [ReplicaLoad("r0", 3), ReplicaLoad("r1", 0)])
