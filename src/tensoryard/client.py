@@ -411,7 +411,7 @@ class Client:
 
     def create_deployment(self, **fields: Any) -> dict[str, Any]:
         """POST /api/v1/deployments (model, name, team, engine, replicas, options,
-        idle_timeout_s)."""
+        idle_timeout_s, router, autoscale)."""
         return cast(dict[str, Any], self._json("POST", "/api/v1/deployments", json=fields))
 
     def deployments(self) -> list[dict[str, Any]]:

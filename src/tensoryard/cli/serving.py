@@ -75,6 +75,37 @@ def serve(
     router: Annotated[
         str, typer.Option(help="prefix (cache-aware, burst guard) or round-robin.")
     ] = "prefix",
+    max_replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Autoscale between --replicas (the minimum) and this many replicas on queue "
+            "depth and TTFT (never on utilisation).",
+            rich_help_panel="Autoscaling",
+        ),
+    ] = None,
+    target_queue: Annotated[
+        float,
+        typer.Option(
+            help="Requests waiting or running per replica to aim for.",
+            rich_help_panel="Autoscaling",
+        ),
+    ] = 2.0,
+    target_ttft: Annotated[
+        float | None,
+        typer.Option(
+            help="Add a replica while the p90 time to first token is above this (seconds).",
+            rich_help_panel="Autoscaling",
+        ),
+    ] = None,
+    scale_down_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of lower load before replicas are removed.",
+            rich_help_panel="Autoscaling",
+        ),
+    ] = 60.0,
     wait: Annotated[bool, typer.Option(help="Wait until every replica is ready.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 300.0,
     server: ServerOpt = None,
@@ -102,6 +133,15 @@ def serve(
             "idle_timeout_s": idle_timeout,
             "router": router,
         }
+        if max_replicas is not None:
+            body["autoscale"] = {
+                "max_replicas": max_replicas,
+                "target_queue": target_queue,
+                "target_ttft_s": target_ttft,
+                "scale_down_after_s": scale_down_after,
+            }
+        elif target_ttft is not None:
+            die("--target-ttft needs --max-replicas (the autoscaling maximum)")
         if name:
             body["name"] = name
         started = time.monotonic()
@@ -169,6 +209,16 @@ def describe(
     console.print(f"[bold]{d['name']}[/] team={d['team']} engine={d['engine']} model={d['model']}")
     console.print(f"  file: {d['model_path']}  options: {d['options']}")
     console.print(f"  replicas: {d['ready_replicas']}/{d['replicas']} ready", highlight=False)
+    auto = d.get("autoscale")
+    if auto:
+        ttft = f", p90 TTFT <= {auto['target_ttft_s']:g} s" if auto.get("target_ttft_s") else ""
+        console.print(
+            f"  autoscale: {d['replicas']}..{auto['max_replicas']} replicas, target "
+            f"{auto['target_queue']:g} queued per replica{ttft}, down after "
+            f"{auto['scale_down_after_s']:g} s; now {d['desired_replicas']}"
+            + (f" ({d['autoscale_reason']})" if d.get("autoscale_reason") else ""),
+            highlight=False,
+        )
     for r in d["replica_states"]:
         console.print(
             f"  - slot {r['slot']}: {r['state']} port={r['port']} pid={r['pid']} "
@@ -185,7 +235,8 @@ def scale(
     token: TokenOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Set the replica count (0 stops every replica; the deployment stays)."""
+    """Set the replica count (0 stops every replica; the deployment stays). With autoscaling
+    this is the minimum, at most its max_replicas."""
     with user_errors(), client_for(server, token) as client:
         d = client.scale_deployment(name, replicas)
     if json_out:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
 from tensoryard.serving.deploy import check_engine
@@ -63,6 +64,11 @@ class DeploymentOut(BaseModel):
     ready_replicas: int
     options: dict[str, Any]
     idle_timeout_s: float | None
+    autoscale: dict[str, Any] | None = Field(
+        None, description="The autoscaling settings (also under options), or null."
+    )
+    desired_replicas: int = Field(description="What the supervisor aims for now.")
+    autoscale_reason: str = Field("", description="Why the last autoscaling change was made.")
     created_by: str
     created_at: datetime
     updated_at: datetime
@@ -87,6 +93,7 @@ def add_deployment_routes(
             )
             for r in store.list_replicas(name)
         ]
+        target, reason = manager.target(name, d)
         return DeploymentOut(
             name=d.name,
             team=d.team,
@@ -97,6 +104,9 @@ def add_deployment_routes(
             ready_replicas=sum(1 for r in reps if r.state == "ready"),
             options=d.options,
             idle_timeout_s=d.idle_timeout_s,
+            autoscale=d.options.get("autoscale"),
+            desired_replicas=target,
+            autoscale_reason=reason,
             created_by=d.created_by,
             created_at=d.created_at,
             updated_at=d.updated_at,
@@ -131,7 +141,7 @@ def add_deployment_routes(
             model_path=path,
             engine=body.engine,
             replicas=body.replicas,
-            options={**body.options, "router": body.router},
+            options=body.stored_options(),
             idle_timeout_s=body.idle_timeout_s,
             created_by=who.name,
         )
@@ -156,6 +166,19 @@ def add_deployment_routes(
         name: Name, body: ScaleIn, request: Request, who: Principal = Depends(guard.user)
     ) -> DeploymentOut:
         readable(request, who, name, Action.JOB_SUBMIT)
+        auto = store.get_deployment(name).options.get("autoscale")
+        if auto and body.replicas > int(auto["max_replicas"]):
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "replicas",
+                        f"{body.replicas} is above autoscale.max_replicas "
+                        f"({auto['max_replicas']}); with autoscaling, replicas is the minimum",
+                        "scale to at most max_replicas, or recreate the deployment with a "
+                        "higher autoscale.max_replicas",
+                    )
+                ]
+            )
         store.scale_deployment(name, body.replicas)
         store.record_audit(
             guard.context(request, who),

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError
-from tensoryard.serving.engine import ENGINES, parse_engine_options
+from tensoryard.serving.engine import ENGINES, GATEWAY_OPTIONS, parse_engine_options
 from tensoryard.serving.replicas import ReplicaManager
 from tensoryard.serving.source import ModelSource, parse_model_source
 from tensoryard.serving.weights import RegistryWeights
-from tensoryard.spec.deployment import DeploymentSpec
+from tensoryard.spec.deployment import AutoscaleSpec, DeploymentSpec
 from tensoryard.store import Store
 from tensoryard.store._serving import DeploymentRecord
 
@@ -132,7 +132,7 @@ class Deployer:
             model_path=path,
             engine=spec.engine,
             replicas=spec.replicas,
-            options={**spec.options, "router": spec.router},
+            options=spec.stored_options(),
             idle_timeout_s=spec.idle_timeout_s,
         )
 
@@ -258,8 +258,9 @@ class AliasFollower:
                 continue
             if (rec.name, current.version) in self._refused:
                 continue
-            options = {k: v for k, v in rec.options.items() if k != "router"}
+            options = {k: v for k, v in rec.options.items() if k not in GATEWAY_OPTIONS}
             router = str(rec.options.get("router", "prefix"))
+            autoscale = rec.options.get("autoscale")
             try:
                 spec = DeploymentSpec(
                     model=f"{model}@{alias}",
@@ -269,6 +270,7 @@ class AliasFollower:
                     options=options,
                     idle_timeout_s=rec.idle_timeout_s,
                     router=router,  # type: ignore[arg-type]  # stored from a valid spec
+                    autoscale=AutoscaleSpec(**autoscale) if autoscale else None,
                 )
                 plan = self.deployer.plan(rec.team, spec, version=current.version)
                 self.deployer.apply(plan, created_by="alias-follower")

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 ENGINES = ("llama.cpp",)
-GATEWAY_OPTIONS = frozenset({"router"})  # stored with the options, used by the gateway
+GATEWAY_OPTIONS = frozenset({"router", "autoscale"})  # stored with the options, used by the gateway
 
 # The options a user may set (`tyard serve --option KEY=VALUE`) and their types.
 _OPTION_TYPES: dict[str, type] = {

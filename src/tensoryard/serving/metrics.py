@@ -68,6 +68,12 @@ class ServingMetrics:
             d,
             registry=registry,
         )
+        self.desired = Gauge(
+            "tyard_serving_desired_replicas",
+            "Replicas the supervisor aims for (the autoscaler's answer, or the fixed count).",
+            d,
+            registry=registry,
+        )
         self.prefix_hit = Gauge(
             "tyard_serving_prefix_hit_ratio",
             "Prompt characters routed to a replica that had seen them / all prompt characters.",

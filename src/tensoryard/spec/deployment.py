@@ -9,11 +9,31 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-__all__ = ["DEPLOYMENT_NAME_PATTERN", "DeploymentSpec"]
+__all__ = ["DEPLOYMENT_NAME_PATTERN", "AutoscaleSpec", "DeploymentSpec"]
 
 DEPLOYMENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class AutoscaleSpec(BaseModel):
+    """Scale between ``replicas`` (the minimum) and ``max_replicas`` on queue depth and TTFT
+    (never on utilisation): up at once when requests queue beyond ``target_queue`` per replica
+    or the p90 time to first token exceeds ``target_ttft_s``; down after ``scale_down_after_s``
+    of less load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_replicas: int = Field(ge=1, le=64, description="The most replicas it scales to.")
+    target_queue: float = Field(
+        2.0, gt=0, le=1000, description="Requests waiting or running per replica to aim for."
+    )
+    target_ttft_s: float | None = Field(
+        None, gt=0, le=600, description="p90 time to first token to stay under (seconds)."
+    )
+    scale_down_after_s: float = Field(
+        60.0, ge=0, le=86400, description="Load must stay lower this long before scaling down."
+    )
 
 
 class DeploymentSpec(BaseModel):
@@ -34,3 +54,26 @@ class DeploymentSpec(BaseModel):
     router: Literal["prefix", "round-robin"] = Field(
         "prefix", description="prefix: prefix-cache-aware with a burst guard; round-robin."
     )
+    autoscale: AutoscaleSpec | None = Field(
+        None, description="Scale between `replicas` and `autoscale.max_replicas` on load."
+    )
+
+    @field_validator("autoscale")
+    @classmethod
+    def _max_at_least_min(
+        cls, value: AutoscaleSpec | None, info: ValidationInfo
+    ) -> AutoscaleSpec | None:
+        replicas = info.data.get("replicas")
+        if value is not None and isinstance(replicas, int) and value.max_replicas < replicas:
+            raise ValueError(
+                f"max_replicas ({value.max_replicas}) is below replicas ({replicas}), the "
+                "minimum: raise autoscale.max_replicas or lower replicas"
+            )
+        return value
+
+    def stored_options(self) -> dict[str, Any]:
+        """The engine options with the gateway's settings (router, autoscale), as stored."""
+        out = {**self.options, "router": self.router}
+        if self.autoscale is not None:
+            out["autoscale"] = self.autoscale.model_dump()
+        return out

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -185,6 +186,21 @@ def test_cli_serve_list_scale_delete_json(
     assert gone.exit_code == 0
     missing = run.invoke(cli, ["deployments", "describe", "echo"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+    auto = run.invoke(
+        cli,
+        ["serve", "mock", "--name", "auto", "--engine", "mock", "--max-replicas", "3",
+         "--target-ttft", "2.5", "--json"],
+    )  # fmt: skip
+    assert auto.exit_code == 0, auto.output
+    settings = json.loads(auto.output.splitlines()[-1])["autoscale"]
+    assert settings == {"max_replicas": 3, "target_queue": 2.0, "target_ttft_s": 2.5,
+                        "scale_down_after_s": 60.0}  # fmt: skip
+    shown = run.invoke(cli, ["deployments", "describe", "auto"])
+    assert "autoscale: 1..3 replicas" in shown.output and "p90 TTFT <= 2.5 s" in shown.output
+    lone = run.invoke(
+        cli, ["serve", "mock", "--name", "x", "--engine", "mock", "--target-ttft", "1"]
+    )
+    assert lone.exit_code == 2 and "--max-replicas" in lone.output
 
 
 def _alive(pid: int) -> bool:
@@ -197,3 +213,71 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_autoscaling_adds_replicas_under_queueing_and_removes_them_after_the_window(
+    serving_plane: Callable[..., Any],
+) -> None:
+    """Queue depth scales a deployment from 1 to 3 replicas while slow requests pile up, every
+    request is answered (none lost to a replica being stopped), and once the load is gone the
+    deployment returns to its minimum after `scale_down_after_s`."""
+    s = serving_plane()
+    auto = {"max_replicas": 3, "target_queue": 1, "scale_down_after_s": 2}
+    made = _deploy(s, options={"tokens": 40, "token_ms": 50}, autoscale=auto)
+    assert made["autoscale"]["max_replicas"] == 3 and made["desired_replicas"] == 1
+    s.wait_ready("echo", 1)
+    body = {"model": "echo", "prompt": "x", "max_tokens": 40}
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(_complete, s, body) for _ in range(6)]
+        peak: dict[str, Any] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(f.done() for f in futures):
+            with s.http() as c:
+                dep = c.get("/api/v1/deployments/echo").json()
+            if dep["desired_replicas"] > peak.get("desired_replicas", 0):
+                peak = dep
+            time.sleep(0.1)
+        answers = [f.result() for f in futures]
+    assert all(a == 40 for a in answers), answers  # every request got all its tokens
+    assert peak["desired_replicas"] == 3, peak
+    assert peak["autoscale_reason"].startswith("up:"), peak
+    with s.http() as c:
+        metrics = c.get("/metrics").text
+    assert 'tyard_serving_desired_replicas{deployment="echo"}' in metrics
+    deadline = time.monotonic() + 30
+    while True:
+        with s.http() as c:
+            dep = c.get("/api/v1/deployments/echo").json()
+        if dep["desired_replicas"] == 1 and len(dep["replica_states"]) == 1:
+            break
+        assert time.monotonic() < deadline, dep
+        time.sleep(0.2)
+    assert dep["autoscale_reason"].startswith("down:")
+
+
+def _complete(s: Any, body: dict[str, Any]) -> int:
+    with s.http() as c:
+        resp = c.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return int(resp.json()["usage"]["completion_tokens"])
+
+
+def test_autoscaling_settings_are_checked_and_scale_respects_the_maximum(
+    serving_plane: Callable[..., Any],
+) -> None:
+    s = serving_plane()
+    with s.http() as c:
+        bad = c.post(
+            "/api/v1/deployments",
+            json={"model": "mock", "name": "echo", "engine": "mock", "replicas": 2,
+                  "autoscale": {"max_replicas": 1}},
+        )  # fmt: skip
+        assert bad.status_code == 422, bad.text
+        assert "max_replicas" in bad.text and "lower replicas" in bad.text
+    _deploy(s, autoscale={"max_replicas": 2})
+    with s.http() as c:
+        over = c.post("/api/v1/deployments/echo/scale", json={"replicas": 3})
+        assert over.status_code == 422, over.text
+        assert "autoscale.max_replicas" in over.text
+        ok = c.post("/api/v1/deployments/echo/scale", json={"replicas": 2})
+        assert ok.status_code == 200 and ok.json()["replicas"] == 2
