@@ -28,12 +28,20 @@ a deployment that already serves that version is left alone, names are unique, s
 repeated after a crash never makes a second deployment) and the step ends when every replica
 answers (SUCCEEDED), when a replica exited more than ``max_restarts`` times (FAILED with the
 end of its log) or after ``ready_timeout_s`` (FAILED).
+
+``eval`` generates each case of a JSONL eval set through a deployment and scores it
+(`tensoryard.serving.evaluate`). The eval set is checked before the step moves to RUNNING; the
+generation runs on a worker thread of this process, and each pass looks whether it finished.
+Evaluation writes nothing but the step's outputs, so a control plane that restarts mid-eval
+(or a new leader) simply runs it again from the start.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +61,13 @@ from tensoryard.pipelines.outputs import read_outputs_file
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.spec.expr import ExprError, Value, render_template
-from tensoryard.spec.pipeline import DeploySpec, PipelineSpec, StepSpec, chain_hash, resolve_job
+from tensoryard.spec.pipeline import (
+    DeploySpec,
+    PipelineSpec,
+    StepSpec,
+    chain_hash,
+    resolve_job,
+)
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
 from tensoryard.store.records import STEP_TERMINAL
@@ -125,6 +139,8 @@ class PipelineAdvancer:
         self.clock = clock
         self._specs: dict[int, PipelineSpec] = {}
         self._applied: set[tuple[int, str]] = set()  # deploy steps applied by this process
+        self._evals: dict[tuple[int, str], tuple[Future[Any], threading.Event]] = {}
+        self._eval_pool: ThreadPoolExecutor | None = None
 
     def advance(self) -> int:
         """One pass over every RUNNING pipeline; returns how many changes it made."""
@@ -175,6 +191,9 @@ class PipelineAdvancer:
     def _watch(self, run: _Run, step: StepSpec) -> None:
         if step.kind == "deploy":
             self._watch_deploy(run, step)
+            return
+        if step.kind == "eval":
+            self._watch_eval(run, step)
             return
         current = run.steps[step.name]
         if current.job_id is None:  # the job row was deleted under us
@@ -455,6 +474,116 @@ class PipelineAdvancer:
         self._specs.pop(run.record.id, None)
 
     # --------------------------------------------------------------------------------------
+    # eval steps -----------------------------------------------------------------------------
+    def _run_eval_step(self, run: _Run, step: StepSpec) -> None:
+        from tensoryard.serving.evaluate import load_eval_set
+
+        spec = step.eval_
+        assert spec is not None  # an eval step always has one (StepSpec checks it)
+        if self.deployer is None:
+            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+            return
+        try:
+            name = render_template(spec.deployment, run.resolver(self.store)).strip()
+            cases = load_eval_set(Path(spec.dataset))
+        except ExprError as exc:
+            self._set(run, step.name, "FAILED", f"cannot resolve eval.deployment: {exc}")
+            return
+        except SpecError as exc:
+            self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
+            return
+        if not self.deployer.status(name).exists:
+            self._set(
+                run,
+                step.name,
+                "FAILED",
+                f"eval.deployment: no deployment {name!r} (fix: deploy it first, e.g. in a "
+                "`kind: deploy` step this one needs)",
+            )
+            return
+        # intent first: a restart finds the step RUNNING and runs the (pure) eval again
+        self._set(
+            run,
+            step.name,
+            "RUNNING",
+            f"evaluating {name} on {len(cases)} case(s) of {Path(spec.dataset).name}",
+            outputs={"deployment": name, "dataset": spec.dataset, "cases": len(cases)},
+        )
+        self._watch_eval(run, step)
+
+    def _watch_eval(self, run: _Run, step: StepSpec) -> None:
+        from tensoryard.serving.evaluate import EvalResult, load_eval_set, run_eval
+
+        spec = step.eval_
+        assert spec is not None
+        key = (run.record.id, step.name)
+        outputs = dict(run.steps[step.name].outputs)
+        name = str(outputs.get("deployment", ""))
+        if run.record.cancel_requested:
+            job = self._evals.pop(key, None)
+            if job is not None:
+                job[1].set()
+            self._set(run, step.name, "CANCELLED", "the pipeline was cancelled")
+            return
+        if self.deployer is None:
+            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+            return
+        if key not in self._evals:  # first pass, or the eval of a process that stopped
+            try:
+                cases = load_eval_set(Path(spec.dataset))
+            except SpecError as exc:
+                self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
+                return
+            if self._eval_pool is None:
+                self._eval_pool = ThreadPoolExecutor(2, thread_name_prefix="tyard-eval")
+            stop = threading.Event()
+            manager = self.deployer.manager
+            future = self._eval_pool.submit(
+                run_eval,
+                manager,
+                name,
+                cases,
+                metric=spec.metric,
+                max_tokens=spec.max_tokens,
+                timeout_s=spec.timeout_s,
+                cancelled=stop.is_set,
+            )
+            self._evals[key] = (future, stop)
+        future, _ = self._evals[key]
+        if not future.done():
+            return
+        del self._evals[key]
+        try:
+            result: EvalResult = future.result()
+        except (TensoryardError, TimeoutError, OSError) as exc:
+            self._set(run, step.name, "FAILED", f"eval of {name} failed: {exc}")
+            return
+        values = {
+            **outputs,
+            "score": round(result.score, 6),
+            "correct": result.correct,
+            "cases": result.cases,
+            "failed_requests": result.failed_requests,
+            "metric": spec.metric,
+            "duration_s": round(result.duration_s, 3),
+            "samples": result.samples,
+        }
+        summary = (
+            f"{name}: {result.correct}/{result.cases} right ({spec.metric}), score "
+            f"{result.score:.3f}"
+            + (f", {result.failed_requests} request(s) failed" if result.failed_requests else "")
+        )
+        if spec.min_score is not None and result.score < spec.min_score:
+            self._set(
+                run,
+                step.name,
+                "FAILED",
+                f"{summary}: below min_score {spec.min_score:g}",
+                outputs=values,
+            )
+            return
+        self._set(run, step.name, "SUCCEEDED", summary, outputs=values)
+
     def _set(
         self,
         run: _Run,
@@ -482,6 +611,7 @@ _STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, _Run, StepSpec], None]] = {
     "job": PipelineAdvancer._run_job_step,
     "register": PipelineAdvancer._run_register_step,
     "deploy": PipelineAdvancer._run_deploy_step,
+    "eval": PipelineAdvancer._run_eval_step,
 }
 """Step kind -> how a ready step runs. A `register` kind (model registry) plugs in here."""
 
@@ -546,12 +676,19 @@ def _deploy_outcome(
 def check_deploy_steps(spec: PipelineSpec) -> None:
     """Check every deploy step like the deployments API checks a request (engine, options,
     model reference), as far as it is known before the pipeline runs: values with ``${{ }}``
-    are checked when the step runs. SpecError with ``steps.N.deploy.FIELD`` paths."""
+    are checked when the step runs. SpecError with ``steps.N.deploy.FIELD`` paths. Eval
+    steps' eval sets are read and checked too (``steps.N.eval.dataset``)."""
     from tensoryard.serving.deploy import check_engine
+    from tensoryard.serving.evaluate import load_eval_set
     from tensoryard.serving.source import parse_model_source
 
     issues: list[FieldIssue] = []
     for i, step in enumerate(spec.steps):
+        if step.eval_ is not None:  # the eval set must be there and well formed at submission
+            try:
+                load_eval_set(Path(step.eval_.dataset), field_name=f"steps.{i}.eval.dataset")
+            except SpecError as exc:
+                issues += exc.issues
         body = step.deploy_
         if body is None:
             continue

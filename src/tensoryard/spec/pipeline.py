@@ -49,6 +49,7 @@ from tensoryard.spec.job import NAME_PATTERN, JobSpec, parse_job_spec
 __all__ = [
     "STEP_KINDS",
     "DeploySpec",
+    "EvalSpec",
     "ParamValue",
     "PipelineSpec",
     "RegisterSpec",
@@ -63,9 +64,10 @@ __all__ = [
 ]
 
 ParamValue = str | int | float | bool | None
-STEP_KINDS = ("job", "register", "deploy")
-"""Kinds of step a pipeline may hold: a job, registering a step's checkpoint as a model, or
-deploying a registered model version behind the gateway."""
+STEP_KINDS = ("job", "register", "deploy", "eval")
+"""Kinds of step a pipeline may hold: a job, registering a step's checkpoint as a model,
+deploying a registered model version behind the gateway, or a generation eval against a
+deployment."""
 MAX_STEPS = 100
 _PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -118,14 +120,45 @@ class DeploySpec(DeploymentSpec):
         return DeploymentSpec.model_validate({**data, "model": model, "options": options})
 
 
+class EvalSpec(StrictModel):
+    """An `eval` step: generate an answer for each case of a JSONL eval set through a
+    deployment (greedy) and score it; outputs ``score`` (0..1), ``cases``, ``correct``,
+    ``failed_requests`` and a few ``samples``. Fails below ``min_score`` when set, so a later
+    step (a register or alias move) can depend on it."""
+
+    deployment: str = Field(
+        ...,
+        min_length=1,
+        description="The deployment to call; may use ${{ }}, like "
+        "'${{ steps.deploy.outputs.deployment }}'.",
+    )
+    dataset: str = Field(
+        ...,
+        min_length=1,
+        description="JSONL on the control plane's machine, one {prompt|messages, expected} per "
+        "line; relative to the pipeline file.",
+    )
+    metric: Literal["contains", "exact"] = Field(
+        "contains", description="contains: an expected answer appears; exact: equals it."
+    )
+    max_tokens: int = Field(32, ge=1, le=4096, description="Tokens generated per case.")
+    min_score: float | None = Field(
+        None, ge=0, le=1, description="Fail the step when the score is below this."
+    )
+    timeout_s: float = Field(
+        1800.0, gt=0, le=86400, description="Fail the step when not done after this long."
+    )
+
+
 class StepSpec(StrictModel):
     """One step: a job (or a model registration) that runs when its `needs` succeeded and
     its `if` holds."""
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Step name, unique in the pipeline.")
-    kind: Literal["job", "register", "deploy"] = Field(
+    kind: Literal["job", "register", "deploy", "eval"] = Field(
         "job",
-        description="What the step does: run a job (default), register or deploy a model.",
+        description="What the step does: run a job (default), register or deploy a model, "
+        "or evaluate a deployment.",
     )
     needs: list[str] = Field(
         default_factory=list,
@@ -153,12 +186,18 @@ class StepSpec(StrictModel):
     deploy_: DeploySpec | None = Field(
         None, alias="deploy", description="What to deploy (kind deploy)."
     )
+    eval_: EvalSpec | None = Field(None, alias="eval", description="What to evaluate (kind eval).")
 
     model_config = StrictModel.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
     def _body_matches_kind(self) -> StepSpec:
-        bodies = {"job": self.job, "register": self.register_, "deploy": self.deploy_}
+        bodies = {
+            "job": self.job,
+            "register": self.register_,
+            "deploy": self.deploy_,
+            "eval": self.eval_,
+        }
         extra = [k for k, v in bodies.items() if v is not None and k != self.kind]
         if bodies[self.kind] is None or extra:
             fixes = {
@@ -166,6 +205,7 @@ class StepSpec(StrictModel):
                 "register": "give `register: {model: NAME, from_step: STEP}`",
                 "deploy": "give `deploy: {model: MODEL@ALIAS}` or `deploy: {model: "
                 "'MODEL:${{ steps.STEP.outputs.version }}'}`",
+                "eval": "give `eval: {deployment: NAME, dataset: FILE.jsonl}`",
             }
             others = " and no " + " or ".join(f"`{k}:`" for k in extra) if extra else ""
             raise ValueError(
@@ -272,6 +312,8 @@ def load_pipeline_spec(path: str | Path) -> PipelineSpec:
     spec = parse_pipeline_spec(data, source=str(file))
     base = file.resolve().parent
     for step in spec.steps:
+        if step.eval_ is not None and not Path(step.eval_.dataset).is_absolute():
+            step.eval_.dataset = str((base / step.eval_.dataset).resolve())
         if step.job is None:
             continue
         workdir = step.job.get("workdir")
@@ -331,6 +373,8 @@ def _strings(step: StepSpec) -> list[tuple[str, str]]:
     if step.deploy_ is not None:
         walk(step.deploy_.model, "deploy.model")
         walk(step.deploy_.options, "deploy.options")
+    if step.eval_ is not None:
+        walk(step.eval_.deployment, "eval.deployment")
     walk(step.inputs, "inputs")
     return found
 

@@ -54,7 +54,16 @@ with open(os.path.join(os.environ["TYARD_RUN_DIR"], "outputs.json"), "w") as fh:
 """
 
 
-def pipeline(scripts: Path, token: str, **deploy: Any) -> dict[str, Any]:
+EVAL_SET = [
+    {"prompt": "Say tok.", "expected": "tok"},
+    {"messages": [{"role": "user", "content": "hi"}], "expected": ["TOK", "tak"]},
+    {"prompt": "The capital of France is", "expected": "Paris"},
+]
+
+
+def pipeline(
+    scripts: Path, token: str, eval_set: Path | None = None, **deploy: Any
+) -> dict[str, Any]:
     def job(script: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
         return {"launcher": "python", "command": [script, *args], "workdir": str(scripts),
                 "resources": {"cpu": 1, "memory": "512Mi"}, "env": env or {}}  # fmt: skip
@@ -74,6 +83,9 @@ def pipeline(scripts: Path, token: str, **deploy: Any) -> dict[str, Any]:
             {"name": "call", "job": job("call.py", "${{ steps.deploy.outputs.endpoint }}",
                                         "${{ steps.deploy.outputs.gateway_model }}",
                                         env={"GATEWAY_TOKEN": token})},
+            {"name": "eval", "kind": "eval",
+             "eval": {"deployment": "${{ steps.deploy.outputs.deployment }}",
+                      "dataset": str(eval_set or scripts / "eval.jsonl"), "max_tokens": 3}},
         ],
     }  # fmt: skip
 
@@ -86,6 +98,8 @@ def test_train_register_deploy_and_call_the_gateway_through_the_server(
     scripts.mkdir()
     (scripts / "train.py").write_text(TRAIN)
     (scripts / "call.py").write_text(CALL)
+    (scripts / "eval.jsonl").write_text("".join(json.dumps(c) + "\n" for c in EVAL_SET))
+    (scripts / "broken.jsonl").write_text('{"prompt": "x"}\nnot json\n')
     s.plane.controller.start()
     try:
         with s.http() as c:
@@ -99,6 +113,18 @@ def test_train_register_deploy_and_call_the_gateway_through_the_server(
                 "message": "unknown engine 'vllm'",
                 "fix": "use one of ('llama.cpp',)",
             } in bad.json()["detail"]
+            for eval_set, message in (
+                (scripts / "missing.jsonl", "cannot read"),
+                (scripts / "broken.jsonl", "`expected` is missing or empty"),
+            ):
+                refused = c.post(
+                    "/api/v1/pipelines", json={"spec": pipeline(scripts, s.token, eval_set)}
+                )
+                assert refused.status_code == 422, refused.text
+                paths = {d["path"]: d["message"] for d in refused.json()["detail"]}
+                assert any(
+                    p.startswith("steps.4.eval.dataset") and message in m for p, m in paths.items()
+                ), paths
             assert c.get("/api/v1/pipelines").json() == []
 
             made = c.post("/api/v1/pipelines", json={"spec": pipeline(scripts, s.token)})
@@ -121,6 +147,28 @@ def test_train_register_deploy_and_call_the_gateway_through_the_server(
             assert deploy["outputs"]["ready_replicas"] == 1
             call = steps["call"]["outputs"]
             assert call["served_by"] == "tiny-chat" and call["answer"].split() == ["tok"] * 3
+            evaluated = steps["eval"]
+            assert evaluated["state"] == "SUCCEEDED", evaluated["reason"]
+            out = evaluated["outputs"]
+            assert (out["cases"], out["correct"], out["failed_requests"]) == (3, 2, 0)
+            assert out["score"] == pytest.approx(2 / 3, abs=1e-5)
+            assert out["deployment"] == "tiny-chat" and out["metric"] == "contains"
+            assert [x["correct"] for x in out["samples"]] == [True, True, False]
+            assert "2/3 right" in evaluated["reason"]
+
+            # an eval step as a gate: below min_score it fails (and so does its pipeline)
+            gate = {"name": "gate", "steps": [{"name": "gate", "kind": "eval", "eval": {
+                "deployment": "tiny-chat", "dataset": str(scripts / "eval.jsonl"),
+                "metric": "exact", "min_score": 0.9}}]}  # fmt: skip
+            gid = c.post("/api/v1/pipelines", json={"spec": gate}).json()["id"]
+            deadline = time.monotonic() + 60
+            while (gated := c.get(f"/api/v1/pipelines/{gid}").json())["state"] == "RUNNING":
+                assert time.monotonic() < deadline, gated
+                time.sleep(0.3)
+            assert gated["state"] == "FAILED"
+            step = gated["steps"][0]
+            assert step["state"] == "FAILED" and "below min_score 0.9" in step["reason"], step
+            assert step["outputs"]["correct"] == 0  # exact: " tok tok tok" is not "tok"
 
             described = c.get("/api/v1/deployments/tiny-chat").json()
             assert described["model"] == "tiny:1 (version 1)"
@@ -154,7 +202,12 @@ def test_the_smollm2_example_registers_deploys_on_llama_cpp_and_answers(
         assert ran.exit_code == 0, ran.output
         final = json.loads(ran.stdout)
         steps = {st["name"]: st for st in final["steps"]}
-        assert [st["state"] for st in final["steps"]] == ["SUCCEEDED"] * 3, steps
+        assert [st["state"] for st in final["steps"]] == ["SUCCEEDED"] * 4, steps
+        evaluated = steps["eval"]["outputs"]
+        assert evaluated["cases"] == 8 and evaluated["failed_requests"] == 0, evaluated
+        assert 0 <= evaluated["score"] <= 1 and evaluated["correct"] == round(
+            8 * evaluated["score"]
+        )
         assert steps["deploy"]["outputs"]["gateway_model"] == "smollm2-chat"
         chat = {"model": "smollm2-chat", "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip

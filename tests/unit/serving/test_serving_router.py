@@ -52,15 +52,11 @@ def test_a_burst_of_one_prefix_spreads_once_a_replica_is_ahead_by_more_than_the_
     assert min(loads.values()) >= 3
 
 
-def test_a_cached_replica_busy_prefilling_a_long_prompt_loses_to_an_idle_one() -> None:
+def test_without_a_cached_prefix_the_replica_with_less_queued_prefill_wins() -> None:
     router = PrefixAwareRouter(block_chars=32)
-    first = router.pick(SYSTEM_A, idle("r0", "r1")).replica
-    other = "r1" if first == "r0" else "r0"
-    # the cached replica is prefilling 5,000 uncached characters of someone else's prompt: a
-    # serial engine would make this request wait for all of it, longer than a full prefill
-    busy = [ReplicaLoad(first, 1, pending_chars=5000), ReplicaLoad(other, 0)]
-    route = router.pick(SYSTEM_A + "question 2", busy)
-    assert route.replica == other
+    loads = [ReplicaLoad("r0", 1, pending_chars=5000), ReplicaLoad("r1", 1, pending_chars=40)]
+    route = router.pick("a prompt nobody has seen " * 4, loads)
+    assert route.replica == "r1"
     assert route.matched_chars == 0 and route.uncached_chars == route.prompt_chars
 
 
