@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -271,6 +272,10 @@ def _setup_logging(home: Path, level: str) -> None:
         root.addHandler(handler)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     """Run until interrupted: recover running jobs, start the loop, serve the API."""
     _check_port_free(config.host, config.port)
@@ -298,6 +303,12 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     # tens of milliseconds as the heap grows (the gateway's p99).
     gc.collect()
     gc.freeze()
+    # uvicorn handles SIGTERM by shutting the HTTP server down, then restores the handler it
+    # found and raises the signal again. Left at the default, that second SIGTERM killed the
+    # process before the `finally` below ran: serving replicas, the webhook sender and the
+    # control loop were never stopped (replica processes leaked). With this handler found
+    # instead, the re-raised signal ends server.run() with SystemExit and the cleanup runs.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with _server_file(config):
             server.run()
