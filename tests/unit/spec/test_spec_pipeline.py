@@ -112,7 +112,7 @@ def test_references_add_dependencies_and_the_order_follows_them() -> None:
         (
             pipeline({"name": "a", "kind": "serve", "job": job()}),
             "steps.0.kind",
-            "Input should be 'job', 'register' or 'deploy'",
+            "Input should be 'job', 'register', 'deploy' or 'eval'",
             "use one of the allowed values",
         ),
         (
