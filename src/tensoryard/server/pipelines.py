@@ -61,19 +61,14 @@ from tensoryard.pipelines.outputs import read_outputs_file
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.spec.deployment import DeploymentSpec
 from tensoryard.spec.expr import ExprError, Value, render_template
-from tensoryard.spec.pipeline import (
-    DeploySpec,
-    PipelineSpec,
-    StepSpec,
-    chain_hash,
-    resolve_job,
-)
+from tensoryard.spec.pipeline import DeploySpec, PipelineSpec, StepSpec, chain_hash, resolve_job
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
 from tensoryard.store.records import STEP_TERMINAL
 
 if TYPE_CHECKING:
     from tensoryard.serving.deploy import Deployer, DeploymentStatus
+    from tensoryard.serving.evaluate import EvalCase
 
 __all__ = ["PipelineAdvancer", "check_deploy_steps", "collect_outputs"]
 
@@ -354,12 +349,12 @@ class PipelineAdvancer:
     def _run_deploy_step(self, run: _Run, step: StepSpec) -> None:
         spec = step.deploy_
         assert spec is not None  # a deploy step always has one (StepSpec checks it)
-        if self.deployer is None:
-            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+        deployer = self._serving(run, step)
+        if deployer is None:
             return
         try:
             deployment = _resolved_deployment(spec, run.resolver(self.store))
-            plan = self.deployer.plan(run.record.team, deployment)
+            plan = deployer.plan(run.record.team, deployment)
         except ExprError as exc:
             self._set(run, step.name, "FAILED", f"cannot resolve deploy: {exc}")
             return
@@ -375,7 +370,7 @@ class PipelineAdvancer:
             outputs={
                 "deployment": plan.name,
                 "gateway_model": plan.name,
-                "endpoint": self.deployer.endpoint(),
+                "endpoint": deployer.endpoint(),
                 "model": plan.model,
                 "version": plan.version,
                 "engine": plan.engine,
@@ -399,19 +394,19 @@ class PipelineAdvancer:
                 f"(`tyard deployments delete {name}` removes it)",
             )
             return
-        if self.deployer is None:
-            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+        deployer = self._serving(run, step)
+        if deployer is None:
             return
         key = (run.record.id, step.name)
         if key not in self._applied:
             if not self._apply_deploy(run, step):
                 return
             self._applied.add(key)
-        status = self.deployer.status(name)
+        status = deployer.status(name)
         started = current.started_at
         waited = (self.clock() - _utc(started)).total_seconds() if started else 0.0
         state, reason = _deploy_outcome(
-            spec, outputs, status, waited, tail=self.deployer.replica_log_tail
+            spec, outputs, status, waited, tail=deployer.replica_log_tail
         )
         if state != "RUNNING":
             self._applied.discard(key)
@@ -473,15 +468,14 @@ class PipelineAdvancer:
         self.store.finish_pipeline(run.record.id, state, reason)
         self._specs.pop(run.record.id, None)
 
-    # --------------------------------------------------------------------------------------
     # eval steps -----------------------------------------------------------------------------
     def _run_eval_step(self, run: _Run, step: StepSpec) -> None:
         from tensoryard.serving.evaluate import load_eval_set
 
         spec = step.eval_
         assert spec is not None  # an eval step always has one (StepSpec checks it)
-        if self.deployer is None:
-            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+        deployer = self._serving(run, step)
+        if deployer is None:
             return
         try:
             name = render_template(spec.deployment, run.resolver(self.store)).strip()
@@ -492,7 +486,7 @@ class PipelineAdvancer:
         except SpecError as exc:
             self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
             return
-        if not self.deployer.status(name).exists:
+        if not deployer.status(name).exists:
             self._set(
                 run,
                 step.name,
@@ -509,9 +503,9 @@ class PipelineAdvancer:
             f"evaluating {name} on {len(cases)} case(s) of {Path(spec.dataset).name}",
             outputs={"deployment": name, "dataset": spec.dataset, "cases": len(cases)},
         )
-        self._watch_eval(run, step)
+        self._watch_eval(run, step, cases)
 
-    def _watch_eval(self, run: _Run, step: StepSpec) -> None:
+    def _watch_eval(self, run: _Run, step: StepSpec, cases: list[EvalCase] | None = None) -> None:
         from tensoryard.serving.evaluate import EvalResult, load_eval_set, run_eval
 
         spec = step.eval_
@@ -525,19 +519,20 @@ class PipelineAdvancer:
                 job[1].set()
             self._set(run, step.name, "CANCELLED", "the pipeline was cancelled")
             return
-        if self.deployer is None:
-            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+        deployer = self._serving(run, step)
+        if deployer is None:
             return
         if key not in self._evals:  # first pass, or the eval of a process that stopped
-            try:
-                cases = load_eval_set(Path(spec.dataset))
-            except SpecError as exc:
-                self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
-                return
+            if cases is None:  # read again only when this process did not start the step
+                try:
+                    cases = load_eval_set(Path(spec.dataset))
+                except SpecError as exc:
+                    self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
+                    return
             if self._eval_pool is None:
                 self._eval_pool = ThreadPoolExecutor(2, thread_name_prefix="tyard-eval")
             stop = threading.Event()
-            manager = self.deployer.manager
+            manager = deployer.manager
             future = self._eval_pool.submit(
                 run_eval,
                 manager,
@@ -583,6 +578,12 @@ class PipelineAdvancer:
             )
             return
         self._set(run, step.name, "SUCCEEDED", summary, outputs=values)
+
+    def _serving(self, run: _Run, step: StepSpec) -> Deployer | None:
+        """This control plane's serving plane; None (and the step FAILED, saying so) without."""
+        if self.deployer is None:
+            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
+        return self.deployer
 
     def _set(
         self,
