@@ -290,9 +290,37 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if isinstance(exc, Exception):  # not SystemExit / KeyboardInterrupt
-            self.reporter.event(f"training failed: {type(exc).__name__}: {exc}", kind="error")
-        self.close(clean=exc is None)
+        # A failing rank's last report (the error) must reach the control plane. When several
+        # ranks fail together, torchrun SIGTERMs the survivors as soon as the first exits, which
+        # with the default handler killed this one mid-flush and lost its error. Hold the
+        # signal until the reporter has flushed, then let it act (the launcher still escalates
+        # to SIGKILL after its grace period, so a stuck flush cannot keep the rank alive).
+        held = self._hold_sigterm() if exc is not None else None
+        try:
+            if isinstance(exc, Exception):  # not SystemExit / KeyboardInterrupt
+                self.reporter.event(f"training failed: {type(exc).__name__}: {exc}", kind="error")
+            self.close(clean=exc is None)
+        finally:
+            self._release_sigterm(held)
+
+    def _hold_sigterm(self) -> tuple[Any, threading.Event] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        got = threading.Event()
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            got.set()
+
+        return signal.signal(signal.SIGTERM, on_sigterm), got
+
+    @staticmethod
+    def _release_sigterm(held: tuple[Any, threading.Event] | None) -> None:
+        if held is None:
+            return
+        previous, got = held
+        signal.signal(signal.SIGTERM, previous)
+        if got.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered now, to the handler it would have met
 
 
 def session(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +35,7 @@ class _State:
     requests: list[RecordedRequest] = field(default_factory=list)
     cancel: bool = False
     fail_with: int | None = None
+    delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -61,6 +63,10 @@ class RecordingReportServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                with state.lock:
+                    delay = state.delay_s
+                if delay:
+                    time.sleep(delay)
                 with state.lock:
                     status = state.fail_with
                     if status is None:
@@ -122,6 +128,11 @@ class RecordingReportServer:
         """Answer every request with this HTTP status (None: answer 200 again)."""
         with self._state.lock:
             self._state.fail_with = status
+
+    def set_delay(self, seconds: float) -> None:
+        """Take this long before recording and answering each request (a slow control plane)."""
+        with self._state.lock:
+            self._state.delay_s = seconds
 
     @property
     def requests(self) -> list[RecordedRequest]:

@@ -52,9 +52,12 @@ class Receiver:
     processed: dict[str, dict[str, Any]] = field(default_factory=dict)
     duplicates: int = 0
     bad_signatures: int = 0
+    delay_s: float = 0.0  # how long each answer takes (a receiver doing real work)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handle(self, headers: dict[str, str], body: bytes) -> int:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         with self.lock:
             self.requests.append((time.monotonic(), headers, body))
             ok = verify(SECRET, body, headers["X-Tyard-Timestamp"], headers["X-Tyard-Signature"])
@@ -138,16 +141,20 @@ def test_two_control_planes_on_one_database_send_each_delivery_once(
 ) -> None:
     store.ensure_team("nlp")
     receiver.answers = [503] * 6  # the first six requests fail, whoever sends them
+    # Each answer takes 50 ms, so one plane's two workers need >= 0.65 s for all 26 requests:
+    # the other plane gets its share even when this 2-core machine starts its threads late (a
+    # CI run once saw one plane send everything with instant answers).
+    receiver.delay_s = 0.05
     hook = WebhookConfig(url=receiver.url, secret=SECRET, backoff_s=0.05)
     other = Store.open(store.url, migrate=False)  # a second control plane's own connections
     planes = [
         WebhookDispatcher(db, [hook], owner=f"cp-{i}", poll_s=0.01, batch=2, workers=2)
         for i, db in enumerate((store, other))
     ]
-    _register(store, 20)
     for plane in planes:
         plane.start()
     try:
+        _register(store, 20)
         _wait("20 deliveries", lambda: len(receiver.processed) == 20)
     finally:
         for plane in planes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +128,40 @@ def test_an_error_in_training_is_reported_as_an_event(tmp_path: Path) -> None:
             raise ValueError("boom")
         kinds = [(e["kind"], e["message"]) for r in server.requests for e in r.body["events"]]
         assert ("error", "training failed: ValueError: boom") in kinds
+
+
+def test_a_sigterm_during_a_failing_ranks_last_flush_waits_until_the_error_is_sent(
+    tmp_path: Path,
+) -> None:
+    # torchrun SIGTERMs every rank once one has failed; a rank that fails too must still get
+    # its own error out before the signal acts (it used to die mid-flush, error lost).
+    error = ("error", "training failed: ValueError: boom")
+    with RecordingReportServer() as server:
+
+        def sent() -> list[tuple[str, str]]:
+            return [(e["kind"], e["message"]) for r in server.requests for e in r.body["events"]]
+
+        delivered: list[bool] = []  # per SIGTERM: had the error reached the server by then?
+
+        def on_sigterm(signum: int, frame: object) -> None:
+            delivered.append(error in sent())
+
+        before = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            server.set_delay(0.6)  # the flush of the error takes 0.6 s
+            env = job_env(tmp_path, TYARD_SERVER_URL=server.url)
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+            with pytest.raises(ValueError, match="boom"), session(env=env):
+                timer.start()  # arrives while the error is being flushed
+                raise ValueError("boom")
+            timer.join()
+            handler = signal.getsignal(signal.SIGTERM)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        assert error in sent()
+    # held during the flush, then delivered once, to the handler that was there before
+    assert delivered == [True]
+    assert handler is on_sigterm
 
 
 def test_without_torchrun_variables_init_is_a_single_process() -> None:
