@@ -222,3 +222,39 @@ def test_a_higher_priority_job_preempts_at_a_checkpoint_and_the_victim_resumes_l
     finally:
         server.stop()
         _kill_leftovers(server.home)
+
+
+def test_a_killed_rank_is_restarted_in_place_without_a_new_launch(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    control_plane.start()
+    env = env_for(control_plane)
+    spec = tiny_job(
+        tmp_path,
+        "--steps", "40", "--fail-at-step", "25", "--fail-rank", "1",
+        restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
+    )  # fmt: skip
+    submitted = tyard("submit", str(spec), "--json", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+
+    client = control_plane.client()
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["restarts"] == 1  # counted against max_restarts like any restart
+
+    described = tyard("describe", str(job_id), "--json", env=env)
+    info = json.loads(described.stdout)
+    first, second = info["attempts_detail"]
+    assert (first["state"], first["launch_attempt"]) == ("failed", None)
+    assert (second["state"], second["launch_attempt"]) == ("succeeded", 1)
+    assert second["resumed_from_step"] == 20
+    messages = [e["message"] for e in info["events"]]
+    assert any("restarted in place as attempt 2" in m for m in messages), messages
+    assert sum("-> STARTING" in m for m in messages) == 1  # launched once, never requeued
+    assert sorted(m["step"] for m in client.metrics(job_id) if m["attempt"] == 2)[0] == 21
+    human = tyard("describe", str(job_id), env={**env, "COLUMNS": "200"})
+    assert "2 (in place, launch 1)" in human.stdout
+    logs = tyard("logs", str(job_id), "--rank", "0", "--attempt", "1", env=env)
+    assert "restarted in place by torchrun (restart 1)" in logs.stdout
+    assert not processes_of(control_plane.home)

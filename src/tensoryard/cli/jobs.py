@@ -397,8 +397,9 @@ def describe(
     for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
         table.add_column(col, overflow="fold")
     for a in attempts:
+        launch = a.get("launch_attempt")
         table.add_row(
-            str(a["number"]),
+            str(a["number"]) + ("" if launch is None else f" (in place, launch {launch})"),
             a["state"],
             ago(a["started_at"]),
             "" if a["exit_code"] is None else str(a["exit_code"]),

@@ -42,6 +42,9 @@ class LaunchRequest:
     env: dict[str, str] = field(default_factory=dict)  # TYARD_* contract vars, merged over spec.env
     placement: dict[str, list[int]] = field(default_factory=dict)  # node -> GPU indices
     attempt_key: str = ""  # names everything of this attempt; "" lets the executor make one
+    # Worker restarts the launcher may do by itself (torchrun --max-restarts) before the attempt
+    # fails; each restarted group reports as the next attempt number (0: none).
+    in_place_restarts: int = 0
 
 
 class AttemptPhase(enum.StrEnum):

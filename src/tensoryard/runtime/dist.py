@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as tdist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from tensoryard.errors import RuntimeSetupError
 from tensoryard.runtime._env import env_int, env_str
@@ -177,16 +178,23 @@ def init(
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if tdist.is_initialized():
         return DistContext(rank, world_size, local_rank, local_world_size, dev, backend)
+    timeout = timedelta(seconds=timeout_s)
     try:
-        tdist.init_process_group(
-            backend=backend,
-            # env:// (not tcp://) so that under torchrun rank 0 joins the agent's store
-            # instead of trying to open a second server on MASTER_PORT.
-            init_method="env://",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        store = _restart_store(env, addr, port, world_size, timeout)
+        if store is not None:
+            tdist.init_process_group(
+                backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+            )
+        else:
+            tdist.init_process_group(
+                backend=backend,
+                # env:// (not tcp://) so that under torchrun rank 0 joins the agent's store
+                # instead of trying to open a second server on MASTER_PORT.
+                init_method="env://",
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+            )
     except (RuntimeError, ValueError, OSError) as exc:
         raise RuntimeSetupError(
             f"rank {rank} could not join the {backend} process group at {addr}:{port} "
@@ -194,6 +202,25 @@ def init(
             "MASTER_ADDR/MASTER_PORT are reachable)"
         ) from exc
     return DistContext(rank, world_size, local_rank, local_world_size, dev, backend)
+
+
+def _restart_store(
+    env: Mapping[str, str], addr: str, port: str, world_size: int, timeout: timedelta
+) -> Store | None:
+    """After torchrun restarted the workers in place (TORCHELASTIC_RESTART_COUNT > 0): the
+    agent's store under a key space of this restart's own, or None to use env://.
+
+    The agent's TCPStore lives on across restarts, still holding the previous group's
+    rendezvous keys (the peers' old addresses); a restarted rank that read one of those before
+    its peer re-published connected to a dead port (pytorch/pytorch#167288: "connect returned
+    Connection refused" after a restart). Keys under a prefix per restart cannot be stale."""
+    restarts = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
+    if restarts <= 0 or env_str(env, "TORCHELASTIC_USE_AGENT_STORE") not in ("True", "true", "1"):
+        return None
+    client = TCPStore(
+        addr, int(port), world_size, is_master=False, timeout=timeout, wait_for_workers=False
+    )
+    return PrefixStore(f"tensoryard/restart-{restarts}", client)
 
 
 def shutdown() -> None:

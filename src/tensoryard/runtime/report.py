@@ -52,6 +52,9 @@ class ReporterConfig:
     """Job id (TYARD_JOB_ID); without it the reporter cannot address the server: offline."""
     attempt: int = 1
     """Attempt number, 1-based (TYARD_ATTEMPT)."""
+    launch_attempt: int | None = None
+    """After an in-place restart (torchrun restarted the workers), the attempt the control
+    plane launched (TYARD_LAUNCH_ATTEMPT); this attempt's first report records the restart."""
     run_dir: Path | None = None
     """Per-job directory (TYARD_RUN_DIR); metrics go to run_dir/attempt-N/metrics.jsonl."""
     server_url: str | None = None
@@ -83,6 +86,11 @@ class ReporterConfig:
         config = cls(
             job_id=env_str(env, "TYARD_JOB_ID"),
             attempt=env_int(env, "TYARD_ATTEMPT", 1, minimum=1),
+            launch_attempt=(
+                env_int(env, "TYARD_LAUNCH_ATTEMPT", 1, minimum=1)
+                if env_str(env, "TYARD_LAUNCH_ATTEMPT")
+                else None
+            ),
             run_dir=Path(run_dir) if run_dir else None,
             server_url=env_str(env, "TYARD_SERVER_URL"),
             token=env_str(env, "TYARD_JOB_TOKEN"),
@@ -449,6 +457,8 @@ class Reporter:
             "checkpoints": taken.checkpoints,
             "events": taken.events,
         }
+        if self.config.launch_attempt is not None:
+            body["launch_attempt"] = self.config.launch_attempt
         if taken.resumed is not None:
             body["resumed_from_step"] = taken.resumed[0]
         if taken.timings is not None:

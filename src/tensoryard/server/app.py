@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -109,6 +110,7 @@ def create_app(
     rate_limit_burst: int = 200,
     clock: Callable[[], float] = time.monotonic,
     fits: Callable[[JobSpec], None] = lambda spec: None,
+    restarted: Callable[[JobRecord, str], None] = lambda job, reason: None,
     extra_routes: Callable[[FastAPI, Guard], None] | None = None,
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
@@ -343,8 +345,11 @@ def create_app(
         job_id: JobId, body: ReportIn, caller: Reporter = Depends(guard.reporter)
     ) -> ReportOut:
         """The in-job runtime's report (docs/contracts.md section 2), with the job's token."""
-        _check_report(caller, body)
+        moved = _restarted_in_place(store, job_id, caller, body)
+        _check_report(caller if not moved else replace(caller, attempt=body.attempt), body)
         job = store.get_job(job_id)
+        if moved:
+            restarted(job, "in-place")  # tyard_restarts_total{reason="in-place"}
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
         known = _known_checkpoints(store, job_id, body) if body.checkpoints else set()
@@ -527,6 +532,24 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
         return JSONResponse(status_code=503, content={"message": f"database error: {exc}"})
+
+
+def _restarted_in_place(store: Store, job_id: int, caller: Reporter, body: ReportIn) -> bool:
+    """The first report of workers that torchrun restarted in place (they report as the next
+    attempt, naming their launch): record the restart, which moves the job's token to them.
+    True when this report's attempt is the one now current."""
+    launch = body.launch_attempt
+    if launch is None or body.attempt <= launch:
+        return False
+    if caller.attempt is not None and not launch <= caller.attempt <= body.attempt:
+        return False  # another launch's token: _check_report refuses it
+    if caller.attempt == body.attempt:
+        return False  # recorded already; the token moved with it
+    try:
+        store.restart_in_place(job_id, launch=launch, number=body.attempt)
+    except Conflict as exc:
+        raise Forbidden(f"{exc}; this report is not accepted") from exc
+    return True
 
 
 def _check_report(caller: Reporter, body: ReportIn) -> None:

@@ -1042,7 +1042,17 @@ class Controller:
             env=env,
             placement=dict(job.placement),
             attempt_key=key,
+            in_place_restarts=self._in_place_restarts(job, spec),
         )
+
+    def _in_place_restarts(self, job: JobRecord, spec: JobSpec) -> int:
+        """How many times torchrun may restart this launch's workers itself: restart.in_place,
+        within what is left of max_restarts (each in-place restart counts). Single-node torchrun
+        jobs only: a multi-node gang's agents would have to restart together (not built)."""
+        if spec.launcher != "torchrun" or spec.resources.nodes != 1:
+            return 0
+        left = spec.restart.max_restarts - job.restarts
+        return max(0, min(spec.restart.in_place, left))
 
     def _checkpoint_interval(self, job: JobRecord, spec: JobSpec, number: int) -> int:
         """The spec's interval; with auto_interval, a restart uses the Young/Daly interval

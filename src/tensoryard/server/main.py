@@ -74,6 +74,7 @@ class ControlPlane:
             rate_limit_per_s=self.config.rate_limit_per_s,
             rate_limit_burst=self.config.rate_limit_burst,
             fits=self.fits,
+            restarted=self.controller.metrics.restarted,
             extra_routes=self.serving.mount if self.serving is not None else None,
         )
 

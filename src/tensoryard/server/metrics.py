@@ -44,6 +44,7 @@ RESTART_REASONS = (
     "launch-failed",
     "preempted",
     "node-drained",
+    "in-place",
 )
 
 _PENDING_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
@@ -53,6 +54,8 @@ _CYCLE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0
 def restart_reason(text: str) -> str:
     """The fixed label for why an attempt ended and its job restarts or requeues."""
     lowered = text.lower()
+    if lowered == "in-place":
+        return "in-place"  # torchrun restarted the workers itself (restart.in_place)
     if "preempted" in lowered:
         return "preempted"
     if lowered.startswith("node ") and " drained: " in lowered:

@@ -144,6 +144,9 @@ class AttemptOut(_FromRecord):
     reason: str
     resumed_from_step: int | None
     last_heartbeat: datetime | None
+    launch_attempt: int | None = Field(
+        None, description="Restarted in place by torchrun: the attempt that was launched."
+    )
 
 
 class EventOut(_FromRecord):
@@ -253,6 +256,13 @@ class ReportIn(BaseModel):
     """What the in-job runtime sends (docs/contracts.md section 2)."""
 
     attempt: int = Field(..., ge=1, le=INT32)
+    launch_attempt: int | None = Field(
+        None,
+        ge=1,
+        le=INT32,
+        description="Set by workers that torchrun restarted in place: the attempt the control "
+        "plane launched. Their first report records `attempt` as an in-place restart.",
+    )
     heartbeat_at: UnixTime | None = None
     resumed_from_step: Count | None = None
     metrics: list[MetricIn] = Field(default_factory=list)

@@ -164,6 +164,14 @@ class RestartPolicy(StrictModel):
 
     max_restarts: int = Field(3, ge=0, le=1000)
     backoff: Seconds = Field(2.0, ge=0, le=3600, description="Wait before a restart, like '10s'.")
+    in_place: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Of max_restarts, how many may restart the workers inside the running "
+        "torchrun (same processes' allocation, no new launch, no backoff); single-node torchrun "
+        "jobs on the local executor. Each one counts against max_restarts.",
+    )
 
 
 class HealthSpec(StrictModel):

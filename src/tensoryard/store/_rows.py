@@ -97,6 +97,7 @@ def attempt_record(a: Attempt) -> AttemptRecord:
         checkpoint_save_s=a.checkpoint_save_s,
         checkpoint_restore_s=a.checkpoint_restore_s,
         admitted_at=a.admitted_at,
+        launch_attempt=a.launch_attempt,
     )
 
 

@@ -195,6 +195,9 @@ class Attempt(Base):
     """Seconds checkpoint saves blocked training in this attempt (reported by the runtime)."""
     checkpoint_restore_s: Mapped[float | None] = mapped_column(Float)
     """Seconds the attempt spent loading its checkpoint before the first step."""
+    launch_attempt: Mapped[int | None] = mapped_column(Integer)
+    """Restarted in place (0014): the attempt whose launch (torchrun) restarted its workers
+    into this one; same handle and key. None: launched by the control plane."""
 
 
 class Event(Base):

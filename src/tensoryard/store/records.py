@@ -102,6 +102,7 @@ class AttemptRecord:
     checkpoint_save_s: float | None = None
     checkpoint_restore_s: float | None = None
     admitted_at: datetime | None = None  # Kueue's admission; None: admitted at launch
+    launch_attempt: int | None = None  # restarted in place from this launch; None: launched
 
 
 @dataclass(frozen=True)

@@ -596,6 +596,81 @@ class Store(
             if att.last_heartbeat is None or att.last_heartbeat < ts:
                 att.last_heartbeat = ts
 
+    def restart_in_place(
+        self, job_id: int, *, launch: int, number: int, reason: str = ""
+    ) -> AttemptRecord:
+        """Record that the launcher restarted attempt ``launch``'s workers in place, now
+        running as attempt ``number`` (one transaction).
+
+        Every attempt from the job's current one up to ``number - 1`` ends ``failed`` (keeping
+        a reason already recorded, else ``reason``) and adds its run time; each new one is
+        ``running`` with the launch's handle and key, ``launch_attempt=launch``; the job's
+        ``restarts`` grows by as many and its token moves to ``number``. Idempotent: a
+        ``number`` already recorded from this launch returns that attempt. Conflict when the
+        job is not running this launch any more (the report is stale).
+        """
+        with self._tx(f"record in-place restart {number} of job {job_id}", write=True) as s:
+            job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            if number <= job.attempts:
+                done = s.get(Attempt, (job_id, number))
+                if done is not None and (done.launch_attempt or done.number) == launch:
+                    return _rows.attempt_record(done)
+                raise Conflict(
+                    f"job {job_id} has attempt {number} already, not restarted in place from "
+                    f"attempt {launch} (a stale report)"
+                )
+            current = _get(s, Attempt, (job_id, job.attempts), f"attempt {job.attempts}")
+            state = JobState(job.state)
+            if (
+                state not in (JobState.STARTING, JobState.RUNNING)
+                or current.finished_at is not None
+                or (current.launch_attempt or current.number) != launch
+            ):
+                raise Conflict(
+                    f"job {job_id} is {state} at attempt {job.attempts}; attempt {launch}'s "
+                    f"workers cannot continue as attempt {number} (a stale report)"
+                )
+            now = self._now()
+            why = reason or "a worker failed; torchrun restarted the workers in place"
+            for n in range(job.attempts + 1, number + 1):
+                current.state = "failed"
+                current.reason = current.reason or why
+                current.finished_at = now
+                if current.running_at is not None:
+                    ran = (now - current.running_at).total_seconds()
+                    job.run_time_s = (job.run_time_s or 0.0) + max(ran, 0.0)
+                nxt = Attempt(
+                    job_id=job_id,
+                    number=n,
+                    state="running",
+                    handle=dict(current.handle),
+                    started_at=now,
+                    running_at=now,
+                    reason="",
+                    attempt_key=current.attempt_key,
+                    launch_attempt=launch,
+                )
+                s.add(nxt)
+                self._event(
+                    s,
+                    job_id,
+                    "restart",
+                    f"attempt {current.number} failed ({current.reason}); restarted in place as "
+                    f"attempt {n} (same allocation, no new launch)",
+                    attempt=n,
+                )
+                current = nxt
+            job.restarts += number - job.attempts
+            job.attempts = number
+            if state is JobState.STARTING:
+                _apply_state(job, state, JobState.RUNNING, now)
+            job.updated_at = job.changed_at = now
+            token = s.get(JobToken, job_id)
+            if token is not None and token.attempt is not None and token.attempt < number:
+                token.attempt = number
+            s.flush()
+            return _rows.attempt_record(current)
+
     # -- the attempt life cycle (each step one transaction with the job's move) ------------
 
     def begin_attempt(

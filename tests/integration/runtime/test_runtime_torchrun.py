@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from tensoryard.executors.local.plan import RANK_WRAPPER
 from tensoryard.runtime.goodput import StepTime, compute_goodput
 from tensoryard.runtime.testing import RecordingReportServer
 
@@ -48,7 +49,13 @@ class Attempt:
     rows: list[dict[str, Any]]
 
 
-def launch(root: Path, attempt: int, *extra: str, server_url: str | None = None) -> Attempt:
+def launch(
+    root: Path,
+    attempt: int,
+    *extra: str,
+    server_url: str | None = None,
+    in_place: int = 0,
+) -> Attempt:
     env = {
         **os.environ,
         "TYARD_JOB_ID": "1",
@@ -63,7 +70,11 @@ def launch(root: Path, attempt: int, *extra: str, server_url: str | None = None)
     if server_url:
         env["TYARD_SERVER_URL"] = server_url
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node=2", str(TRAIN), *TINY, *extra]
+    command += ["--nproc-per-node=2"]
+    if in_place:  # as the local executor launches it: through the rank wrapper
+        (root / "attempt-dir").mkdir(exist_ok=True)
+        command += [f"--max-restarts={in_place}", str(RANK_WRAPPER), str(root / "attempt-dir")]
+    command += [str(TRAIN), *TINY, *extra]
     proc = subprocess.run(
         command, env=env, cwd=root, capture_output=True, text=True, timeout=240, check=False
     )
@@ -145,6 +156,31 @@ def test_goodput_counts_the_steps_recomputed_after_the_restart(interrupted: Inte
     result = compute_goodput(rows, {1: None, 2: last_checkpoint}, wall_s=1000.0)
     assert result.steps_lost == FAIL_AT - 1 - last_checkpoint
     assert result.steps_kept == STEPS
+
+
+def test_workers_restarted_in_place_report_as_the_next_attempt_and_resume_exactly(
+    uninterrupted: Attempt, tmp_path: Path
+) -> None:
+    # One torchrun, --max-restarts=1: rank 1 is killed at step 13 and torchrun restarts both
+    # workers itself; they run as attempt 2 of launch 1 and resume from step 10's checkpoint.
+    fail = [f"--fail-at-step={FAIL_AT}", "--fail-rank=1"]
+    with RecordingReportServer() as server:
+        run = launch(tmp_path, 1, *fail, server_url=server.url, in_place=1)
+    assert run.returncode == 0, run.output[-3000:]
+    last_checkpoint = (FAIL_AT - 1) // INTERVAL * INTERVAL
+    second = tmp_path / "run" / "attempt-2" / "metrics.jsonl"
+    rows = [json.loads(line) for line in second.read_text().splitlines()]
+    assert [r["step"] for r in run.rows] == list(range(1, FAIL_AT))
+    assert [r["step"] for r in rows] == list(range(last_checkpoint + 1, STEPS + 1))
+    reference = losses(uninterrupted.rows)
+    for step, loss in {**losses(run.rows), **losses(rows)}.items():
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=1e-7), f"step {step}"
+    bodies = [request.body for request in server.requests]
+    assert {(b["attempt"], b.get("launch_attempt")) for b in bodies} == {(1, None), (2, 1)}
+    resumed = {(b["attempt"], b["resumed_from_step"]) for b in bodies if "resumed_from_step" in b}
+    assert resumed == {(1, None), (2, last_checkpoint)}
+    log = (tmp_path / "attempt-dir" / "rank-0.log").read_text()
+    assert "workers restarted in place by torchrun (restart 1): rank 0 runs as attempt 2" in log
 
 
 def test_the_loss_falls_clearly_over_a_short_run(uninterrupted: Attempt) -> None:

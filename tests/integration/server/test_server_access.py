@@ -19,6 +19,7 @@ from tensoryard.server.app import PUBLIC_PATHS
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
 from tensoryard.spec.job import JobSpec
+from tensoryard.spec.states import JobState
 
 GOOD = {"name": "tiny", "command": ["train.py"], "launcher": "python"}
 
@@ -292,6 +293,63 @@ def test_a_job_token_reports_only_for_its_own_attempt(world: World) -> None:
     assert other.status_code == 403
     assert "issued for attempt 1" in other.json()["message"]
     assert _report(world, world.jobs["vision"], token).status_code == 401
+
+
+def _running(world: World, team: str = "nlp") -> tuple[int, str]:
+    """The team's job with attempt 1 running and its token issued for it."""
+    store, job = world.plane.store, world.jobs[team]
+    store.transition(job, JobState.ADMITTED, reason="admitted")
+    handle = {"executor": "local", "key": "k"}
+    store.begin_attempt(
+        job, expected=JobState.ADMITTED, number=1, attempt_key="k", handle=handle, reason="go"
+    )
+    store.mark_launched(job, 1, handle)
+    token = store.issue_job_token(job, attempt=1)
+    store.mark_running(job, 1, "running")
+    return job, token
+
+
+def test_workers_restarted_in_place_report_as_the_next_attempt_with_the_launchs_token(
+    world: World,
+) -> None:
+    job, token = _running(world)
+    store, registry = world.plane.store, world.plane.registry
+    labels = {"team": "nlp", "reason": "in-place"}
+    before = registry.get_sample_value("tyard_restarts_total", labels) or 0.0
+    restarted = {"attempt": 2, "launch_attempt": 1, "resumed_from_step": 40}
+    first = _report(world, job, token, **restarted, metrics=[{"step": 41, "ts": 1.0}])
+    assert first.status_code == 200, first.text
+    assert _report(world, job, token, **restarted).status_code == 200  # rank 1: same restart
+    attempts = store.list_attempts(job)
+    assert [(a.number, a.state, a.launch_attempt) for a in attempts] == [
+        (1, "failed", None),
+        (2, "running", 1),
+    ]
+    assert attempts[1].resumed_from_step == 40
+    assert [m.step for m in store.list_metrics(job, attempt=2)] == [41]
+    assert (store.get_job(job).restarts, store.get_job(job).attempts) == (1, 2)
+    assert registry.get_sample_value("tyard_restarts_total", labels) == before + 1
+    listed = world.as_("member").get(f"/api/v1/jobs/{job}/attempts").json()
+    assert [a["launch_attempt"] for a in listed] == [None, 1]
+    # The old group's last words arrive late: its attempt is over, the token moved on.
+    stale = _report(world, job, token, attempt=1)
+    assert stale.status_code == 403 and "issued for attempt 2" in stale.json()["message"]
+
+
+def test_an_in_place_report_for_a_launch_that_ended_is_refused_and_changes_nothing(
+    world: World,
+) -> None:
+    job, token = _running(world)
+    store = world.plane.store
+    store.finish_attempt(
+        job, 1, state="failed", reason="x", job_to=JobState.RESTARTING, job_reason="x"
+    )
+    late = _report(world, job, token, attempt=2, launch_attempt=1)
+    assert late.status_code == 403 and "stale" in late.json()["message"]
+    assert [a.number for a in store.list_attempts(job)] == [1]
+    # and a launch number that is not the token's is no way around the attempt binding
+    other = _report(world, job, token, attempt=3, launch_attempt=2)
+    assert other.status_code == 403 and "issued for attempt 1" in other.json()["message"]
 
 
 @pytest.mark.parametrize("kind", ["state", "cancel", "submitted", "preempt", "x" * 32])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,35 @@ def test_a_torchrun_job_runs_every_rank_through_the_rank_wrapper(tmp_path: Path)
         "0.1",
     ]
     assert plan.world_size == 2 and plan.cwd == str(tmp_path.resolve())
+
+
+def test_granted_in_place_restarts_become_torchruns_max_restarts(tmp_path: Path) -> None:
+    req = dataclasses.replace(request(tmp_path), in_place_restarts=2)
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    argv = build_plan(req, layout, python="/py", attempt_key="k", base_env={}).argv
+    assert argv[argv.index("--max-restarts") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    ("env", "attempt", "launch"),
+    [
+        ({"TYARD_ATTEMPT": "2"}, "2", None),  # torchrun without restarts
+        ({"TYARD_ATTEMPT": "2", "TORCHELASTIC_RESTART_COUNT": "0"}, "2", None),
+        ({"TYARD_ATTEMPT": "2", "TORCHELASTIC_RESTART_COUNT": "1"}, "3", "2"),
+        ({"TYARD_ATTEMPT": "5", "TORCHELASTIC_RESTART_COUNT": "3"}, "8", "5"),
+        ({"TYARD_ATTEMPT": "x", "TORCHELASTIC_RESTART_COUNT": "1"}, "x", None),  # left alone
+        ({"TORCHELASTIC_RESTART_COUNT": "1"}, None, None),  # not a tensoryard job
+    ],
+)
+def test_the_rank_wrapper_numbers_restarted_workers_as_the_next_attempts(
+    env: dict[str, str], attempt: str | None, launch: str | None
+) -> None:
+    spec = importlib.util.spec_from_file_location("tyard_rank_wrapper", RANK_WRAPPER)
+    assert spec is not None and spec.loader is not None
+    wrapper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrapper)
+    child = wrapper._child_env(dict(env))
+    assert (child.get("TYARD_ATTEMPT"), child.get("TYARD_LAUNCH_ATTEMPT")) == (attempt, launch)
 
 
 def test_a_python_job_runs_the_script_under_the_given_interpreter(tmp_path: Path) -> None:

@@ -449,3 +449,34 @@ def test_a_restart_gets_the_young_daly_checkpoint_interval_only_when_asked(
     expected = str(advice.interval_steps) if auto else "100"
     assert world.executor.requests[-1].env["TYARD_CHECKPOINT_INTERVAL"] == expected
     assert advice.interval_steps != 100  # the advice differs, so the test tells them apart
+
+
+def test_in_place_restarts_are_granted_within_the_restart_budget_and_counted_against_it(
+    world: World,
+) -> None:
+    job_id = world.submit(
+        launcher="torchrun",
+        resources={"processes_per_node": 2},
+        restart={"max_restarts": 3, "in_place": 2, "backoff": "0s"},
+    )
+    world.cycle(2)
+    assert world.executor.requests[-1].in_place_restarts == 2
+    key = world.key(job_id)
+    # torchrun restarted the workers twice; their first reports recorded attempts 2 and 3
+    world.store.restart_in_place(job_id, launch=1, number=2)
+    world.store.restart_in_place(job_id, launch=1, number=3)
+    world.cycle(advance=1)
+    assert world.state(job_id) is JobState.RUNNING  # the same launch, polled by its handle
+    assert world.store.get_attempt(job_id, 3).attempt_key == key
+    # then the launch failed for good (torchrun's budget spent): one control-plane restart left
+    world.executor.finish(key, AttemptPhase.FAILED, "rank 1 exited with code 1")
+    world.cycle(4, advance=1)
+    job = world.store.get_job(job_id)
+    assert (job.attempts, job.restarts) == (4, 3)
+    assert world.store.get_attempt(job_id, 3).state == "failed"
+    assert world.executor.requests[-1].attempt == 4
+    assert world.executor.requests[-1].in_place_restarts == 0  # nothing left to grant
+    # a python launcher (no torchrun agent to restart workers) never gets any
+    other = world.submit("plain", restart={"max_restarts": 3, "in_place": 2})
+    world.cycle(2, advance=1)
+    assert [r.in_place_restarts for r in world.executor.requests if r.job_id == str(other)] == [0]

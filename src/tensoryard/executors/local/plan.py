@@ -184,7 +184,9 @@ def build_plan(
             "--nnodes", "1",
             "--nproc-per-node", str(spec.resources.procs),
             "--standalone",
-            "--max-restarts", "0",  # restarts belong to the control plane (from checkpoints)
+            # Restarts belong to the control plane (from checkpoints), except the in-place ones
+            # it granted this launch: each restarted group reports as the next attempt.
+            "--max-restarts", str(max(0, request.in_place_restarts)),
             "--log-dir", str(layout.torchrun_dir),
             str(RANK_WRAPPER), str(layout.dir),
             *spec.command,

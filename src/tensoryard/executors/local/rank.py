@@ -8,6 +8,11 @@ The wrapper and its child share a process group; torchrun and the shim signal wh
 so the wrapper does not forward signals (the child already got them), it only notes when a
 SIGTERM arrived: a rank told to stop after another rank failed was stopped, not failed.
 
+When torchrun restarts the workers in place (``--max-restarts``, granted by the control
+plane), TORCHELASTIC_RESTART_COUNT is k > 0: the child then runs as attempt launch + k
+(TYARD_ATTEMPT, with TYARD_LAUNCH_ATTEMPT the launch's number), so what it reports lands on a
+new attempt of the job, and its log gets a line that marks the restart.
+
 Standard library only and run by file path, so it works whatever the job's environment is.
 """
 
@@ -81,6 +86,18 @@ def _end_like(code: int) -> None:
     os._exit(code)
 
 
+def _child_env(env: dict[str, str]) -> dict[str, str]:
+    """The child's environment: numbered as the next attempt after an in-place restart."""
+    try:
+        restarts = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        launch = int(env.get("TYARD_ATTEMPT") or 0)
+    except ValueError:
+        return env
+    if restarts <= 0 or launch <= 0:
+        return env
+    return {**env, "TYARD_ATTEMPT": str(launch + restarts), "TYARD_LAUNCH_ATTEMPT": str(launch)}
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         print("usage: rank.py ATTEMPT_DIR COMMAND [ARGS...]", file=sys.stderr)
@@ -90,8 +107,16 @@ def main(argv: list[str]) -> None:
     _redirect_output(attempt_dir / f"rank-{rank}.log")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _note_signal)
+    env = _child_env(dict(os.environ))
+    if "TYARD_LAUNCH_ATTEMPT" in env:
+        print(
+            f"tensoryard: workers restarted in place by torchrun "
+            f"(restart {env.get('TORCHELASTIC_RESTART_COUNT')}): rank {rank} runs as attempt "
+            f"{env['TYARD_ATTEMPT']}",
+            flush=True,
+        )
     try:
-        child = subprocess.Popen([sys.executable, *command])
+        child = subprocess.Popen([sys.executable, *command], env=env)
     except OSError as exc:
         print(f"tensoryard: cannot start rank {rank}: {exc}", file=sys.stderr, flush=True)
         code = 127
