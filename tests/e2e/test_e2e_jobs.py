@@ -4,7 +4,10 @@ tiny GPT example trained with DDP (gloo, 2 processes) on the CPU."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import psutil
 import pytest
 import yaml
 
+from tensoryard.agent.chaos import find_rank
 from tests.e2e.conftest import REPO, ServerProcess, tyard, wait_for
 
 EXAMPLE = REPO / "examples" / "tiny_gpt"
@@ -257,4 +261,43 @@ def test_a_killed_rank_is_restarted_in_place_without_a_new_launch(
     assert "2 (in place, launch 1)" in human.stdout
     logs = tyard("logs", str(job_id), "--rank", "0", "--attempt", "1", env=env)
     assert "restarted in place by torchrun (restart 1)" in logs.stdout
+    assert not processes_of(control_plane.home)
+
+
+def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
+    control_plane: ServerProcess, tmp_path: Path
+) -> None:
+    control_plane.start()
+    env = env_for(control_plane)
+    spec = tiny_job(
+        tmp_path,
+        "--steps", "60",
+        restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
+        health={"min_stall": "8s", "stall_factor": 10},
+    )  # fmt: skip
+    submitted = tyard("submit", str(spec), "--json", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+    client = control_plane.client()
+    run_dir = client.job(job_id)["run_dir"]
+    deadline = time.monotonic() + 120
+    while not any(m["step"] >= 12 for m in client.metrics(job_id)):
+        assert time.monotonic() < deadline, client.events(job_id)
+        time.sleep(0.3)
+    pid = find_rank(run_dir, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # rank 1 hangs; rank 0 waits for it in the all-reduce
+    stopped_at = time.time()
+
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    first, second = client.attempts(job_id)
+    assert first["state"] == "failed" and first["reason"].startswith("hung: no step for")
+    assert (second["state"], second["launch_attempt"]) == ("succeeded", 1)
+    messages = [(e["ts"], e["message"]) for e in client.events(job_id)]
+    killed = [ts for ts, m in messages if "for torchrun to restart them in place" in m]
+    assert len(killed) == 1
+    detected_after = datetime.fromisoformat(killed[0]).timestamp() - stopped_at
+    assert detected_after < 60  # the issue's bound for detecting a hang
+    assert sum("-> STARTING" in m for _, m in messages) == 1  # no new launch
     assert not processes_of(control_plane.home)

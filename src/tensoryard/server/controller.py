@@ -72,6 +72,9 @@ NodeSync = Callable[[Mapping[str, NodeRecord]], object]
 _CHANGE_OVERLAP = timedelta(seconds=5)  # commits may land a little after their changed_at
 _FAILURES_BEFORE_QUARANTINE = 3
 _HEALTH_CHECK_EVERY_S = 5.0
+# After killing a hung attempt's workers for an in-place restart: how long the restarted
+# workers have to report before the attempt is stopped the ordinary way.
+_IN_PLACE_WAIT_S = 120.0
 _STATE_SAVE_EVERY_S = 30.0
 _ETA_SLACK_S = 60.0
 _FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a change was missed
@@ -175,6 +178,8 @@ class _Memory:
     # starting timeout counts from there (absent: not polled since this process started).
     queued_seen: dict[tuple[int, int], float] = field(default_factory=dict)
     admitted_noted: set[tuple[int, int]] = field(default_factory=set)  # admitted_at written
+    # A hung attempt whose workers were killed for torchrun to restart them in place: when.
+    in_place_kills: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 class Controller:
@@ -597,6 +602,9 @@ class Controller:
         if now - self._mem.health_checked.get(key, 0.0) < _HEALTH_CHECK_EVERY_S:
             return
         self._mem.health_checked[key] = now
+        killed_at = self._mem.in_place_kills.get(key)
+        if killed_at is not None and now - killed_at < _IN_PLACE_WAIT_S:
+            return  # its workers are being restarted in place; they report as a new attempt
         health = spec.health
         why = ""
         beat_limit = health.heartbeat_timeout or self.config.heartbeat_timeout_s
@@ -622,10 +630,54 @@ class Controller:
                 self._mem.warned.add((job.id, attempt.number, why[:20]))
                 self.store.add_event(job.id, "warning", why, attempt=attempt.number)
             return
+        if self._restart_hung_in_place(job, attempt, spec, why, now):
+            return
         # A hung gang cannot checkpoint (its ranks wait in a collective): the short hang grace,
         # not the cancel grace, before SIGKILL; the restart resumes from the last checkpoint.
         grace = min(health.hang_grace, self.config.cancel_grace_s)
         self._stop_attempt(job, attempt, why, f"{why}; restarting", grace)
+
+    def _in_place_left(self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec) -> int:
+        """In-place restarts still granted to this attempt's launch. Its in-place attempts
+        are numbered right after it, so it has used ``number - launch`` of them."""
+        launch = attempt.launch_attempt or attempt.number
+        used = attempt.number - launch
+        if spec.launcher != "torchrun" or spec.resources.nodes != 1:
+            return 0
+        granted = min(spec.restart.in_place, spec.restart.max_restarts - (job.restarts - used))
+        return max(0, granted - used)
+
+    def _restart_hung_in_place(
+        self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec, why: str, now: float
+    ) -> bool:
+        """Kill a hung attempt's workers (not its launcher) when its launch has in-place
+        restarts left: torchrun starts them again from the last checkpoint on the same
+        allocation, much sooner than a new launch. False: stop it the ordinary way."""
+        key = (job.id, attempt.number)
+        restart = getattr(self.executor, "restart_workers", None)
+        if restart is None or key in self._mem.in_place_kills:
+            return False
+        if self._in_place_left(job, attempt, spec) <= 0:
+            return False
+        self._mem.in_place_kills[key] = now
+        self.store.update_attempt(job.id, attempt.number, reason=why)  # the reason, first
+        try:
+            killed = int(restart(attempt.handle))
+        except TensoryardError as exc:
+            self.store.add_event(
+                job.id, "error", f"in-place restart failed: {exc}", attempt=attempt.number
+            )
+            return False
+        if killed == 0:
+            return False  # no worker to kill: the launcher itself is stuck
+        self.store.add_event(
+            job.id,
+            "restart",
+            f"{why}; killed its {killed} worker(s) for torchrun to restart them in place "
+            "from the last checkpoint",
+            attempt=attempt.number,
+        )
+        return True
 
     def _apply_status(self, job: JobRecord, attempt: AttemptRecord, status: AttemptStatus) -> None:
         key = (job.id, attempt.number)
@@ -680,6 +732,7 @@ class Controller:
         self._mem.starting_reason.pop((job.id, attempt.number), None)
         self._mem.queued_seen.pop((job.id, attempt.number), None)
         self._mem.admitted_noted.discard((job.id, attempt.number))
+        self._mem.in_place_kills.pop((job.id, attempt.number), None)
         if to in (JobState.RESTARTING, JobState.PENDING):
             self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))

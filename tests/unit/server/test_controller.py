@@ -51,6 +51,7 @@ class ScriptedExecutor:
     fail_launch: bool = False
     seen_intent: list[str] = field(default_factory=list)
     requests: list[LaunchRequest] = field(default_factory=list)
+    worker_restarts: list[str] = field(default_factory=list)
 
     def prepare(self, request: LaunchRequest) -> dict[str, Any]:
         return {"key": request.attempt_key}
@@ -82,6 +83,10 @@ class ScriptedExecutor:
     def terminate(self, handle: dict[str, Any]) -> int:
         self.terminated.append(handle["key"])
         return 1
+
+    def restart_workers(self, handle: dict[str, Any]) -> int:
+        self.worker_restarts.append(handle["key"])
+        return 2
 
     def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
         return {}
@@ -480,3 +485,45 @@ def test_in_place_restarts_are_granted_within_the_restart_budget_and_counted_aga
     other = world.submit("plain", restart={"max_restarts": 3, "in_place": 2})
     world.cycle(2, advance=1)
     assert [r.in_place_restarts for r in world.executor.requests if r.job_id == str(other)] == [0]
+
+
+def test_a_hung_attempt_with_in_place_restarts_left_gets_its_workers_restarted_in_place(
+    world: World,
+) -> None:
+    job_id = world.submit(
+        launcher="torchrun",
+        health={"heartbeat_timeout": "50s"},
+        restart={"max_restarts": 3, "in_place": 1},
+    )
+    world.cycle(2)
+    key = world.key(job_id)
+    world.store.heartbeat(job_id, 1, world.clock.dt())
+    world.cycle(advance=51)
+    # killed for torchrun to restart (not cancelled: the launch and its allocation stay)
+    assert (world.executor.worker_restarts, world.executor.cancels) == ([key], [])
+    assert world.store.get_attempt(job_id, 1).reason.startswith("hung: no heartbeat for")
+    events = [e.message for e in world.store.list_events(job_id) if e.kind == "restart"]
+    assert len(events) == 1 and "killed its 2 worker(s) for torchrun" in events[0]
+    world.cycle(3, advance=30)  # the restarted workers have not reported yet: wait
+    assert (world.executor.worker_restarts, world.executor.cancels) == ([key], [])
+    world.store.restart_in_place(job_id, launch=1, number=2)  # their first report
+    world.store.heartbeat(job_id, 2, world.clock.dt())
+    world.cycle(advance=51)  # hung again, and the launch's one in-place restart is spent
+    assert world.executor.worker_restarts == [key]
+    assert world.executor.cancels == [(key, 2.0)]  # the ordinary stop, then a new launch
+    assert world.store.get_attempt(job_id, 2).reason.startswith("hung: no heartbeat for")
+
+
+def test_restarted_workers_that_never_report_are_stopped_the_ordinary_way(world: World) -> None:
+    job_id = world.submit(
+        launcher="torchrun",
+        health={"heartbeat_timeout": "50s"},
+        restart={"max_restarts": 3, "in_place": 2},
+    )
+    world.cycle(2)
+    world.store.heartbeat(job_id, 1, world.clock.dt())
+    world.cycle(advance=51)
+    assert len(world.executor.worker_restarts) == 1
+    world.cycle(advance=121)  # _IN_PLACE_WAIT_S passed without a report from them
+    assert len(world.executor.worker_restarts) == 1  # not a second time for this attempt
+    assert world.executor.cancels == [(world.key(job_id), 2.0)]

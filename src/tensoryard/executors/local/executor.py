@@ -32,6 +32,7 @@ from tensoryard.executors.local.layout import AttemptLayout, read_json, write_js
 from tensoryard.executors.local.outcome import ExitRecord, attempt_status
 from tensoryard.executors.local.plan import (
     DEFAULT_ENV_ALLOW,
+    RANK_WRAPPER,
     allowed_env,
     build_plan,
     python_path_with,
@@ -186,6 +187,27 @@ class LocalExecutor:
     def terminate(self, handle: dict[str, Any]) -> int:
         """Kill every process carrying the attempt's key, now; how many were running."""
         return kill_all(marked_processes(LocalHandle.from_dict(handle).attempt_key))
+
+    def restart_workers(self, handle: dict[str, Any]) -> int:
+        """SIGKILL the attempt's rank workers (each rank wrapper's process group: the wrapper
+        and the training process), leaving torchrun and the shim running: torchrun sees failed
+        workers and, with restarts left (``--max-restarts``), starts them again. Returns how
+        many rank wrappers were killed (0: none found, e.g. a python-launcher job)."""
+        h = LocalHandle.from_dict(handle)
+        wrappers = [p for p in marked_processes(h.attempt_key) if _is_rank_wrapper(p)]
+        groups: set[int] = set()
+        for proc in wrappers:
+            try:
+                group = os.getpgid(proc.pid)
+                parent_group = os.getpgid(proc.ppid())
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+            if group in (parent_group, os.getpgrp()) or group in groups:
+                continue  # never the launcher's own group (or ours)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+                groups.add(group)
+        return len(groups)
 
     def _handle(
         self, request: LaunchRequest, layout: AttemptLayout, key: str, *, pid: int, started: float
@@ -385,6 +407,16 @@ class LocalExecutor:
                     os.kill(h.shim_pid, signal.SIGTERM)
         elif not layout.exit.exists():
             kill_all(marked_processes(h.attempt_key))  # nobody supervises them any more
+
+
+def _is_rank_wrapper(proc: psutil.Process) -> bool:
+    """A process running RANK_WRAPPER: the first argument after the interpreter's options."""
+    try:
+        args = proc.cmdline()[1:]
+    except (psutil.Error, OSError):
+        return False
+    first = next((a for a in args if not a.startswith("-")), None)
+    return first == str(RANK_WRAPPER)
 
 
 def shim_processes(attempt_dir: Path) -> list[psutil.Process]:
