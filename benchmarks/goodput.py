@@ -7,8 +7,11 @@ seconds in three arms, one after the other in this process:
 - tensoryard:   the same job, with rank 1 killed every `--kill-every` seconds (from
                 `--first-kill`, for the whole arm but the 10 s before and the minute after
                 the hang) and rank 1 SIGSTOPped once at `--hang-at` (a hang); async
-                checkpoints; restarts on the held allocation (RESTARTING, no queue), hang
-                detection by the control plane (`health.min_stall`);
+                checkpoints; the first `--in-place` restarts of each launch inside its
+                torchrun (restart.in_place: the workers restart, the launch stays; a hang's
+                workers are killed for it), then restarts on the held allocation
+                (RESTARTING, no queue); hang detection by the control plane
+                (`health.min_stall`);
 - torchrun:     the same script under plain `torchrun --max-restarts`, the same checkpoint
                 interval (synchronous saves, the runtime's default), the same fault schedule
                 (faults by `tensoryard.agent.chaos`, the code behind `tyard chaos`).
@@ -70,6 +73,7 @@ class Plan:
     kills: list[float]  # seconds after launch
     hang_at: float | None
     interval: int  # checkpoint interval, steps
+    in_place: int = 0  # restart.in_place of the tensoryard arms
 
 
 @dataclass
@@ -192,6 +196,7 @@ def tensoryard_arm(name: str, work: Path, plan: Plan, faults: bool) -> Arm:
         spec.checkpoint.async_save = True
         spec.restart.max_restarts = 100
         spec.restart.backoff = 0.0
+        spec.restart.in_place = plan.in_place
         spec.health.min_stall = 10.0
         spec.health.stall_factor = 10.0
         spec.max_runtime = plan.duration * 4
@@ -381,7 +386,8 @@ def results_line(report: dict[str, Any]) -> tuple[str, str]:
     )
     text = (
         f"{plan['duration']:.0f}s per arm, kills at {plan['kills']}s, hang at {plan['hang_at']}s, "
-        f"checkpoint every {plan['interval']} steps: goodput tensoryard {ty['goodput']:.1%} vs "
+        f"checkpoint every {plan['interval']} steps, {plan.get('in_place', 0)} in-place "
+        f"restart(s) per launch: goodput tensoryard {ty['goodput']:.1%} vs "
         f"failure-free {free['goodput']:.1%} ({vs_free:.2f}x) vs torchrun --max-restarts "
         f"{tr['goodput']:.1%} ({vs_torchrun:.2f}x); recovery after kill (s) tensoryard "
         f"{fmt_recoveries(ty)} vs torchrun {fmt_recoveries(tr)}; hang detected after "
@@ -411,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-kill", type=float, default=50.0)
     parser.add_argument("--hang-at", type=float, default=190.0, help="negative: no hang")
     parser.add_argument("--interval", type=int, default=60, help="checkpoint interval, steps")
+    parser.add_argument(
+        "--in-place",
+        type=int,
+        default=3,
+        help="restart.in_place of the tensoryard arms: worker restarts inside torchrun per "
+        "launch before the control plane relaunches (0: every restart is a new launch)",
+    )
     parser.add_argument("--stall-repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
     parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
@@ -423,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         if hang_at is None or not hang_at - 10 <= at <= hang_at + HANG_QUIET_S:
             kills.append(at)
         at += args.kill_every
-    plan = Plan(args.duration, kills, hang_at, args.interval)
+    plan = Plan(args.duration, kills, hang_at, args.interval, max(0, args.in_place))
     report: dict[str, Any] = {"plan": plan.__dict__, "arms": {}}
     with tempfile.TemporaryDirectory(prefix="tyard-goodput-") as tmp:
         work = Path(tmp)

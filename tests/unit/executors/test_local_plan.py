@@ -227,3 +227,36 @@ def test_rank_logs_are_found_by_name(tmp_path: Path) -> None:
     for name in ("rank-0.log", "rank-12.log", "rank-1.exit.json", "launcher.log"):
         (tmp_path / name).write_text("")
     assert layout.existing_rank_logs() == {0, 12}
+
+
+def _rank_wrapper() -> Any:
+    spec = importlib.util.spec_from_file_location("tyard_rank_wrapper_wd", RANK_WRAPPER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Composed from the message pieces in torch 2.13.0's libtorch_cuda.so ("Watchdog caught
+# collective operation timeout: ", " ran for ", "ProcessGroupNCCL dumping nccl trace to ");
+# not recorded from a GPU run (no GPU here).
+WATCHDOG_LOG = """step 41 loss 2.3
+[rank1]:[E1203 10:00:00.000000 42 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.
+[rank1]:[E1203 10:00:00.100000 42 ProcessGroupNCCL.cpp:1661] [PG ID 0 PG GUID 0(default_pg) Rank 1] ProcessGroupNCCL dumping nccl trace to /runs/7/nccl_trace_rank_1
+"""  # noqa: E501
+
+
+def test_the_rank_wrapper_names_an_nccl_watchdog_timeout_and_its_trace(tmp_path: Path) -> None:
+    wrapper = _rank_wrapper()
+    log = tmp_path / "rank-1.log"
+    log.write_text(WATCHDOG_LOG)
+    message = wrapper._watchdog_message(log)
+    assert message.startswith("NCCL watchdog: collective operation timeout: WorkNCCL(SeqNum=812")
+    assert "ran for 600042 milliseconds" in message
+    assert message.endswith("(flight recorder trace: /runs/7/nccl_trace_rank_1)")
+    record = wrapper._record(-6, log)  # the watchdog aborts the process (SIGABRT)
+    assert record["error"] == message
+    log.write_text("Traceback ...\nValueError: boom\n")
+    assert wrapper._watchdog_message(log) == "" and wrapper._record(1, log)["error"] == ""
+    assert wrapper._watchdog_message(tmp_path / "missing.log") == ""
+    assert wrapper._record(0, log)["error"] == ""

@@ -57,20 +57,52 @@ def _error_message() -> str:
     return str(text).strip().splitlines()[0][:300] if text else ""
 
 
+_WATCHDOG = "Watchdog caught collective operation timeout:"
+_TRACE_DUMP = "dumping nccl trace to "
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+def _watchdog_message(log: Path) -> str:
+    """ProcessGroupNCCL's watchdog verdict from the end of the rank's log, if it timed a
+    collective out ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=.., OpType=
+    ALLREDUCE, ..) ran for 600012 milliseconds before timing out."), with the path of the flight
+    recorder's trace when it dumped one ("ProcessGroupNCCL dumping nccl trace to PATH")."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - _LOG_TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    verdict, dump = "", ""
+    for line in tail.splitlines():
+        if _WATCHDOG in line:
+            verdict = "NCCL watchdog: collective operation timeout: "
+            verdict += line.split(_WATCHDOG, 1)[1].strip()
+        elif _TRACE_DUMP in line:
+            dump = line.split(_TRACE_DUMP, 1)[1].strip()
+    if not verdict:
+        return ""
+    verdict = verdict[:300]
+    return f"{verdict} (flight recorder trace: {dump})" if dump else verdict
+
+
 def _write_record(path: Path, record: dict[str, object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def _record(code: int) -> dict[str, object]:
+def _record(code: int, log: Path | None = None) -> dict[str, object]:
     # Entering a function runs pending Python signal handlers first, so a SIGTERM that
     # reached the group together with the child is noted before it is read here.
+    error = ""
+    if code != 0:
+        error = _error_message() or (_watchdog_message(log) if log is not None else "")
     return {
         "exit_code": code,
         "ended_at": time.time(),
         "sigterm_at": _sigterm_at,
-        "error": _error_message() if code != 0 else "",
+        "error": error,
     }
 
 
@@ -104,7 +136,8 @@ def main(argv: list[str]) -> None:
         os._exit(2)
     attempt_dir, command = Path(argv[0]), argv[1:]
     rank = int(os.environ.get("RANK", "0"))
-    _redirect_output(attempt_dir / f"rank-{rank}.log")
+    log = attempt_dir / f"rank-{rank}.log"
+    _redirect_output(log)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _note_signal)
     env = _child_env(dict(os.environ))
@@ -122,7 +155,7 @@ def main(argv: list[str]) -> None:
         code = 127
     else:
         code = child.wait()  # PEP 475: retried across our signal handlers
-    _write_record(attempt_dir / f"rank-{rank}.exit.json", _record(code))
+    _write_record(attempt_dir / f"rank-{rank}.exit.json", _record(code, log))
     _end_like(code)
 
 
