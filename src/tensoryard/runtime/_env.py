@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from tensoryard.errors import RuntimeSetupError
 
-__all__ = ["env_float", "env_int", "env_str"]
+__all__ = ["attempt_numbers", "env_float", "env_int", "env_str"]
 
 
 def env_str(env: Mapping[str, str], name: str) -> str | None:
@@ -45,3 +45,21 @@ def env_float(env: Mapping[str, str], name: str, default: float, *, minimum: flo
     if not value >= minimum:  # also rejects NaN
         raise RuntimeSetupError(f"{name}={value} is below {minimum} (fix: set {name} >= {minimum})")
     return value
+
+
+def attempt_numbers(env: Mapping[str, str]) -> tuple[int, int | None]:
+    """(this worker's attempt, the launched attempt when torchrun restarted it in place).
+
+    The local executor's rank wrapper numbers restarted workers itself (TYARD_ATTEMPT already
+    launch + k, TYARD_LAUNCH_ATTEMPT set). Elsewhere (a Kubernetes pod's own torchrun) the
+    control plane sets TYARD_IN_PLACE_RESTARTS when it granted in-place restarts, and restart k
+    (TORCHELASTIC_RESTART_COUNT) of launch L runs as attempt L + k. A plain torchrun run
+    without that variable keeps its number across restarts.
+    """
+    attempt = env_int(env, "TYARD_ATTEMPT", 1, minimum=1)
+    if env_str(env, "TYARD_LAUNCH_ATTEMPT") is not None:
+        return attempt, env_int(env, "TYARD_LAUNCH_ATTEMPT", 1, minimum=1)
+    restarts = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
+    if restarts > 0 and env_int(env, "TYARD_IN_PLACE_RESTARTS", 0) > 0:
+        return attempt + restarts, attempt
+    return attempt, None

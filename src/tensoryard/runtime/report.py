@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from tensoryard.errors import RuntimeSetupError
-from tensoryard.runtime._env import env_float, env_int, env_str
+from tensoryard.runtime._env import attempt_numbers, env_float, env_str
 
 __all__ = ["Reporter", "ReporterConfig", "Transport", "UrllibTransport"]
 
@@ -83,14 +83,11 @@ class ReporterConfig:
         """Build from the TYARD_* variables (docs/contracts.md, section 1), then `overrides`."""
         env = os.environ if env is None else env
         run_dir = env_str(env, "TYARD_RUN_DIR")
+        attempt, launch_attempt = attempt_numbers(env)
         config = cls(
             job_id=env_str(env, "TYARD_JOB_ID"),
-            attempt=env_int(env, "TYARD_ATTEMPT", 1, minimum=1),
-            launch_attempt=(
-                env_int(env, "TYARD_LAUNCH_ATTEMPT", 1, minimum=1)
-                if env_str(env, "TYARD_LAUNCH_ATTEMPT")
-                else None
-            ),
+            attempt=attempt,
+            launch_attempt=launch_attempt,
             run_dir=Path(run_dir) if run_dir else None,
             server_url=env_str(env, "TYARD_SERVER_URL"),
             token=env_str(env, "TYARD_JOB_TOKEN"),

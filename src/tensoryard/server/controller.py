@@ -1087,6 +1087,9 @@ class Controller:
         for name, value in nccl_debug_env(run_dir).items():
             if name not in spec.env:
                 env[name] = value
+        in_place = self._in_place_restarts(job, spec)
+        if in_place:  # the runtime numbers a restarted worker launch + k (docs/contracts.md)
+            env["TYARD_IN_PLACE_RESTARTS"] = str(in_place)
         return LaunchRequest(
             job_id=str(job.id),
             attempt=number,
@@ -1095,13 +1098,14 @@ class Controller:
             env=env,
             placement=dict(job.placement),
             attempt_key=key,
-            in_place_restarts=self._in_place_restarts(job, spec),
+            in_place_restarts=in_place,
         )
 
     def _in_place_restarts(self, job: JobRecord, spec: JobSpec) -> int:
         """How many times torchrun may restart this launch's workers itself: restart.in_place,
         within what is left of max_restarts (each in-place restart counts). Single-node torchrun
-        jobs only: a multi-node gang's agents would have to restart together (not built)."""
+        jobs only: a multi-node gang's agents would have to restart together (not built), and
+        the torchrun of a Kubernetes pod restarts its workers inside the pod."""
         if spec.launcher != "torchrun" or spec.resources.nodes != 1:
             return 0
         left = spec.restart.max_restarts - job.restarts

@@ -77,3 +77,18 @@ def test_the_validator_does_catch_a_misspelt_field() -> None:
     job["spec"]["template"]["spec"]["tolerationz"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(job)
+
+
+def test_granted_in_place_restarts_reach_a_single_node_pods_torchrun_only() -> None:
+    def command(nodes: int) -> list[str]:
+        base = request(resources={"nodes": nodes, "gpus_per_node": 8})
+        placement = {f"gpu-{i}": [] for i in range(nodes)}
+        req = LaunchRequest(**{**base.__dict__, "in_place_restarts": 2, "placement": placement})
+        _, job, _ = render_attempt(workload_for(req, CONFIG), "Job")
+        validate(job)
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        return list(container["command"])
+
+    assert "--max-restarts=2" in command(1)
+    # a multi-node gang's agents would have to restart together: the control plane relaunches
+    assert "--max-restarts=0" in command(2)

@@ -279,3 +279,32 @@ def test_checkpoint_timings_survive_a_failed_send_and_the_newest_values_win(
     reporter.close()
     sent = [r.body["timings"]["checkpoint_save_s"] for r in server.requests if "timings" in r.body]
     assert sent[0] == 0.5 and sent[-1] == 0.75
+
+
+@pytest.mark.parametrize(
+    ("env", "numbers"),
+    [
+        ({"TYARD_ATTEMPT": "3"}, (3, None)),
+        # numbered by the local executor's rank wrapper already
+        ({"TYARD_ATTEMPT": "5", "TYARD_LAUNCH_ATTEMPT": "3", "TORCHELASTIC_RESTART_COUNT": "2"},
+         (5, 3)),
+        # a Kubernetes pod's torchrun restarted the workers; the control plane granted it
+        ({"TYARD_ATTEMPT": "3", "TYARD_IN_PLACE_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "2"},
+         (5, 3)),
+        ({"TYARD_ATTEMPT": "3", "TYARD_IN_PLACE_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "0"},
+         (3, None)),
+        # plain torchrun --max-restarts without tensoryard's grant: one attempt throughout
+        ({"TYARD_ATTEMPT": "1", "TORCHELASTIC_RESTART_COUNT": "4"}, (1, None)),
+    ],
+)  # fmt: skip
+def test_a_worker_restarted_in_place_reports_as_the_next_attempt_of_its_launch(
+    env: dict[str, str], numbers: tuple[int, int | None]
+) -> None:
+    config = ReporterConfig.from_env(env)
+    assert (config.attempt, config.launch_attempt) == numbers
+
+
+def test_a_bad_in_place_variable_is_a_setup_error_naming_it() -> None:
+    env = {"TYARD_ATTEMPT": "1", "TYARD_IN_PLACE_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "x"}
+    with pytest.raises(RuntimeSetupError, match="TORCHELASTIC_RESTART_COUNT"):
+        ReporterConfig.from_env(env)

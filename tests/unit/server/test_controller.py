@@ -466,6 +466,7 @@ def test_in_place_restarts_are_granted_within_the_restart_budget_and_counted_aga
     )
     world.cycle(2)
     assert world.executor.requests[-1].in_place_restarts == 2
+    assert world.executor.requests[-1].env["TYARD_IN_PLACE_RESTARTS"] == "2"
     key = world.key(job_id)
     # torchrun restarted the workers twice; their first reports recorded attempts 2 and 3
     world.store.restart_in_place(job_id, launch=1, number=2)
@@ -481,6 +482,7 @@ def test_in_place_restarts_are_granted_within_the_restart_budget_and_counted_aga
     assert world.store.get_attempt(job_id, 3).state == "failed"
     assert world.executor.requests[-1].attempt == 4
     assert world.executor.requests[-1].in_place_restarts == 0  # nothing left to grant
+    assert "TYARD_IN_PLACE_RESTARTS" not in world.executor.requests[-1].env
     # a python launcher (no torchrun agent to restart workers) never gets any
     other = world.submit("plain", restart={"max_restarts": 3, "in_place": 2})
     world.cycle(2, advance=1)

@@ -112,6 +112,9 @@ class AttemptWorkload:
     ClusterQueue's quota and adds the ResourceFlavor's node labels. None: tensoryard admitted it."""
     kueue_priority_class: str | None = None
     """Kueue WorkloadPriorityClass of the attempt (label `kueue.x-k8s.io/priority-class`)."""
+    in_place_restarts: int = 0
+    """torchrun's --max-restarts inside each pod: worker restarts the control plane granted
+    this launch (restart.in_place; single-node jobs), each reported as the next attempt."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -125,6 +128,7 @@ class AttemptWorkload:
         )
         _check(self.attempt >= 1, "attempt", "must be at least 1")
         _check(self.nodes >= 1, "nodes", "must be at least 1")
+        _check(self.in_place_restarts >= 0, "in_place_restarts", "must be 0 or more")
         _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
         _check(self.termination_grace_s >= 0, "termination_grace_s", "must be 0 or more")
         _check(
@@ -219,6 +223,7 @@ def _torchrun(w: AttemptWorkload) -> list[str]:
         "--node-rank=$(NODE_RANK)",
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
+        f"--max-restarts={w.in_place_restarts}",
         "--no-python",
         *w.command,
     ]
