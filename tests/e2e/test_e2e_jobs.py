@@ -45,6 +45,13 @@ def env_for(server: ServerProcess) -> dict[str, str]:
     return {"TYARD_SERVER": server.url, "TYARD_HOME": str(server.home)}
 
 
+def submit(spec: Path, env: dict[str, str]) -> int:
+    """`tyard submit SPEC --json` as a user runs it; the new job's id."""
+    submitted = tyard("submit", str(spec), "--json", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    return int(json.loads(submitted.stdout.strip().splitlines()[-1])["id"])
+
+
 def processes_of(home: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline", "environ"]):
@@ -63,9 +70,7 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_the_loss_curve_cont
     control_plane.start()
     env = env_for(control_plane)
     spec = tiny_job(tmp_path, "--steps", "40", "--fail-at-step", "25", "--fail-rank", "1")
-    submitted = tyard("submit", str(spec), "--json", env=env)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+    job_id = submit(spec, env)
 
     client = control_plane.client()
     job = wait_for(client, job_id, TERMINAL, timeout=240)
@@ -238,9 +243,7 @@ def test_a_killed_rank_is_restarted_in_place_without_a_new_launch(
         "--steps", "40", "--fail-at-step", "25", "--fail-rank", "1",
         restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
     )  # fmt: skip
-    submitted = tyard("submit", str(spec), "--json", env=env)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+    job_id = submit(spec, env)
 
     client = control_plane.client()
     job = wait_for(client, job_id, TERMINAL, timeout=240)
@@ -275,9 +278,7 @@ def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
         restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
         health={"min_stall": "8s", "stall_factor": 10},
     )  # fmt: skip
-    submitted = tyard("submit", str(spec), "--json", env=env)
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = json.loads(submitted.stdout.strip().splitlines()[-1])["id"]
+    job_id = submit(spec, env)
     client = control_plane.client()
     run_dir = client.job(job_id)["run_dir"]
     deadline = time.monotonic() + 120
