@@ -84,6 +84,17 @@ _PIPELINES_EVERY_S = 1.0  # pipelines are advanced at least this often (API on a
 _NODES_READ_EVERY_S = 1.0  # cordon/drain changes come from the API; read them this often
 
 
+def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
+    """How many times torchrun may restart a launch's workers itself, for a job that had
+    `restarts` before it: restart.in_place, within what is left of max_restarts (each in-place
+    restart counts). Single-node torchrun jobs only: a multi-node gang's agents would have to
+    restart together (not built), and the torchrun of a Kubernetes pod restarts its workers
+    inside the pod."""
+    if spec.launcher != "torchrun" or spec.resources.nodes != 1:
+        return 0
+    return max(0, min(spec.restart.in_place, spec.restart.max_restarts - restarts))
+
+
 def _is_drain(reason: str) -> bool:
     return reason.startswith("node ") and DRAINED in reason
 
@@ -640,11 +651,8 @@ class Controller:
     def _in_place_left(self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec) -> int:
         """In-place restarts still granted to this attempt's launch. Its in-place attempts
         are numbered right after it, so it has used ``number - launch`` of them."""
-        launch = attempt.launch_attempt or attempt.number
-        used = attempt.number - launch
-        if spec.launcher != "torchrun" or spec.resources.nodes != 1:
-            return 0
-        granted = min(spec.restart.in_place, spec.restart.max_restarts - (job.restarts - used))
+        used = attempt.number - (attempt.launch_attempt or attempt.number)
+        granted = _in_place_restarts(spec, restarts=job.restarts - used)  # as at its launch
         return max(0, granted - used)
 
     def _restart_hung_in_place(
@@ -1087,7 +1095,7 @@ class Controller:
         for name, value in nccl_debug_env(run_dir).items():
             if name not in spec.env:
                 env[name] = value
-        in_place = self._in_place_restarts(job, spec)
+        in_place = _in_place_restarts(spec, restarts=job.restarts)
         if in_place:  # the runtime numbers a restarted worker launch + k (docs/contracts.md)
             env["TYARD_IN_PLACE_RESTARTS"] = str(in_place)
         return LaunchRequest(
@@ -1100,16 +1108,6 @@ class Controller:
             attempt_key=key,
             in_place_restarts=in_place,
         )
-
-    def _in_place_restarts(self, job: JobRecord, spec: JobSpec) -> int:
-        """How many times torchrun may restart this launch's workers itself: restart.in_place,
-        within what is left of max_restarts (each in-place restart counts). Single-node torchrun
-        jobs only: a multi-node gang's agents would have to restart together (not built), and
-        the torchrun of a Kubernetes pod restarts its workers inside the pod."""
-        if spec.launcher != "torchrun" or spec.resources.nodes != 1:
-            return 0
-        left = spec.restart.max_restarts - job.restarts
-        return max(0, min(spec.restart.in_place, left))
 
     def _checkpoint_interval(self, job: JobRecord, spec: JobSpec, number: int) -> int:
         """The spec's interval; with auto_interval, a restart uses the Young/Daly interval
