@@ -7,8 +7,9 @@ leaves intents without ``removed_at``; `finish_pending` (called when the control
 deletes those directories. Deleting a directory that is already gone is a no-op, so every step
 can be repeated.
 
-Only a directory named ``step-<N>`` directly inside the job's checkpoint directory is ever
-deleted: a path a job reported elsewhere loses its row but keeps its files (the event says so).
+Only a directory named ``step-<N>`` (the runtime's) or ``iter_<N>`` (Megatron's) directly
+inside the job's checkpoint directory is ever deleted: a path a job reported elsewhere loses its
+row but keeps its files (the event says so).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensoryard.registry.retention import RetentionPlan, RetentionPolicy, plan_retention
-from tensoryard.spec.job import CheckpointSpec
+from tensoryard.spec.job import CheckpointSpec, JobSpec
 from tensoryard.store import CheckpointRemovalRecord, JobRecord, Retirement, Store
 
 __all__ = [
@@ -29,12 +30,13 @@ __all__ = [
     "PruneResult",
     "checkpoint_root",
     "describe_policy",
+    "job_checkpoint_root",
     "policy_of_spec",
 ]
 
 log = logging.getLogger("tensoryard.retention")
 
-_STEP_DIR = re.compile(r"^step-[0-9]+$")
+_STEP_DIR = re.compile(r"^(step-[0-9]+|iter_[0-9]{7,})$")
 _SHOWN_KEPT = 12  # kept checkpoints named in an event (keep_every can keep hundreds)
 
 
@@ -53,6 +55,19 @@ def policy_of_spec(checkpoint: CheckpointSpec) -> RetentionPolicy:
 def checkpoint_root(run_dir: str | Path, configured: str | None) -> Path:
     """Where a job's checkpoints go: ``checkpoint.dir``, else ``<run dir>/checkpoints``."""
     return Path(configured) if configured else Path(run_dir) / "checkpoints"
+
+
+def job_checkpoint_root(run_dir: str | Path, spec: JobSpec) -> Path:
+    """Where this job's checkpoints go: a Megatron job's save directory (its command's
+    ``--save``, relative to its working directory), else `checkpoint_root`."""
+    from tensoryard.runtime.megatron import recognise, save_dir_of
+
+    default = checkpoint_root(run_dir, spec.checkpoint.dir)
+    args = recognise(spec.command, spec.framework)
+    if args is None:
+        return default
+    cwd = Path(spec.workdir) if spec.workdir else Path(run_dir)
+    return save_dir_of(args, cwd=cwd, default=default)
 
 
 def describe_policy(policy: RetentionPolicy) -> str:
@@ -113,7 +128,10 @@ class CheckpointPruner:
     def apply_to_job(self, job: JobRecord) -> PruneResult:
         """Apply the job's own ``checkpoint`` policy (the control plane, on each report)."""
         checkpoint = CheckpointSpec.model_validate(job.spec.get("checkpoint") or {})
-        root = checkpoint_root(job.run_dir, checkpoint.dir)
+        try:
+            root = job_checkpoint_root(job.run_dir, JobSpec.model_validate(job.spec))
+        except ValueError:  # a spec stored by an older version: its checkpoint section counts
+            root = checkpoint_root(job.run_dir, checkpoint.dir)
         return self.apply(job.id, policy_of_spec(checkpoint), root=root)
 
     def finish_pending(self, job_id: int | None = None) -> int:

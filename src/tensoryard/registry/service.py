@@ -33,10 +33,10 @@ def detect_format(path: Path) -> str:
         return "state-dict" if path.suffix in (".pt", ".pth", ".bin") else "files"
     names = {p.name for p in path.rglob("*") if p.is_file()}
     suffixes = {Path(n).suffix for n in names}
+    if "metadata.json" in names and "common.pt" in names:  # torch_dist: a DCP dir and more
+        return "megatron-dist"
     if ".metadata" in names and ".distcp" in suffixes:
         return "dcp"
-    if "metadata.json" in names and "common.pt" in names:
-        return "megatron-dist"
     if "config.json" in names and ".safetensors" in suffixes:
         return "hf"
     if ".safetensors" in suffixes:

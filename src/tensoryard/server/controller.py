@@ -39,8 +39,10 @@ from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, Ten
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
 from tensoryard.observability.nccl import nccl_debug_env
 from tensoryard.registry import ArtifactStore, open_blobs
-from tensoryard.registry.pruning import CheckpointPruner, checkpoint_root
+from tensoryard.registry.pruning import CheckpointPruner, job_checkpoint_root
 from tensoryard.registry.service import ModelRegistry
+from tensoryard.runtime.megatron import SAVE_ENV as MEGATRON_SAVE_ENV
+from tensoryard.runtime.megatron import launch_command, recognise
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
@@ -92,6 +94,8 @@ def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
     inside the pod."""
     if spec.launcher != "torchrun" or spec.resources.nodes != 1:
         return 0
+    if recognise(spec.command, spec.framework) is not None:
+        return 0  # its progress is followed per launch (MegatronMonitor), not per restart
     return max(0, min(spec.restart.in_place, spec.restart.max_restarts - restarts))
 
 
@@ -1075,7 +1079,18 @@ class Controller:
 
     def _request(self, job: JobRecord, spec: JobSpec, number: int, key: str) -> LaunchRequest:
         run_dir = Path(job.run_dir)
-        ckpt_dir = checkpoint_root(run_dir, spec.checkpoint.dir)
+        ckpt_dir = job_checkpoint_root(run_dir, spec)
+        megatron = recognise(spec.command, spec.framework)
+        if megatron is not None:
+            # Megatron resumes from --load, not from TYARD_CHECKPOINT_DIR: after a checkpoint
+            # was recorded, every launch resumes from the job's own save directory.
+            resume = self.store.latest_checkpoint(job.id) is not None
+            auto = spec.checkpoint.auto_interval and number > 1
+            interval = self._checkpoint_interval(job, spec, number) if auto else None
+            command = launch_command(
+                spec.command, save_dir=ckpt_dir, resume=resume, save_interval=interval
+            )
+            spec = spec.model_copy(update={"command": command})
         env = {
             "TYARD_JOB_ID": str(job.id),
             "TYARD_ATTEMPT": str(number),
@@ -1095,6 +1110,8 @@ class Controller:
         for name, value in nccl_debug_env(run_dir).items():
             if name not in spec.env:
                 env[name] = value
+        if megatron is not None:
+            env[MEGATRON_SAVE_ENV] = str(ckpt_dir)  # the executor follows it (docs/goodput.md)
         in_place = _in_place_restarts(spec, restarts=job.restarts)
         if in_place:  # the runtime numbers a restarted worker launch + k (docs/contracts.md)
             env["TYARD_IN_PLACE_RESTARTS"] = str(in_place)

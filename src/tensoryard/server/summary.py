@@ -16,6 +16,7 @@ from tensoryard.runtime.goodput import (
     resume_cuts,
     young_daly_interval,
 )
+from tensoryard.runtime.megatron import recognise
 from tensoryard.server.schemas import (
     CheckpointAdviceOut,
     GoodputBreakdownOut,
@@ -136,7 +137,7 @@ def _advice(
     step_s = breakdown.productive_s / steps_kept if steps_kept > 0 else None
     advice = young_daly_interval(save_total / saves, mtbf, step_s=step_s, source=source)
     return CheckpointAdviceOut(
-        current_interval_steps=spec.checkpoint.interval,
+        current_interval_steps=_interval_steps(spec),
         auto=spec.checkpoint.auto_interval,
         interval_s=advice.interval_s,
         interval_steps=advice.interval_steps,
@@ -144,6 +145,14 @@ def _advice(
         mtbf_s=advice.mtbf_s,
         source=advice.source,
     )
+
+
+def _interval_steps(spec: JobSpec) -> int:
+    """The checkpoint interval the job runs with: a Megatron job's --save-interval."""
+    megatron = recognise(spec.command, spec.framework)
+    if megatron is not None and megatron.save_interval:
+        return megatron.save_interval
+    return spec.checkpoint.interval
 
 
 def _failed(attempt: AttemptRecord) -> bool:

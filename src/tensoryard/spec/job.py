@@ -230,6 +230,12 @@ class JobSpec(StrictModel):
     resources: ResourcesSpec = Field(default_factory=lambda: ResourcesSpec())
     launcher: Literal["torchrun", "python"] = Field("torchrun")
     command: list[str] = Field(..., min_length=1, description="Script and arguments.")
+    framework: Literal["auto", "megatron", "none"] = Field(
+        "auto",
+        description="megatron: a Megatron-LM/Megatron-Core job: resume arguments passed on "
+        "restart, its checkpoints and progress followed (docs/goodput.md); auto: recognised "
+        "from Megatron-only arguments in the command; none: never.",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, str] = Field(
         default_factory=dict,
@@ -293,12 +299,38 @@ class JobSpec(StrictModel):
                 f"{self.resources.world_size} (fix: use launcher: torchrun, or one node and "
                 "processes_per_node: 1)"
             )
+        self._megatron_fits()
         both = sorted(set(self.env) & set(self.secrets))
         if both:
             raise ValueError(
                 f"{', '.join(both)} is set in both env and secrets (fix: keep it in one of them)"
             )
         return self
+
+    def _megatron_fits(self) -> None:
+        from tensoryard.runtime.megatron import recognise
+
+        args = recognise(self.command, self.framework)
+        if args is None:
+            return
+        if self.launcher != "torchrun":
+            raise ValueError(
+                "a Megatron job runs under torchrun, but launcher is "
+                f"{self.launcher!r} (fix: launcher: torchrun, or framework: none if this is "
+                "not Megatron)"
+            )
+        if self.restart.in_place:
+            raise ValueError(
+                "restart.in_place is not available for Megatron jobs: torchrun would restart "
+                "the workers with the launch's arguments, without --load (fix: in_place: 0; "
+                "a restart relaunches with the resume arguments)"
+            )
+        if args.save is not None and self.checkpoint.dir is not None:
+            raise ValueError(
+                f"checkpoint.dir ({self.checkpoint.dir}) and the command's --save "
+                f"({args.save}) both name this Megatron job's checkpoint directory (fix: keep "
+                "one of them)"
+            )
 
 
 def parse_job_spec(data: Any, *, source: str = "") -> JobSpec:

@@ -92,3 +92,24 @@ def test_granted_in_place_restarts_reach_a_single_node_pods_torchrun_only() -> N
     assert "--max-restarts=2" in command(1)
     # a multi-node gang's agents would have to restart together: the control plane relaunches
     assert "--max-restarts=0" in command(2)
+
+
+def test_a_megatron_jobs_pod_runs_torchrun_under_the_runtimes_follower() -> None:
+    base = request(command=["python", "pretrain_gpt.py", "--micro-batch-size", "4"])
+    env = {**base.env, "TYARD_MEGATRON_SAVE": "/shared/ckpt"}
+    req = LaunchRequest(**{**base.__dict__, "env": env})
+    _, job, _ = render_attempt(workload_for(req, CONFIG), "Job")
+    validate(job)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = list(container["command"])
+    assert command[:5] == ["python", "-m", "tensoryard.runtime.megatron", "follow", "--"]
+    assert command[5] == "torchrun" and command[-3:] == [
+        "pretrain_gpt.py",
+        "--micro-batch-size",
+        "4",
+    ]
+    names = {e["name"]: e.get("value") for e in container["env"]}
+    assert names["TYARD_MEGATRON_SAVE"] == "/shared/ckpt"
+    # any other job's pod runs torchrun itself
+    _, plain, _ = render_attempt(workload_for(request(), CONFIG), "Job")
+    assert plain["spec"]["template"]["spec"]["containers"][0]["command"][0] == "torchrun"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensoryard.errors import ExecutorError
+from tensoryard.runtime.megatron import SAVE_ENV as MEGATRON_SAVE_ENV
 
 __all__ = [
     "GPU_RESOURCE",
@@ -215,8 +216,12 @@ def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
 
 
 def _torchrun(w: AttemptWorkload) -> list[str]:
-    """Static rendezvous on rank 0; Kubernetes expands $(VAR) from the container's env."""
+    """Static rendezvous on rank 0; Kubernetes expands $(VAR) from the container's env. A
+    Megatron job's torchrun runs under the runtime's follower, which reports its progress and
+    checkpoints from its output (tensoryard.runtime.megatron)."""
+    follow = ["python", "-m", "tensoryard.runtime.megatron", "follow", "--"]
     return [
+        *(follow if MEGATRON_SAVE_ENV in w.env else []),
         "torchrun",
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",

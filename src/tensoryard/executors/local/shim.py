@@ -10,6 +10,10 @@ SIGKILL) without taking the job along. The shim then:
    workload's process group, then SIGKILL to every process of the job after the grace period;
 5. when the workload ends, stops any stragglers it left, then writes ``exit.json`` atomically.
 
+For a Megatron job (TYARD_MEGATRON_SAVE in the workload's environment) it also follows the rank
+logs and the save directory and reports the job's progress and checkpoints for it
+(tensoryard.runtime.megatron), since Megatron itself does not talk to the control plane.
+
 It exits with 0 whenever it wrote an exit record; what happened to the job is in the record.
 """
 
@@ -20,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -37,6 +42,9 @@ from tensoryard.executors.local.procs import (
     marked_processes,
     signal_groups,
 )
+from tensoryard.runtime.megatron import SAVE_ENV as MEGATRON_SAVE_ENV
+from tensoryard.runtime.megatron import MegatronMonitor
+from tensoryard.runtime.report import Reporter, ReporterConfig
 
 __all__ = ["Shim", "main"]
 
@@ -59,6 +67,7 @@ class Shim:
         self.kill_deadline: float | None = None
         self.escalated = False
         self.cancelled_before_start = False
+        self._monitor: tuple[MegatronMonitor, threading.Thread, threading.Event] | None = None
 
     # -- 1-2: setup -------------------------------------------------------------------------
 
@@ -121,6 +130,33 @@ class Shim:
         write_json_atomic(self.layout.shim, self._shim_info)
         self.log(f"started {self.plan.launcher} (pid {pid}): {' '.join(self.plan.argv)}")
         return ""
+
+    def start_monitor(self) -> None:
+        """Follow a Megatron job's logs and save directory (see the module docstring)."""
+        save = self.plan.env.get(MEGATRON_SAVE_ENV)
+        if not save or self.plan.launcher != "torchrun":
+            return
+        config = ReporterConfig.from_env(self.plan.env, close_timeout_s=5.0)
+        monitor = MegatronMonitor(self.layout.dir, Path(save), Reporter(config))
+        monitor.start()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=monitor.run, args=(stop,), name="tyard-megatron", daemon=True
+        )
+        thread.start()
+        self._monitor = (monitor, thread, stop)
+        self.log(f"following Megatron's logs and checkpoints in {save}")
+
+    def stop_monitor(self) -> None:
+        if self._monitor is None:
+            return
+        monitor, thread, stop = self._monitor
+        self._monitor = None
+        stop.set()
+        thread.join(timeout=30)
+        sink = monitor.sink
+        if isinstance(sink, Reporter):
+            sink.close()  # delivers what is left, within close_timeout_s
 
     # -- 4: supervise -----------------------------------------------------------------------
 
@@ -244,12 +280,16 @@ class Shim:
             self.cancelled_before_start = True
             self.write_exit(self.record())
             return 0
-        error = self.start()
-        if error:
-            self.log(error)
-            self.write_exit(self.record(error=error))
-            return 0
-        self.exit_code = self.supervise()
+        self.start_monitor()  # before the workload: a checkpoint it commits is new
+        try:
+            error = self.start()
+            if error:
+                self.log(error)
+                self.write_exit(self.record(error=error))
+                return 0
+            self.exit_code = self.supervise()
+        finally:
+            self.stop_monitor()
         self.log(f"workload exited with code {self.exit_code}")
         stragglers = self.stop_stragglers()
         self.write_exit(self.record(stragglers=stragglers))
