@@ -243,8 +243,18 @@ def main() -> int:
         if stop.item():
             print_rank_0(f"exiting program after receiving SIGTERM at iteration {iteration}")
             break
-    dist.destroy_process_group()
+    leave(0)
     return 0
+
+
+def leave(code: int) -> None:
+    """Exit without tearing the gloo process group down: torch 2.13's ~ProcessGroupGloo (run
+    when DDP's Reducer is freed, at the latest when main() returns) joins its worker thread
+    while holding the GIL, and that thread may still need the GIL to free the last
+    collective's tensors (seen as a hang after the last iteration; py-spy --native)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

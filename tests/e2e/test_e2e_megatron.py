@@ -71,7 +71,9 @@ def test_a_megatron_job_is_followed_and_resumed_from_its_own_checkpoint(
     # to the iter_ directories (keep 2: iteration 10 retired and deleted).
     kept = sorted((c["step"], c["attempt"], c["format"]) for c in info["checkpoints"])
     assert kept == [(20, 1, "megatron-dist"), (30, 2, "megatron-dist")]
-    assert not (save / "iter_0000010").exists() and (save / "iter_0000030").is_dir()
+    events = [e["message"] for e in info["events"]]
+    assert not (save / "iter_0000010").exists(), "\n".join(events)
+    assert (save / "iter_0000030").is_dir()
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "30"
 
     # Progress from the logs: every iteration a metric row; the resumed attempt computes

@@ -316,6 +316,20 @@ class _Follow:
     partial: str = ""
 
 
+_ITER_DIR = re.compile(r"^iter_(\d{7,})$")
+
+
+def _iterations(save_dir: Path, *, above: int, below: int) -> list[int]:
+    """The iterations of the ``iter_N`` directories with above < N < below, in order."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(save_dir):
+            match = _ITER_DIR.match(entry.name)
+            if match and entry.is_dir() and above < int(match.group(1)) < below:
+                found.append(int(match.group(1)))
+    return sorted(found)
+
+
 def _size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -441,12 +455,15 @@ class MegatronMonitor:
         """Report the checkpoint the tracker names, when it is new."""
         with self._lock:  # `follow` checks from a thread and from the output's lines
             iteration = read_tracker(self.save_dir)
-            if iteration is None or iteration == self.last_checkpoint:
-                return
-            if self.last_checkpoint is not None and iteration < self.last_checkpoint:
-                return  # an older tracker rewritten by hand; never report going backwards
-            where = checkpoint_dir(self.save_dir, iteration)
-            self.sink.checkpoint(iteration, where, _size(where))
+            floor = -1 if self.last_checkpoint is None else self.last_checkpoint
+            if iteration is None or iteration <= floor:
+                return  # nothing new, or an older tracker rewritten by hand: never go back
+            # Saves are sequential and each moves the tracker when it is complete, so the
+            # iter_ directories the tracker has passed since the last look (two saves between
+            # two polls) are committed too.
+            for done in (*_iterations(self.save_dir, above=floor, below=iteration), iteration):
+                where = checkpoint_dir(self.save_dir, done)
+                self.sink.checkpoint(done, where, _size(where))
             self.last_checkpoint = iteration
 
 

@@ -204,7 +204,8 @@ def test_the_monitor_reports_steps_checkpoints_and_timers_as_megatron_writes_the
     assert [(s, t) for s, t, _ in sink.rows] == [(10, pytest.approx(5.0))]
     with rank1.open("a") as f:
         f.write("\n")
-    commit(save, 20)
+    commit(save, 10)
+    commit(save, 20)  # two saves between two looks: both are reported, in order
     with rank0.open("a") as f:
         f.write(
             "saving checkpoint at iteration      20 to ck in torch_dist format\n"
@@ -216,14 +217,17 @@ def test_the_monitor_reports_steps_checkpoints_and_timers_as_megatron_writes_the
     step, step_time, values = sink.rows[-1]
     assert (step, step_time) == (20, pytest.approx(4.0))  # 10 iterations of 0.4 s
     assert values["loss"] == 8.0 and values["iteration_time_s"] == pytest.approx(0.4)
-    assert sink.checkpoints == [(20, str(save / "iter_0000020"), 1024)]
+    assert sink.checkpoints == [
+        (10, str(save / "iter_0000010"), 1024),
+        (20, str(save / "iter_0000020"), 1024),
+    ]
     assert sink.timings[-1] == (pytest.approx(3.5), 0.0)
 
     monitor.poll()  # nothing new: nothing reported twice
-    assert len(sink.rows) == 2 and len(sink.checkpoints) == 1
+    assert len(sink.rows) == 2 and len(sink.checkpoints) == 2
     (save / "latest_checkpointed_iteration.txt").write_text("10")  # going backwards: ignored
     monitor.poll()
-    assert len(sink.checkpoints) == 1
+    assert len(sink.checkpoints) == 2
 
 
 def test_a_resumed_attempt_counts_steps_from_where_it_loaded_and_skips_the_old_checkpoint(
