@@ -274,7 +274,7 @@ def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
     env = env_for(control_plane)
     spec = tiny_job(
         tmp_path,
-        "--steps", "60",
+        "--steps", "400",  # long enough that rank 1 is stopped mid-training, not at its end
         restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
         health={"min_stall": "8s", "stall_factor": 10},
     )  # fmt: skip
@@ -301,4 +301,8 @@ def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
     detected_after = datetime.fromisoformat(killed[0]).timestamp() - stopped_at
     assert detected_after < 60  # the bound for detecting a hang
     assert sum("-> STARTING" in m for _, m in messages) == 1  # no new launch
+    # Before the kill, each rank was asked where it waits: rank 0 answered from inside the
+    # all-reduce it shares with the stopped rank 1, which could not answer.
+    (where,) = [m for _, m in messages if "where the ranks are" in m]
+    assert "rank 0 at train.py:" in where and "rank 1: no stack dump" in where, where
     assert not processes_of(control_plane.home)

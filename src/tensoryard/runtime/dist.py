@@ -22,6 +22,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from tensoryard.errors import RuntimeSetupError
 from tensoryard.runtime._env import env_int, env_str
+from tensoryard.runtime.stacks import enable as enable_stack_dumps
 
 __all__ = ["DistContext", "init", "shutdown"]
 
@@ -201,6 +202,7 @@ def init(
             f"within {timeout_s:g}s: {exc} (fix: check that every rank started and that "
             "MASTER_ADDR/MASTER_PORT are reachable)"
         ) from exc
+    enable_stack_dumps(rank, env)  # where this rank waits, if the gang is ever called hung
     return DistContext(rank, world_size, local_rank, local_world_size, dev, backend)
 
 

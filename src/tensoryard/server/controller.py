@@ -43,6 +43,7 @@ from tensoryard.registry.pruning import CheckpointPruner, job_checkpoint_root
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.runtime.megatron import SAVE_ENV as MEGATRON_SAVE_ENV
 from tensoryard.runtime.megatron import launch_command, recognise
+from tensoryard.runtime.stacks import summarize as summarize_stacks
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
@@ -195,6 +196,7 @@ class _Memory:
     admitted_noted: set[tuple[int, int]] = field(default_factory=set)  # admitted_at written
     # A hung attempt whose workers were killed for torchrun to restart them in place: when.
     in_place_kills: dict[tuple[int, int], float] = field(default_factory=dict)
+    stacks_dumped: set[tuple[int, int]] = field(default_factory=set)  # hung attempts asked
 
 
 class Controller:
@@ -640,6 +642,7 @@ class Controller:
                     )
         if not why:
             return
+        self._dump_stacks(job, attempt)
         if health.on_hang == "warn":
             if (job.id, attempt.number, why[:20]) not in self._mem.warned:
                 self._mem.warned.add((job.id, attempt.number, why[:20]))
@@ -651,6 +654,31 @@ class Controller:
         # not the cancel grace, before SIGKILL; the restart resumes from the last checkpoint.
         grace = min(health.hang_grace, self.config.cancel_grace_s)
         self._stop_attempt(job, attempt, why, f"{why}; restarting", grace)
+
+    def _dump_stacks(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Once per hung attempt, before anything is killed: where each rank waits (the
+        executor signals the ranks that enabled dumps; tensoryard.runtime.stacks), as an
+        event. Executors without the means (a pod's processes) skip it."""
+        dump = getattr(self.executor, "dump_stacks", None)
+        key = (job.id, attempt.number)
+        if dump is None or key in self._mem.stacks_dumped:
+            return
+        self._mem.stacks_dumped.add(key)
+        try:
+            texts: dict[int, str | None] = dump(attempt.handle)
+        except (TensoryardError, OSError) as exc:
+            log.warning("job %s: stack dump of attempt %s failed: %s", job.id, attempt.number, exc)
+            return
+        if not texts:
+            return
+        where = "; ".join(summarize_stacks(rank, text) for rank, text in sorted(texts.items()))
+        self.store.add_event(
+            job.id,
+            "warning",
+            f"hung attempt {attempt.number}, where the ranks are: {where} (full stacks: "
+            f"rank-R.stacks.txt in the attempt's directory)",
+            attempt=attempt.number,
+        )
 
     def _in_place_left(self, job: JobRecord, attempt: AttemptRecord, spec: JobSpec) -> int:
         """In-place restarts still granted to this attempt's launch. Its in-place attempts
@@ -745,6 +773,7 @@ class Controller:
         self._mem.queued_seen.pop((job.id, attempt.number), None)
         self._mem.admitted_noted.discard((job.id, attempt.number))
         self._mem.in_place_kills.pop((job.id, attempt.number), None)
+        self._mem.stacks_dumped.discard((job.id, attempt.number))
         if to in (JobState.RESTARTING, JobState.PENDING):
             self.metrics.restarted(job, attempt.reason or why)
         self._mem.cancel_sent.discard((job.id, attempt.number))

@@ -52,6 +52,8 @@ class ScriptedExecutor:
     seen_intent: list[str] = field(default_factory=list)
     requests: list[LaunchRequest] = field(default_factory=list)
     worker_restarts: list[str] = field(default_factory=list)
+    stack_dumps: list[str] = field(default_factory=list)
+    stacks: dict[int, str | None] = field(default_factory=dict)  # what dump_stacks answers
 
     def prepare(self, request: LaunchRequest) -> dict[str, Any]:
         return {"key": request.attempt_key}
@@ -90,6 +92,10 @@ class ScriptedExecutor:
 
     def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
         return {}
+
+    def dump_stacks(self, handle: dict[str, Any]) -> dict[int, str | None]:
+        self.stack_dumps.append(handle["key"])
+        return self.stacks
 
     def finish(self, key: str, phase: AttemptPhase, reason: str = "") -> None:
         self.statuses[key] = [AttemptStatus(phase, 0 if phase == "succeeded" else 1, reason)]
@@ -529,3 +535,31 @@ def test_restarted_workers_that_never_report_are_stopped_the_ordinary_way(world:
     world.cycle(advance=121)  # _IN_PLACE_WAIT_S passed without a report from them
     assert len(world.executor.worker_restarts) == 1  # not a second time for this attempt
     assert world.executor.cancels == [(world.key(job_id), 2.0)]
+
+
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+STACKS = f"""\
+Current thread 0x00007f269e06fb80 (most recent call first):
+  File "{C10D}", line 2810 in all_reduce
+  File "/work/llm/train.py", line 188 in train
+  File "/work/llm/train.py", line 217 in <module>
+"""
+
+
+def test_a_hung_attempt_is_asked_where_its_ranks_wait_once_before_it_is_stopped(
+    world: World,
+) -> None:
+    world.executor.stacks = {0: STACKS, 1: None}
+    job_id = world.submit(health={"heartbeat_timeout": "50s", "on_hang": "warn"})
+    world.cycle(2)
+    key = world.key(job_id)
+    world.store.heartbeat(job_id, 1, world.clock.dt())
+    world.cycle(3, advance=51)  # hung, three health checks: asked once
+    assert world.executor.stack_dumps == [key]
+    (event,) = [
+        e.message for e in world.store.list_events(job_id) if "where the ranks" in e.message
+    ]
+    assert "rank 0 at train.py:188 in train, waiting in all_reduce (distributed_c10d.py:2810)" in (
+        event
+    )
+    assert "rank 1: no stack dump" in event

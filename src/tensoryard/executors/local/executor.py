@@ -44,6 +44,7 @@ from tensoryard.executors.local.procs import (
     kill_all,
     marked_processes,
 )
+from tensoryard.runtime.stacks import SIGNAL as STACK_SIGNAL
 
 __all__ = ["LocalExecutor", "LocalHandle"]
 
@@ -208,6 +209,54 @@ class LocalExecutor:
                 os.killpg(group, signal.SIGKILL)
                 groups.add(group)
         return len(groups)
+
+    def dump_stacks(self, handle: dict[str, Any], *, wait_s: float = 1.5) -> dict[int, str | None]:
+        """Ask every rank that enabled stack dumps (tensoryard.runtime.stacks) to write its
+        threads' stacks; rank -> what it wrote (None: it did not answer within ``wait_s``,
+        e.g. a stopped process). {} when no rank enabled them (a job without the runtime).
+
+        Only a process named in ``rank-R.stacks.pid`` that still carries the attempt's key is
+        signalled: SIGUSR2 would terminate a process that has no handler for it."""
+        h = LocalHandle.from_dict(handle)
+        directory = Path(h.attempt_dir)
+        alive = {p.pid for p in marked_processes(h.attempt_key)}
+        sizes: dict[int, int] = {}
+        for pid_file in directory.glob("rank-*.stacks.pid"):
+            try:
+                rank = int(pid_file.name.split(".")[0].removeprefix("rank-"))
+                pid = int(pid_file.read_text(encoding="utf-8").strip())
+            except (OSError, ValueError):
+                continue
+            if pid not in alive:
+                continue
+            out = directory / f"rank-{rank}.stacks.txt"
+            try:
+                sizes[rank] = out.stat().st_size
+                os.kill(pid, STACK_SIGNAL)
+            except (OSError, ProcessLookupError):
+                continue
+        texts: dict[int, str | None] = dict.fromkeys(sizes)
+        deadline = time.monotonic() + wait_s
+        while any(t is None for t in texts.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for rank, before in sizes.items():
+                if texts[rank] is not None:
+                    continue
+                out = directory / f"rank-{rank}.stacks.txt"
+                with contextlib.suppress(OSError), out.open("rb") as f:
+                    f.seek(before)
+                    new = f.read().decode("utf-8", "replace")
+                    # faulthandler writes the newest thread first: the main thread, whose
+                    # outermost frame is the script's <module>, ends a complete dump
+                    if new.rstrip().endswith("<module>"):
+                        texts[rank] = new
+        for rank, before in sizes.items():  # whatever arrived by the deadline
+            if texts[rank] is None:
+                out = directory / f"rank-{rank}.stacks.txt"
+                with contextlib.suppress(OSError), out.open("rb") as f:
+                    f.seek(before)
+                    texts[rank] = f.read().decode("utf-8", "replace") or None
+        return texts
 
     def _handle(
         self, request: LaunchRequest, layout: AttemptLayout, key: str, *, pid: int, started: float

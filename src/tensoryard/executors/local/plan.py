@@ -15,6 +15,7 @@ from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout
 from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
+from tensoryard.runtime.stacks import STACKS_ENV
 
 __all__ = [
     "DEFAULT_ENV_ALLOW",
@@ -194,6 +195,7 @@ def build_plan(
     else:
         argv = [python, *spec.command]
     env = _job_env(request, base_env, attempt_key)
+    env.setdefault(STACKS_ENV, str(layout.dir))  # rank-R.stacks.txt on a hang (runtime.stacks)
     if run_as is not None:
         env.update(USER=run_as.name, LOGNAME=run_as.name, HOME=run_as.home)
     return LaunchPlan(
