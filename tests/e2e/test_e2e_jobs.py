@@ -302,7 +302,7 @@ def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
     assert detected_after < 60  # the bound for detecting a hang
     assert sum("-> STARTING" in m for _, m in messages) == 1  # no new launch
     # Before the kill, each rank was asked where it waits: rank 0 answered from inside the
-    # all-reduce it shares with the stopped rank 1, which could not answer.
+    # all-reduce it shares with the stopped rank 1, which is named as stopped.
     (where,) = [m for _, m in messages if "where the ranks are" in m]
-    assert "rank 0 at train.py:" in where and "rank 1: no stack dump" in where, where
+    assert "rank 0 at train.py:" in where and "is stopped: SIGSTOP" in where, where
     assert not processes_of(control_plane.home)

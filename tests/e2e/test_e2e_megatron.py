@@ -20,6 +20,18 @@ EXAMPLE = REPO / "examples" / "megatron_style"
 pytestmark = pytest.mark.slow
 
 
+def megatron_job(name: str, *args: str, **extra: object) -> dict[str, object]:
+    """A spec for the Megatron-style script on 2 ranks, with Megatron's own arguments."""
+    command = ["pretrain_gpt.py", "--tensor-model-parallel-size", "1", "--micro-batch-size", "4"]
+    return {
+        "name": name,
+        "resources": {"processes_per_node": 2, "cpu": 2, "memory": "2Gi"},
+        "command": [*command, "--log-interval", "1", *args],
+        "workdir": str(EXAMPLE),
+        **extra,
+    }
+
+
 def test_a_megatron_job_is_followed_and_resumed_from_its_own_checkpoint(
     control_plane: ServerProcess, tmp_path: Path
 ) -> None:
@@ -27,21 +39,14 @@ def test_a_megatron_job_is_followed_and_resumed_from_its_own_checkpoint(
     env = env_for(control_plane)
     pretrained = tmp_path / "pretrained"  # no tracker in it: Megatron starts from random
     pretrained.mkdir()
-    command = [
-        "pretrain_gpt.py",
-        "--tensor-model-parallel-size", "1", "--micro-batch-size", "4",
-        "--train-iters", "30", "--save-interval", "10", "--log-interval", "1",
+    spec = megatron_job(
+        "megatron-style",
+        "--train-iters", "30", "--save-interval", "10",
         "--load", str(pretrained), "--finetune",
         "--fail-at-iteration", "25", "--fail-rank", "1",
-    ]  # fmt: skip
-    spec = {
-        "name": "megatron-style",
-        "resources": {"processes_per_node": 2, "cpu": 2, "memory": "2Gi"},
-        "command": command,
-        "workdir": str(EXAMPLE),
-        "checkpoint": {"keep": 2},
-        "restart": {"max_restarts": 2, "backoff": "1s"},
-    }
+        checkpoint={"keep": 2},
+        restart={"max_restarts": 2, "backoff": "1s"},
+    )  # fmt: skip
     path = tmp_path / "megatron.yaml"
     path.write_text(yaml.safe_dump(spec))
     job_id = submit(path, env)
@@ -87,6 +92,8 @@ def test_a_megatron_job_is_followed_and_resumed_from_its_own_checkpoint(
     assert loss[(2, 30)] < loss[(1, 1)]
     summary = info["summary"]
     assert summary["steps"] == 30 and 0 < summary["goodput"] < 1
+    human = tyard("describe", str(job_id), env={**env, "COLUMNS": "300"}).stdout
+    assert "Megatron job (recognised from its arguments): checkpoints in" in human
     assert not processes_of(control_plane.home)
 
 
@@ -95,18 +102,10 @@ def test_a_cancelled_megatron_job_saves_a_checkpoint_through_its_signal_handler(
 ) -> None:
     client = control_plane.start()
     env = env_for(control_plane)
-    command = [
-        "pretrain_gpt.py",
-        "--tensor-model-parallel-size", "1", "--micro-batch-size", "4",
-        "--train-iters", "100000", "--save-interval", "10000", "--log-interval", "1",
-        "--iteration-sleep", "0.05",
-    ]  # fmt: skip
-    spec = {
-        "name": "megatron-cancel",
-        "resources": {"processes_per_node": 2, "cpu": 2, "memory": "2Gi"},
-        "command": command,
-        "workdir": str(EXAMPLE),
-    }
+    spec = megatron_job(
+        "megatron-cancel",
+        "--train-iters", "100000", "--save-interval", "10000", "--iteration-sleep", "0.05",
+    )  # fmt: skip
     job_id = client.submit(spec)["id"]
     deadline = time.monotonic() + 120
     while not [m for m in client.metrics(job_id) if m["step"] >= 10]:

@@ -383,6 +383,9 @@ def describe(
         f"{res['gpus_per_node']} GPU/node; run dir {job['run_dir']}",
         highlight=False,
     )
+    megatron_line = _megatron_line(job)
+    if megatron_line:
+        console.print(megatron_line, highlight=False)
     if job["state"] == "PENDING":
         eta = job["pending_eta"] or "unknown"
         console.print(
@@ -424,6 +427,24 @@ def retention_policy_text(checkpoint: dict[str, Any]) -> str:
     if checkpoint.get("keep_every"):
         parts.append(f"every {checkpoint['keep_every']}")
     return "keep " + ", ".join(parts) + "; never the newest or a registered one"
+
+
+def _megatron_line(job: dict[str, Any]) -> str:
+    """How tensoryard handles a Megatron job (docs/goodput.md); "" for any other job."""
+    from tensoryard.runtime.megatron import recognise
+
+    spec = job["spec"]
+    framework = str(spec.get("framework") or "auto")
+    args = recognise([str(a) for a in spec.get("command") or []], framework)
+    if args is None:
+        return ""
+    how = "framework: megatron" if framework == "megatron" else "recognised from its arguments"
+    save = args.save or f"{job['run_dir']}/checkpoints"
+    return (
+        f"Megatron job ({how}): checkpoints in {save} (committed by "
+        "latest_checkpointed_iteration.txt), progress from its training_log lines; a restart "
+        "after a checkpoint resumes with --load"
+    )
 
 
 def _checkpoint_line(

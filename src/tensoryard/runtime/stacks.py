@@ -119,6 +119,8 @@ def summarize(rank: int, text: str | None) -> str:
         return f"rank {rank}: no stack dump (the process did not answer: stopped or gone)"
     frames = main_thread_frames(text)
     if not frames:
+        if text.startswith("("):  # the executor's note: e.g. the process is stopped
+            return f"rank {rank}: {text.strip('()')}"
         return f"rank {rank}: no main-thread stack in its dump"
     own = next((f for f in frames if not f.in_library), None)
     inner = frames[0]

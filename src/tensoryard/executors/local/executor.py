@@ -212,15 +212,17 @@ class LocalExecutor:
 
     def dump_stacks(self, handle: dict[str, Any], *, wait_s: float = 1.5) -> dict[int, str | None]:
         """Ask every rank that enabled stack dumps (tensoryard.runtime.stacks) to write its
-        threads' stacks; rank -> what it wrote (None: it did not answer within ``wait_s``,
-        e.g. a stopped process). {} when no rank enabled them (a job without the runtime).
+        threads' stacks; rank -> what it wrote (None: it did not answer within ``wait_s``; a
+        stopped process is not waited for: a line in parentheses says so). {} when no rank
+        enabled them (a job without the runtime).
 
         Only a process named in ``rank-R.stacks.pid`` that still carries the attempt's key is
         signalled: SIGUSR2 would terminate a process that has no handler for it."""
         h = LocalHandle.from_dict(handle)
         directory = Path(h.attempt_dir)
-        alive = {p.pid for p in marked_processes(h.attempt_key)}
+        alive = {p.pid: p for p in marked_processes(h.attempt_key)}
         sizes: dict[int, int] = {}
+        stopped: dict[int, str | None] = {}
         for pid_file in directory.glob("rank-*.stacks.pid"):
             try:
                 rank = int(pid_file.name.split(".")[0].removeprefix("rank-"))
@@ -229,6 +231,11 @@ class LocalExecutor:
                 continue
             if pid not in alive:
                 continue
+            with contextlib.suppress(psutil.Error):
+                if alive[pid].status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    # it cannot answer until continued: do not wait for it
+                    stopped[rank] = f"(process {pid} is stopped: SIGSTOP or a debugger)"
+                    continue
             out = directory / f"rank-{rank}.stacks.txt"
             try:
                 sizes[rank] = out.stat().st_size
@@ -256,7 +263,7 @@ class LocalExecutor:
                 with contextlib.suppress(OSError), out.open("rb") as f:
                     f.seek(before)
                     texts[rank] = f.read().decode("utf-8", "replace") or None
-        return texts
+        return {**texts, **stopped}
 
     def _handle(
         self, request: LaunchRequest, layout: AttemptLayout, key: str, *, pid: int, started: float
