@@ -260,3 +260,12 @@ def test_the_rank_wrapper_names_an_nccl_watchdog_timeout_and_its_trace(tmp_path:
     assert wrapper._watchdog_message(log) == "" and wrapper._record(1, log)["error"] == ""
     assert wrapper._watchdog_message(tmp_path / "missing.log") == ""
     assert wrapper._record(0, log)["error"] == ""
+
+
+def test_ranks_dump_their_stacks_into_the_attempt_dir_unless_the_job_opts_out(
+    tmp_path: Path,
+) -> None:
+    plan = plan_for(tmp_path)
+    assert plan.env["TYARD_STACKS_DIR"] == str(tmp_path / "run" / "attempt-2")
+    opted_out = plan_for(tmp_path, env={"TYARD_STACKS_DIR": ""})  # the job uses SIGUSR2 itself
+    assert opted_out.env["TYARD_STACKS_DIR"] == ""
