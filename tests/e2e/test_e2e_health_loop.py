@@ -45,7 +45,8 @@ def test_an_xid_on_a_node_drains_it_and_the_job_resumes_on_the_other_node_from_i
 ) -> None:
     client = two_nodes.start()
     env = env_for(two_nodes)
-    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "60").read_text())
+    # long enough to be still running when the drain lands (60 steps took 2 s in one CI run)
+    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "600").read_text())
     job_id = client.submit(spec)["id"]
     job = wait_for(client, job_id, {"RUNNING"})
     [sick] = job["placement"]
@@ -100,7 +101,7 @@ def test_an_xid_on_a_node_drains_it_and_the_job_resumes_on_the_other_node_from_i
     assert admitted[-1].endswith(f"admitted on {healthy}")
     drains = [e["message"] for e in client.events(job_id) if e["kind"] == "drain"]
     assert drains and drains[0].startswith(f"node {sick} drained: XID 79 on GPU 2")
-    assert client.summary(job_id)["steps"] == 60
+    assert client.summary(job_id)["steps"] == 600
 
     listed = tyard("nodes", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr

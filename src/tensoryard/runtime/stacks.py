@@ -77,6 +77,10 @@ class Frame:
 
     @property
     def in_library(self) -> bool:
+        """Not the job's own code: an installed package, the standard library, or tensoryard
+        itself (its runtime's collectives are where a rank waits, not why)."""
+        if self.file.startswith(_TENSORYARD):
+            return True
         parts = Path(self.file).parts
         return (
             "site-packages" in parts
@@ -85,6 +89,8 @@ class Frame:
             or self.file.startswith("<")
         )
 
+
+_TENSORYARD = str(Path(__file__).resolve().parents[1]) + os.sep  # the package's directory
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')

@@ -8,6 +8,10 @@ The wrapper and its child share a process group; torchrun and the shim signal wh
 so the wrapper does not forward signals (the child already got them), it only notes when a
 SIGTERM arrived: a rank told to stop after another rank failed was stopped, not failed.
 
+A child that dies of SIGABRT or SIGSEGV after the runtime wrote ``rank-R.done`` (training ended
+cleanly, everything reported and saved) died in torch's C++ teardown at interpreter exit; the
+wrapper records that as a success, with a line in the log saying so.
+
 When torchrun restarts the workers in place (``--max-restarts``, granted by the control
 plane), TORCHELASTIC_RESTART_COUNT is k > 0: the child then runs as attempt launch + k
 (TYARD_ATTEMPT, with TYARD_LAUNCH_ATTEMPT the launch's number), so what it reports lands on a
@@ -118,6 +122,12 @@ def _end_like(code: int) -> None:
     os._exit(code)
 
 
+DONE_ENV = "TYARD_RANK_DONE_FILE"
+# Signals a process may die of in torch's C++ teardown after Python finished its work (torch
+# 2.13, gloo: "terminate called without an active exception" -> SIGABRT, seen once in CI).
+_TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV)
+
+
 def _child_env(env: dict[str, str]) -> dict[str, str]:
     """The child's environment: numbered as the next attempt after an in-place restart."""
     try:
@@ -141,6 +151,9 @@ def main(argv: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _note_signal)
     env = _child_env(dict(os.environ))
+    done = attempt_dir / f"rank-{rank}.done"
+    done.unlink(missing_ok=True)  # an in-place restart reuses the directory
+    env[DONE_ENV] = str(done)  # the runtime writes it once training ended cleanly
     if "TYARD_LAUNCH_ATTEMPT" in env:
         print(
             f"tensoryard: workers restarted in place by torchrun "
@@ -155,6 +168,14 @@ def main(argv: list[str]) -> None:
         code = 127
     else:
         code = child.wait()  # PEP 475: retried across our signal handlers
+    if -code in _TEARDOWN_SIGNALS and done.exists():
+        print(
+            f"tensoryard: rank {rank} finished cleanly (its runtime said so), then died of "
+            f"{signal.Signals(-code).name} while the interpreter tore torch down; recorded as "
+            "a success",
+            flush=True,
+        )
+        code = 0
     _write_record(attempt_dir / f"rank-{rank}.exit.json", _record(code, log))
     _end_like(code)
 
