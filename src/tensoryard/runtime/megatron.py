@@ -353,6 +353,7 @@ class MegatronMonitor:
     poll_s: float = 1.0
     last_iteration: int | None = None
     last_checkpoint: int | None = None
+    report_checkpoints: bool = True  # False: steps only (a pod other than node rank 0's)
     resumed: bool = False
     save_s: float = 0.0
     restore_s: float = 0.0
@@ -453,6 +454,8 @@ class MegatronMonitor:
 
     def check_tracker(self) -> None:
         """Report the checkpoint the tracker names, when it is new."""
+        if not self.report_checkpoints:
+            return
         with self._lock:  # `follow` checks from a thread and from the output's lines
             iteration = read_tracker(self.save_dir)
             floor = -1 if self.last_checkpoint is None else self.last_checkpoint
@@ -485,8 +488,7 @@ def follow(command: Sequence[str], *, env: dict[str, str] | None = None) -> int:
     if reporter is not None and save:
         monitor = MegatronMonitor(Path(os.devnull), Path(save), reporter)
         monitor.start()
-        if env.get("NODE_RANK", "0") != "0":
-            monitor.last_checkpoint = 1 << 62  # never report one (only rank 0's pod does)
+        monitor.report_checkpoints = env.get("NODE_RANK", "0") == "0"
     child = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def forward(signum: int, frame: object) -> None:
