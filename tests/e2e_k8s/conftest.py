@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "k8s-testenv"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-PORTS_PER_ENV = 12  # see the port list at the top of scripts/k8s-testenv
+PORTS_PER_ENV = 15  # see the port list at the top of scripts/k8s-testenv
 
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

@@ -101,6 +101,16 @@ def server(
     default_image: Annotated[
         str | None, typer.Option(help="[kubernetes] Image for jobs whose spec names none.")
     ] = None,
+    loader_image: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "[kubernetes] Image (with tensoryard installed) of the init container that "
+                "pulls a model version's weights into GPU serving pods. Default: "
+                "tensoryard/tensoryard:VERSION."
+            )
+        ),
+    ] = None,
     workload: Annotated[
         str,
         typer.Option(help="[kubernetes] 'jobset', 'job' (Indexed Job + Service) or 'auto'."),
@@ -222,6 +232,7 @@ def server(
             kubeconfig=kubeconfig,
             namespace=namespace,
             default_image=default_image,
+            loader_image=loader_image,
             workload=workload,
             admission=admission,
             node_selector=node_selector or [],

@@ -39,6 +39,7 @@ def kubernetes_config(
     kubeconfig: Path | None = None,
     namespace: str = "default",
     default_image: str | None = None,
+    loader_image: str | None = None,
     workload: str = "auto",
     admission: str = "tensoryard",
     node_selector: list[str] | None = None,
@@ -74,6 +75,7 @@ def kubernetes_config(
         kubeconfig=kubeconfig,
         namespace=namespace,
         default_image=default_image,
+        loader_image=loader_image or KubernetesConfig.loader_image,
         workload=workload,  # type: ignore[arg-type]  # checked above
         admission=admission,  # type: ignore[arg-type]  # checked above
         node_selector=_pairs(node_selector or [], "--node-selector"),

@@ -44,7 +44,8 @@ def serve(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="A .gguf path (on the control plane's machine) or MODEL[:VERSION|@ALIAS].",
+            help="A .gguf path (on the control plane's machine) or MODEL[:VERSION|@ALIAS]; "
+            "for vllm/sglang also a path in the pod or a Hugging Face id.",
             show_default=False,
         ),
     ] = None,
@@ -58,14 +59,23 @@ def serve(
     ] = False,
     name: Annotated[str | None, typer.Option(help="Deployment name (default: from MODEL).")] = None,
     team: Annotated[str, typer.Option(help="Team that owns the deployment.")] = "default",
-    engine: Annotated[str, typer.Option(help="Serving engine.")] = "llama.cpp",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Serving engine: llama.cpp (CPU, replica processes on the control plane's "
+            "machine), vllm or sglang (GPU pods on Kubernetes; needs --executor kubernetes)."
+        ),
+    ] = "llama.cpp",
     replicas: Annotated[int, typer.Option(min=0, max=64, help="Replica processes.")] = 1,
     option: Annotated[
         list[str] | None,
         typer.Option(
             "--option",
             "-o",
-            help="Engine option KEY=VALUE (n_ctx, n_threads, n_batch, cache, cache_size, seed).",
+            help="Engine option KEY=VALUE. llama.cpp: n_ctx, n_threads, n_batch, cache, "
+            "cache_size, seed. vllm/sglang: tensor_parallel_size, pipeline_parallel_size, "
+            "data_parallel_size, nodes, prefix_caching, chunked_prefill, quantization, "
+            "kv_cache_dtype, speculative_method, ... (docs/serving.md).",
         ),
     ] = None,
     idle_timeout: Annotated[
@@ -209,6 +219,8 @@ def describe(
     console.print(f"[bold]{d['name']}[/] team={d['team']} engine={d['engine']} model={d['model']}")
     console.print(f"  file: {d['model_path']}  options: {d['options']}")
     console.print(f"  replicas: {d['ready_replicas']}/{d['replicas']} ready", highlight=False)
+    if d.get("error"):
+        console.print(f"  [red]error:[/] {d['error']}", highlight=False)
     auto = d.get("autoscale")
     if auto:
         ttft = f", p90 TTFT <= {auto['target_ttft_s']:g} s" if auto.get("target_ttft_s") else ""
@@ -220,6 +232,20 @@ def describe(
             highlight=False,
         )
     for r in d["replica_states"]:
+        if r.get("pod"):
+            loaded = ""
+            if r.get("weights_pull_s") is not None:
+                loaded += f" weights pulled in {r['weights_pull_s']:.1f} s"
+            if r.get("load_s") is not None:
+                loaded += f" ready {r['load_s']:.1f} s after the engine started"
+            why = f" ({r['message']})" if r.get("message") else ""
+            console.print(
+                f"  - pod {r['pod']}: {r['state']}{why} node={r.get('node')} "
+                f"address={r.get('address')}:{r['port']} restarts={r['restarts']} "
+                f"in_flight={r['in_flight']}{loaded}",
+                highlight=False,
+            )
+            continue
         console.print(
             f"  - slot {r['slot']}: {r['state']} port={r['port']} pid={r['pid']} "
             f"restarts={r['restarts']} in_flight={r['in_flight']}",

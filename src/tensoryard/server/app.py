@@ -446,7 +446,14 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     add_access_routes(app, store=store, guard=guard, prefix=API)
-    add_pipeline_routes(app, store=store, guard=guard, prefix=API, kick=kick)
+    add_pipeline_routes(
+        app,
+        store=store,
+        guard=guard,
+        prefix=API,
+        kick=kick,
+        kubernetes=getattr(executor, "name", "") == "kubernetes",
+    )
     add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick)
     add_secret_routes(
         app,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -104,6 +105,7 @@ class _Backend:
     capacity: Callable[[], tuple[NodeCapacity, ...]]
     fits: Callable[[JobSpec], None]
     node_sync: NodeSync | None = None
+    kube: Any = None  # the connected Kube client (Kubernetes executor): GPU serving uses it
 
 
 def _local_backend(config: ServerConfig) -> _Backend:
@@ -158,7 +160,7 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
             intents = {n: NodeIntent(n, r.state, r.reason) for n, r in states.items()}
             return cordoner.sync(intents)
 
-    return _Backend(executor, cluster.capacity, fits, node_sync)
+    return _Backend(executor, cluster.capacity, fits, node_sync, kube)
 
 
 def _kueue_admits(config: ServerConfig) -> bool:
@@ -201,11 +203,21 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     # Routes events to the outbox even with no hook configured (then: none); started by
     # run_server, so a plane built for a test or a one-off command sends nothing by itself.
     webhooks = WebhookDispatcher(store, config.webhooks, owner=holder)
+    kube_serving = None
+    if backend.kube is not None:  # vLLM / SGLang deployments run as pods on the cluster
+        from tensoryard.serving.kubernetes import KubeServing
+
+        kube_serving = KubeServing(
+            backend.kube,
+            loader_image=config.kubernetes.loader_image,
+            artifact_store_url=config.artifact_store_url,
+        )
     serving = ServingPlane.build(
         store,
         registry,
         log_dir=config.home / "serving",
         artifacts=ArtifactStore(open_blobs(config.artifact_store_url)),
+        kube=kube_serving,
     )
     # pipelines' deploy steps create deployments through the same serving plane
     controller.pipelines.deployer = Deployer(

@@ -674,7 +674,7 @@ def _deploy_outcome(
     return "RUNNING", _deploying(name, model, version, status.ready, status.replicas)
 
 
-def check_deploy_steps(spec: PipelineSpec) -> None:
+def check_deploy_steps(spec: PipelineSpec, *, kubernetes: bool = True) -> None:
     """Check every deploy step like the deployments API checks a request (engine, options,
     model reference), as far as it is known before the pipeline runs: values with ``${{ }}``
     are checked when the step runs. SpecError with ``steps.N.deploy.FIELD`` paths. Eval
@@ -696,7 +696,7 @@ def check_deploy_steps(spec: PipelineSpec) -> None:
         where = f"steps.{i}.deploy"
         known = {k: v for k, v in body.options.items() if not (isinstance(v, str) and "${{" in v)}
         try:
-            check_engine(body.engine, known)
+            check_engine(body.engine, known, kubernetes=kubernetes)
         except SpecError as exc:
             issues += [FieldIssue(f"{where}.{x.path}", x.message, x.fix) for x in exc.issues]
         if "${{" in body.model:

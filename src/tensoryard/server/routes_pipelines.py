@@ -26,9 +26,15 @@ PIPELINE_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def add_pipeline_routes(
-    app: FastAPI, *, store: Store, guard: Guard, prefix: str, kick: Callable[[], None]
+    app: FastAPI,
+    *,
+    store: Store,
+    guard: Guard,
+    prefix: str,
+    kick: Callable[[], None],
+    kubernetes: bool = False,
 ) -> None:
-    """Add /pipelines routes to the app."""
+    """Add /pipelines routes to the app; ``kubernetes``: GPU engines' deploy steps can run."""
 
     def visible(request: Request, who: Principal, pipeline_id: int) -> PipelineRecord:
         record = store.get_pipeline(pipeline_id)
@@ -43,7 +49,7 @@ def add_pipeline_routes(
         (unknown steps, cycles, unknown parameters, bad expressions: 422 naming the field)
         before anything is stored."""
         spec = parse_pipeline_spec({**body.spec, "user": who.name}, source="request")
-        check_deploy_steps(spec)
+        check_deploy_steps(spec, kubernetes=kubernetes)
         params = resolve_params(spec, body.params)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
         record = store.create_pipeline(spec, params, audit=guard.context(request, who))

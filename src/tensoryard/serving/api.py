@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
-from tensoryard.serving.deploy import check_engine
+from tensoryard.serving.deploy import check_engine, model_path_for
 from tensoryard.serving.engine import ENGINES
-from tensoryard.serving.replicas import ReplicaManager
+from tensoryard.serving.gpu_engines import GPU_ENGINES
+from tensoryard.serving.replicas import ReplicaManager, on_kubernetes
 from tensoryard.serving.source import parse_model_source
 from tensoryard.serving.weights import RegistryWeights
 from tensoryard.spec.deployment import DEPLOYMENT_NAME_PATTERN, DeploymentSpec
@@ -52,6 +53,16 @@ class ReplicaOut(BaseModel):
     restarts: int
     in_flight: int
     started_at: datetime | None
+    pod: str | None = Field(None, description="Kubernetes: the (leader) pod serving it.")
+    node: str | None = Field(None, description="Kubernetes: the node the pod runs on.")
+    address: str | None = Field(None, description="Kubernetes: the pod IP the gateway calls.")
+    weights_pull_s: float | None = Field(
+        None, description="Kubernetes: seconds the init container took to pull the weights."
+    )
+    load_s: float | None = Field(
+        None, description="Kubernetes: seconds from the engine's start to its readiness."
+    )
+    message: str = Field("", description="Why it is not ready, when it is not.")
 
 
 class DeploymentOut(BaseModel):
@@ -73,6 +84,7 @@ class DeploymentOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     replica_states: list[ReplicaOut]
+    error: str = Field("", description="Why the supervisor cannot run it right now, if so.")
 
 
 def add_deployment_routes(
@@ -93,6 +105,26 @@ def add_deployment_routes(
             )
             for r in store.list_replicas(name)
         ]
+        if on_kubernetes(d):  # pods, as the supervisor last listed them
+            reps = [
+                ReplicaOut(
+                    slot=r.slot,
+                    port=r.port,
+                    pid=None,
+                    state="ready" if r.ready else "starting",
+                    restarts=r.restarts,
+                    in_flight=r.in_flight,
+                    started_at=None,
+                    pod=r.pod.name,
+                    node=r.pod.node,
+                    address=r.pod.ip,
+                    weights_pull_s=r.pod.pull_s,
+                    load_s=r.pod.load_s,
+                    message=r.pod.message,
+                )
+                for r in sorted(live.values(), key=lambda r: r.slot)
+                if r.pod is not None
+            ]
         target, reason = manager.target(name, d)
         return DeploymentOut(
             name=d.name,
@@ -111,6 +143,7 @@ def add_deployment_routes(
             created_at=d.created_at,
             updated_at=d.updated_at,
             replica_states=reps,
+            error=manager.error(name),
         )
 
     def readable(request: Request, who: Principal, name: str, action: Action) -> None:
@@ -122,11 +155,19 @@ def add_deployment_routes(
         body: DeploymentIn, request: Request, who: Principal = Depends(guard.user)
     ) -> DeploymentOut:
         """Create a deployment; its replicas start in the background."""
-        check_engine(body.engine, body.options)
+        check_engine(body.engine, body.options, kubernetes=manager.kube is not None)
         source = parse_model_source(body.model)
         guard.check(request, who, Action.JOB_SUBMIT, team=body.team, obj=f"team/{body.team}")
         ref, path = source.ref, str(source.path or "")
-        if body.engine == "llama.cpp":
+        if body.engine in GPU_ENGINES:
+            # a path or hub id is what the pod's engine loads; a registry version is pulled
+            # from the artifact store by the pod's init container
+            path = body.model
+            if source.name is not None:
+                version = weights.version(body.team, source)
+                ref = f"{source.ref} (version {version.version})"
+                path = model_path_for(body.engine, version.artifact)
+        elif body.engine == "llama.cpp":
             resolved = weights.resolve(body.team, source)  # pulls a registry version once
             ref, path = resolved.ref, str(resolved.path)
         elif source.name is not None and body.engine in ENGINES:

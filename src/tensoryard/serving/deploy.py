@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError
 from tensoryard.serving.engine import ENGINES, GATEWAY_OPTIONS, parse_engine_options
+from tensoryard.serving.gpu_engines import GPU_ENGINES, parse_gpu_engine_options
+from tensoryard.serving.kubernetes import ARTIFACT_PREFIX
 from tensoryard.serving.replicas import ReplicaManager
 from tensoryard.serving.source import ModelSource, parse_model_source
 from tensoryard.serving.weights import RegistryWeights
@@ -35,15 +37,34 @@ log = logging.getLogger("tensoryard.serving")
 TEST_ENGINES = ("mock",)  # tensoryard.serving.mock_engine: gateway tests, no model loaded
 
 
-def check_engine(engine: str, options: dict[str, Any]) -> None:
-    """SpecError naming ``engine`` or ``options.KEY`` when the engine is unknown or an option
-    is not one it takes."""
-    if engine not in ENGINES and engine not in TEST_ENGINES:
-        raise SpecError(
-            [FieldIssue("engine", f"unknown engine {engine!r}", f"use one of {ENGINES}")]
-        )
+def check_engine(engine: str, options: dict[str, Any], *, kubernetes: bool = True) -> None:
+    """SpecError naming ``engine`` or ``options.KEY`` when the engine is unknown, an option
+    is not one it takes, or a GPU engine is asked of a control plane without Kubernetes."""
+    known = (*ENGINES, *GPU_ENGINES)
+    if engine not in known and engine not in TEST_ENGINES:
+        raise SpecError([FieldIssue("engine", f"unknown engine {engine!r}", f"use one of {known}")])
     if engine == "llama.cpp":
         parse_engine_options(options)
+    if engine in GPU_ENGINES:
+        if not kubernetes:
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "engine",
+                        f"{engine} runs on GPU nodes of a Kubernetes cluster and this control "
+                        "plane has no Kubernetes executor",
+                        "start the server with --executor kubernetes, or serve a GGUF file "
+                        "with engine llama.cpp on this machine",
+                    )
+                ]
+            )
+        parse_gpu_engine_options(engine, options)
+
+
+def model_path_for(engine: str, artifact: str) -> str:
+    """What a GPU engine's deployment stores as its model path for a registry version: the
+    artifact its pods pull (llama.cpp's is the local GGUF file, resolved by RegistryWeights)."""
+    return f"{ARTIFACT_PREFIX}{artifact}" if engine in GPU_ENGINES else ""
 
 
 @dataclass(frozen=True)
@@ -100,7 +121,7 @@ class Deployer:
 
         ``version`` pins the version an earlier plan resolved (an alias may have moved
         since); the deployment's reference text stays the spec's."""
-        check_engine(spec.engine, spec.options)
+        check_engine(spec.engine, spec.options, kubernetes=self.manager.kube is not None)
         source = parse_model_source(spec.model)
         if source.path is not None:
             raise SpecError(
@@ -120,7 +141,8 @@ class Deployer:
             source_version = source
         found = self.weights.version(team, source_version)
         pinned = ModelSource(name=source.name, version=found.version)
-        ref, path = f"{source.ref} (version {found.version})", ""
+        ref = f"{source.ref} (version {found.version})"
+        path = model_path_for(spec.engine, found.artifact)
         if spec.engine == "llama.cpp":
             path = str(self.weights.resolve(team, pinned).path)
         return PlannedDeployment(

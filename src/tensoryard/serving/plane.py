@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -18,6 +19,8 @@ from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_comm
 from tensoryard.serving.weights import RegistryWeights
 from tensoryard.store import Store
 
+if TYPE_CHECKING:
+    from tensoryard.serving.kubernetes import KubeServing
 __all__ = ["ServingPlane"]
 
 
@@ -37,11 +40,14 @@ class ServingPlane:
         log_dir: Path,
         artifacts: ArtifactStore,
         command_for: CommandFor = default_command,
+        kube: KubeServing | None = None,
     ) -> ServingPlane:
         """``log_dir`` holds replica logs and, under ``models/``, registry versions pulled
-        from ``artifacts``."""
+        from ``artifacts``; ``kube`` runs GPU engines' deployments on Kubernetes."""
         metrics = ServingMetrics(registry)
-        manager = ReplicaManager(store, log_dir=log_dir, metrics=metrics, command_for=command_for)
+        manager = ReplicaManager(
+            store, log_dir=log_dir, metrics=metrics, command_for=command_for, kube=kube
+        )
         weights = RegistryWeights(store, artifacts, log_dir / "models")
         manager.follow = AliasFollower(store, weights, manager)
         return cls(store, manager, metrics, weights)

@@ -37,16 +37,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tensoryard.errors import NotFound
+from tensoryard.errors import ExecutorError, NotFound
 from tensoryard.serving.autoscale import AutoscalePolicy, Autoscaler
 from tensoryard.serving.engine import GATEWAY_OPTIONS, engine_command, parse_engine_options
+from tensoryard.serving.gpu_engines import ENGINE_PORT, GPU_ENGINES
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
 from tensoryard.store import Store
 from tensoryard.store._serving import RETIRING_SLOT, DeploymentRecord, ReplicaRecord
+
+if TYPE_CHECKING:
+    from tensoryard.serving.kubernetes import KubeServing
 
 __all__ = ["Replica", "ReplicaManager", "free_port"]
 
@@ -57,6 +62,13 @@ ADOPT_TIMEOUT_S = 10.0  # a new deployment is adopted within one tick when the s
 MAX_BACKOFF_S = 30.0  # a replica that keeps crashing is restarted at most this rarely
 FOLLOW_S = 2.0  # how often deployments of MODEL@ALIAS look whether their alias moved
 DRAIN_S = 60.0  # a retiring replica still busy this long after the new ones are ready is stopped
+KUBE_POLL_S = 1.0  # how often a Kubernetes deployment's pods are listed (every tick when waited on)
+KUBE_COLLECT_S = 10.0  # how often serving objects of deleted deployments are looked for
+
+
+def on_kubernetes(rec: DeploymentRecord) -> bool:
+    """Whether the deployment's replicas are pods on Kubernetes (not processes here)."""
+    return rec.engine in GPU_ENGINES
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,16 +122,20 @@ class Replica:
     pending_chars: int = 0  # uncached prompt characters of the requests in flight
     restarts: int = 0
     retry_at: float | None = None  # set when it exited: restart no earlier than this
+    host: str = "127.0.0.1"
+    pod: Any = None  # a ServingPod when the replica is a pod on Kubernetes
 
     @property
     def id(self) -> str:
-        return f"{self.deployment}/{self.slot}"
+        return f"{self.deployment}/{self.pod.name if self.pod is not None else self.slot}"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def exited(self) -> bool:
+        if self.pod is not None:
+            return False  # Kubernetes restarts and replaces pods
         if self.popen is not None:
             return self.popen.poll() is not None
         return self.pid is None or not _alive(self.pid)
@@ -137,6 +153,9 @@ class _Deployment:
     drain_from: float | None = None  # when every new replica was first seen ready
     autoscaler: Autoscaler | None = None
     target: int | None = None  # replicas wanted at the last reconcile (None: not yet)
+    pod_slots: dict[str, int] = field(default_factory=dict)  # Kubernetes: pod name -> slot
+    polled_at: float = float("-inf")  # Kubernetes: when its pods were last listed
+    error: str = ""  # Kubernetes: why the last apply or listing failed ("" when it did not)
 
 
 def _policy(rec: DeploymentRecord) -> AutoscalePolicy | None:
@@ -165,8 +184,11 @@ class ReplicaManager:
         tick_s: float = 0.25,
         probe_timeout_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        kube: KubeServing | None = None,
     ) -> None:
         self.store = store
+        self.kube = kube  # GPU engines' deployments run as pods through it (None: refused)
+        self._collected_at = float("-inf")
         self.log_dir = log_dir
         self.metrics = metrics
         self.command_for = command_for
@@ -202,6 +224,7 @@ class ReplicaManager:
                     r
                     for d in self._deps.values()
                     for r in (*d.replicas.values(), *d.retiring.values())
+                    if r.pod is None  # pods outlive the control plane
                 ]
             for r in reps:
                 _terminate(r)
@@ -365,10 +388,20 @@ class ReplicaManager:
                     self._deps[name].record = rec
             deps = list(self._deps.values())
         for d in gone:
+            if on_kubernetes(d.record):
+                self._kube_delete(d.record.name)
+                continue
             for r in (*d.replicas.values(), *d.retiring.values()):
                 _terminate(r)
         for r in leftover:
             _terminate(r)
+        if self.kube is not None and self.clock() - self._collected_at >= KUBE_COLLECT_S:
+            self._collected_at = self.clock()
+            try:  # objects of deployments deleted while no control plane watched
+                for obj in self.kube.collect(records):
+                    log.info("serving: deleted %s (its deployment no longer exists)", obj)
+            except ExecutorError as exc:
+                log.warning("serving: cannot look for leftover serving objects: %s", exc)
         for dep in deps:
             self._reconcile_one(dep)
 
@@ -384,6 +417,10 @@ class ReplicaManager:
         `leftover` (to be stopped)."""
         router = ROUTERS[str(rec.options.get("router", "prefix"))]()
         new = _Deployment(rec, router, last_request=self.clock())
+        if on_kubernetes(rec):  # Kubernetes rolls the pods over (maxUnavailable 0)
+            new.replicas, new.pod_slots, new.target = old.replicas, old.pod_slots, old.target
+            new.autoscaler = old.autoscaler
+            return new
         for r in old.retiring.values():  # retiring since an earlier update: kept if its row is
             row = rows.get(r.slot)
             if row is not None and row.pid == r.pid and not r.exited():
@@ -403,6 +440,8 @@ class ReplicaManager:
         """A deployment first seen by this process: re-attach to live replicas from the rows."""
         router = ROUTERS[str(rec.options.get("router", "prefix"))]()
         dep = _Deployment(record=rec, router=router, last_request=self.clock())
+        if on_kubernetes(rec):
+            return dep  # its pods are found by the first listing
         for row in self.store.list_replicas(rec.name):
             retiring = row.slot >= RETIRING_SLOT
             if row.pid is not None and _alive(row.pid) and self._answers(row.port):
@@ -457,13 +496,21 @@ class ReplicaManager:
             if dep.target != target:
                 self.metrics.desired.labels(rec.name).set(target)
             dep.target = target
+            kube = on_kubernetes(rec)
             # surplus replicas get no new request (acquire) and stop once they have none
-            surplus = [
-                dep.replicas.pop(s)
-                for s in sorted(dep.replicas)
-                if s >= target and dep.replicas[s].in_flight == 0
-            ]
-            missing = [s for s in range(target) if s not in dep.replicas]
+            surplus = (
+                []
+                if kube
+                else [
+                    dep.replicas.pop(s)
+                    for s in sorted(dep.replicas)
+                    if s >= target and dep.replicas[s].in_flight == 0
+                ]
+            )
+            missing = [] if kube else [s for s in range(target) if s not in dep.replicas]
+        if kube:  # 3-5 are Kubernetes' (Deployment / LeaderWorkerSet controllers)
+            self._reconcile_kube(dep, target, now)
+            return
         # 3. stop surplus, start missing
         for r in surplus:
             _terminate(r)
@@ -494,6 +541,67 @@ class ReplicaManager:
         # 5. rolling update: stop the previous model's replicas once the new ones all answer
         if dep.retiring:
             self._retire(dep, target, now)
+
+    def _reconcile_kube(self, dep: _Deployment, target: int, now: float) -> None:
+        """Apply the deployment's object with ``target`` replicas; its Ready pods (leaders)
+        become the replicas the gateway routes to, by pod IP."""
+        rec = dep.record
+        if self.kube is None:
+            if dep.error == "":
+                dep.error = (
+                    f"engine {rec.engine} runs on Kubernetes and this control plane has no "
+                    "Kubernetes executor (fix: start the server with --executor kubernetes)"
+                )
+                log.error("deployment %s: %s", rec.name, dep.error)
+            return
+        try:
+            changed = self.kube.ensure(rec, target)  # no API call when nothing changed
+            if not changed and now - dep.polled_at < KUBE_POLL_S and dep.waiting == 0:
+                return
+            pods = self.kube.pods(rec)
+        except (ExecutorError, ValueError) as exc:
+            if str(exc) != dep.error:
+                log.warning("deployment %s: %s", rec.name, exc)
+            dep.error = str(exc)
+            return
+        dep.polled_at, dep.error = now, ""
+        forget: list[str] = []
+        with self._lock:
+            names = {p.name for p in pods}
+            for name in [n for n in dep.pod_slots if n not in names]:
+                r = dep.replicas.pop(dep.pod_slots.pop(name), None)
+                if r is not None:
+                    forget.append(r.id)
+            for p in pods:
+                slot = dep.pod_slots.get(p.name)
+                if slot is None:
+                    used = set(dep.pod_slots.values())
+                    slot = next(i for i in range(len(used) + 1) if i not in used)
+                    dep.pod_slots[p.name] = slot
+                r = dep.replicas.get(slot)
+                if r is None:
+                    r = dep.replicas[slot] = Replica(rec.name, slot, ENGINE_PORT, None)
+                if p.ready and not r.ready:
+                    log.info("replica %s/%s ready at %s", rec.name, p.name, p.ip)
+                    dep.last_request = max(dep.last_request, self.clock())
+                r.pod, r.host, r.ready, r.restarts = p, p.ip or "", p.ready, p.restarts
+        for replica_id in forget:
+            dep.router.forget(replica_id)
+
+    def _kube_delete(self, name: str) -> None:
+        if self.kube is None:
+            return
+        try:
+            self.kube.delete(name)
+            log.info("serving: deleted the Kubernetes objects of deployment %s", name)
+        except ExecutorError as exc:  # collect() retries
+            log.warning("serving: cannot delete deployment %s's objects: %s", name, exc)
+
+    def error(self, name: str) -> str:
+        """Why the last reconcile of a Kubernetes deployment failed ("" when it did not)."""
+        with self._lock:
+            dep = self._deps.get(name)
+            return dep.error if dep is not None else ""
 
     def _retire(self, dep: _Deployment, target: int, now: float) -> None:
         with self._lock:

@@ -110,8 +110,10 @@ def test_train_register_deploy_and_call_the_gateway_through_the_server(
             assert bad.status_code == 422, bad.text
             assert {
                 "path": "steps.2.deploy.engine",
-                "message": "unknown engine 'vllm'",
-                "fix": "use one of ('llama.cpp',)",
+                "message": "vllm runs on GPU nodes of a Kubernetes cluster and this control "
+                "plane has no Kubernetes executor",
+                "fix": "start the server with --executor kubernetes, or serve a GGUF file "
+                "with engine llama.cpp on this machine",
             } in bad.json()["detail"]
             for eval_set, message in (
                 (scripts / "missing.jsonl", "cannot read"),

@@ -130,10 +130,10 @@ def test_bad_deploy_steps_name_the_field_and_the_fix(
     ("step", "path", "message", "fix"),
     [
         (
-            deploy(engine="vllm"),
+            deploy(engine="tgi"),
             "steps.0.deploy.engine",
-            "unknown engine 'vllm'",
-            "use one of ('llama.cpp',)",
+            "unknown engine 'tgi'",
+            "use one of ('llama.cpp', 'vllm', 'sglang')",
         ),
         (
             deploy(options={"n_gpu_layers": 10}),
@@ -195,3 +195,15 @@ def test_templated_values_are_checked_when_the_step_runs_and_add_dependencies() 
     assert resolved == DeploymentSpec(
         model="m:3", engine="mock", replicas=2, options={"tokens": "4"}
     )
+
+
+def test_a_gpu_deploy_step_is_checked_with_the_gpu_engines_rules() -> None:
+    bad = deploy(engine="vllm", options={"tensor_parallel_size": 4, "nodes": 3})
+    paths = [p for p, _, _ in edge_issues(pipeline(bad))]
+    assert paths == ["steps.0.deploy.options.nodes"]
+    good = deploy(engine="sglang", options={"tensor_parallel_size": 16, "nodes": 2})
+    check_deploy_steps(parse_pipeline_spec(pipeline(good)))  # no SpecError
+    with pytest.raises(SpecError) as info:  # a control plane without Kubernetes
+        check_deploy_steps(parse_pipeline_spec(pipeline(good)), kubernetes=False)
+    assert info.value.issues[0].path == "steps.0.deploy.engine"
+    assert "--executor kubernetes" in info.value.issues[0].fix

@@ -36,6 +36,12 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
     *((v, "jobset.x-k8s.io", "jobsets", True) for v in ("get", "list", "create", "delete")),
     ("update", "batch", "jobs/finalizers", True),
     ("update", "jobset.x-k8s.io", "jobsets/finalizers", True),
+    # model serving on GPUs (serving/kubernetes.py): a Deployment or LeaderWorkerSet each
+    *((v, "apps", "deployments", True) for v in ("get", "list", "create", "update", "delete")),
+    *(
+        (v, "leaderworkerset.x-k8s.io", "leaderworkersets", True)
+        for v in ("get", "list", "create", "update", "delete")
+    ),
 )
 
 
@@ -60,6 +66,7 @@ class Kube:
 
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.calls = 0  # API calls made (the benchmark reports calls per job)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tensoryard import __version__
 from tensoryard.executors.kubernetes.manifests import GPU_RESOURCE
 
 __all__ = ["GPU_PRODUCT_LABEL", "Admission", "KubernetesConfig", "WorkloadKind"]
@@ -39,6 +40,9 @@ class KubernetesConfig:
     the LocalQueue named after its team; Kueue's quotas, borrowing and preemption decide)."""
     default_image: str | None = None
     """Image for jobs whose spec names none (`image:`); None: such jobs are refused at launch."""
+    loader_image: str = f"tensoryard/tensoryard:{__version__}"
+    """Image of the init container that pulls a model version's weights from the artifact
+    store into a GPU serving pod (`python -m tensoryard.serving.pull`): tensoryard installed."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Only nodes with these labels are tensoryard's to schedule on (empty: every node)."""
     switch_label: str = "tensoryard.io/switch"
