@@ -112,8 +112,11 @@ class CapacityIndex:
 
     # --- queries ---------------------------------------------------------------------------
 
-    def best_node(self, gpus: int, cpu: float, mem: int) -> NodeState | None:
-        """The fullest node that still fits (best fit), preferring the fullest switch."""
+    def best_node(
+        self, gpus: int, cpu: float, mem: int, avoid: frozenset[str] = frozenset()
+    ) -> NodeState | None:
+        """The fullest node that still fits (best fit), preferring the fullest switch; never
+        one named in `avoid`."""
         for k in range(gpus, self.max_gpus + 1):
             best: NodeState | None = None
             best_free = 0
@@ -124,7 +127,7 @@ class CapacityIndex:
                     continue
                 for ix in bucket[k]:
                     node = self.nodes[ix]
-                    if node.fits(gpus, cpu, mem):
+                    if node.fits(gpus, cpu, mem) and node.name not in avoid:
                         best, best_free = node, self.switch_free[s]
                         break
             if best is not None:
@@ -137,15 +140,22 @@ class CapacityIndex:
         return sum(len(bucket[k]) for k in range(gpus, self.max_gpus + 1))
 
     def pick_in_switch(
-        self, s: int, count: int, gpus: int, cpu: float, mem: int
+        self,
+        s: int,
+        count: int,
+        gpus: int,
+        cpu: float,
+        mem: int,
+        avoid: frozenset[str] = frozenset(),
     ) -> list[NodeState]:
-        """Up to `count` best-fit nodes of switch s with room for one worker each."""
+        """Up to `count` best-fit nodes of switch s with room for one worker each (none named
+        in `avoid`)."""
         chosen: list[NodeState] = []
         bucket = self.buckets[s]
         for k in range(gpus, self.max_gpus + 1):
             for ix in bucket[k]:
                 node = self.nodes[ix]
-                if node.fits(gpus, cpu, mem):
+                if node.fits(gpus, cpu, mem) and node.name not in avoid:
                     chosen.append(node)
                     if len(chosen) == count:
                         return chosen
@@ -176,9 +186,17 @@ class CapacityIndex:
         return first + [s for _, s in order if self.switch_block[s] != best[1]]
 
     def gang(
-        self, count: int, gpus: int, cpu: float, mem: int, max_switches: int | None
+        self,
+        count: int,
+        gpus: int,
+        cpu: float,
+        mem: int,
+        max_switches: int | None,
+        avoid: frozenset[str] = frozenset(),
     ) -> list[NodeState] | None:
-        """Nodes for a gang of `count` workers on as few switches as possible.
+        """Nodes for a gang of `count` workers on as few switches as possible, none of them
+        named in `avoid` (the switch counts below include avoided nodes: with `avoid`, a
+        switch that looked big enough may fall short and the gang spreads, or fails).
 
         With `max_switches` set, fail rather than spread over more switches than that.
         """
@@ -189,14 +207,14 @@ class CapacityIndex:
         single = [(n, self.switch_free[s], s) for n, s in fitting if n >= count]
         if single:
             _, _, s = min(single)  # the tightest switch that holds the whole gang
-            chosen = self.pick_in_switch(s, count, gpus, cpu, mem)
+            chosen = self.pick_in_switch(s, count, gpus, cpu, mem, avoid)
             if len(chosen) == count:
                 return chosen
         chosen = []
         for used, s in enumerate(self._spread_order(fitting, count)):
             if max_switches is not None and used >= max_switches:
                 return None
-            chosen.extend(self.pick_in_switch(s, count - len(chosen), gpus, cpu, mem))
+            chosen.extend(self.pick_in_switch(s, count - len(chosen), gpus, cpu, mem, avoid))
             if len(chosen) == count:
                 return chosen
         return None

@@ -117,6 +117,8 @@ class Workload:
             before other queues' heads of its priority, so that the room made for it is not
             taken by a workload ahead of it (which another queue would then reclaim from, and
             so on: a preemption livelock). The caller keeps this memory (see CorePolicy).
+        avoid_nodes: nodes it must not be placed on (where its attempts failed twice: see
+            the controller); pending workloads only.
     """
 
     id: str
@@ -138,6 +140,7 @@ class Workload:
     terminating: bool = False
     preempted_for: str | None = None
     reclaiming: bool = False
+    avoid_nodes: frozenset[str] = frozenset()
 
     @property
     def total_gpus(self) -> int:

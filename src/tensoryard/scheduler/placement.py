@@ -100,13 +100,15 @@ def place(
     valid while that index only loses capacity (None: what-if checks, no caching)."""
     strict = w.topology == "required" and w.nodes > 1
     shape = (w.nodes, w.gpus_per_node, w.cpu_per_node, w.mem_per_node, strict)
+    if w.avoid_nodes:
+        cache = None  # a failure without some nodes says nothing about the same shape with them
     failed = st.cap_fail.setdefault(cache, []) if cache is not None else []
     for n, g, c, m, s in failed:
         covered = n <= shape[0] and g <= shape[1] and c <= shape[2] and m <= shape[3]
         if covered and ((not s) or strict):
             return None
     if w.nodes == 1:
-        node = index.best_node(w.gpus_per_node, w.cpu_per_node, w.mem_per_node)
+        node = index.best_node(w.gpus_per_node, w.cpu_per_node, w.mem_per_node, w.avoid_nodes)
         nodes = [node] if node is not None else None
     else:
         nodes = index.gang(
@@ -115,6 +117,7 @@ def place(
             w.cpu_per_node,
             w.mem_per_node,
             _max_switches(st, w, model),
+            w.avoid_nodes,
         )
     if nodes is None and cache is not None and len(failed) < st.cfg.placement_failure_cache:
         failed.append(shape)

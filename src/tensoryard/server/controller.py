@@ -49,7 +49,14 @@ from tensoryard.server.config import ServerConfig
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.metrics import LoopMetrics
 from tensoryard.server.pipelines import PipelineAdvancer
-from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity, Preemption
+from tensoryard.server.scheduling import (
+    EXCLUDE_AFTER_FAILURES,
+    ClusterView,
+    CorePolicy,
+    NodeCapacity,
+    Preemption,
+    nodes_to_avoid,
+)
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, TERMINAL_STATES, JobState
@@ -197,6 +204,8 @@ class _Memory:
     # A hung attempt whose workers were killed for torchrun to restart them in place: when.
     in_place_kills: dict[tuple[int, int], float] = field(default_factory=dict)
     stacks_dumped: set[tuple[int, int]] = field(default_factory=set)  # hung attempts asked
+    # job -> (its attempt count when computed, the nodes its next placement avoids, why)
+    avoid: dict[int, tuple[int, frozenset[str], str]] = field(default_factory=dict)
 
 
 class Controller:
@@ -751,6 +760,11 @@ class Controller:
             to, why = self._retry_or_fail(job, why)
         # The stop reason we recorded (preempted, limit, hang) is the attempt's reason.
         reason = attempt.reason or status.reason or status.phase.value
+        moved = ""
+        if to is JobState.RESTARTING:  # a node where this job failed twice: placed elsewhere
+            moved = self._avoid_after(job, attempt, status.phase.value, reason)
+            if moved:
+                to, why = JobState.PENDING, f"{why}; {moved}"
         try:
             record = self.store.finish_attempt(
                 job.id,
@@ -761,6 +775,7 @@ class Controller:
                 job_to=to,
                 job_reason=why,
                 expected=[job.state],
+                count_restart=bool(moved),  # a restart all the same
                 **({"placement": {}} if to is JobState.PENDING else {}),
             )
         except Conflict as exc:
@@ -937,6 +952,45 @@ class Controller:
             self._schedule_cost_s = time.perf_counter() - started
             self.metrics.cycle_seconds.observe(self._schedule_cost_s)
 
+    def _avoid_after(self, job: JobRecord, attempt: AttemptRecord, state: str, reason: str) -> str:
+        """When ending ``attempt`` this way makes a node of the job's placement one where two
+        of its attempts failed, and the job fits elsewhere: why it goes back to the queue
+        (the scheduler then avoids that node); "" to restart in place as usual."""
+        history = [
+            dataclasses.replace(a, state=state, reason=reason) if a.number == attempt.number else a
+            for a in self.store.list_attempts(job.id)
+        ]
+        avoid, why = nodes_to_avoid(history, self._nodes(self.clock()), self._spec(job))
+        if not avoid & set(job.placement):
+            return ""
+        return f"requeued to be placed elsewhere: {why}"
+
+    def _avoid_nodes(
+        self, pending: list[JobRecord], nodes: tuple[NodeCapacity, ...]
+    ) -> dict[int, frozenset[str]]:
+        """job -> nodes its next placement avoids: where two of its attempts failed (see
+        scheduling.nodes_to_avoid). Read from the attempts once per new attempt count; an
+        event says so when the set changes."""
+        out: dict[int, frozenset[str]] = {}
+        waiting = {j.id for j in pending}
+        self._mem.avoid = {k: v for k, v in self._mem.avoid.items() if k in waiting}
+        for job in pending:
+            if job.attempts < EXCLUDE_AFTER_FAILURES:
+                continue
+            known = self._mem.avoid.get(job.id)
+            if known is None or known[0] != job.attempts:
+                spec = self._specs.get(job.id)
+                if spec is None:
+                    continue
+                avoid, why = nodes_to_avoid(self.store.list_attempts(job.id), nodes, spec)
+                if why and (known is None or (known[1], known[2]) != (avoid, why)):
+                    self.store.add_event(job.id, "placement", why)
+                known = (job.attempts, avoid, why)
+                self._mem.avoid[job.id] = known
+            if known[1]:
+                out[job.id] = known[1]
+        return out
+
     def _schedule_pass(self, now: float) -> None:
         self._dirty = self._urgent = False
         self._last_schedule = now
@@ -951,8 +1005,9 @@ class Controller:
             if self._spec_or_quarantine(j) is not None
         )
         attempts = self.store.current_attempts()
+        capacity = self._nodes(now)
         view = ClusterView(
-            nodes=self._nodes(now),
+            nodes=capacity,
             teams=tuple(self.store.list_teams()),
             pending=tuple(pending),
             running=running,
@@ -968,6 +1023,7 @@ class Controller:
                 if (a := attempts.get(j.id)) is not None and a.finished_at is None
             },
             specs=self._specs,
+            avoid_nodes=self._avoid_nodes(pending, capacity),
         )
         decisions = self.policy.decide(view)
         by_id = {j.id: j for j in pending}

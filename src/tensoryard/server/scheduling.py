@@ -16,7 +16,8 @@ default policy uses). The control loop keeps both across restarts:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,9 +42,10 @@ from tensoryard.scheduler.estimates import (
     attempt_estimate,
 )
 from tensoryard.spec.job import JobSpec
-from tensoryard.store import JobRecord, TeamRecord
+from tensoryard.store import AttemptRecord, JobRecord, TeamRecord
 
 __all__ = [
+    "EXCLUDE_AFTER_FAILURES",
     "Admission",
     "ClusterView",
     "CorePolicy",
@@ -52,6 +54,8 @@ __all__ = [
     "NodeCapacity",
     "PendingInfo",
     "Preemption",
+    "failed_on",
+    "nodes_to_avoid",
 ]
 
 COHORT = "everyone"
@@ -90,6 +94,8 @@ class ClusterView:
     # job -> when its current attempt started running (its launch while not yet running)
     attempt_started: Mapping[int, float] = field(default_factory=dict)
     specs: Mapping[int, JobSpec] = field(default_factory=dict)  # parsed once by the caller
+    # job -> nodes its next placement must avoid (two of its attempts failed there)
+    avoid_nodes: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -239,7 +245,8 @@ class CorePolicy:
             runtime_estimate_s=self.estimator.estimate(_features(spec)),
             attained_service_s=view.attained_s.get(job.id, 0.0),
         )
-        return replace(workload, reclaiming=True) if job.id in self._reclaiming else workload
+        avoid = view.avoid_nodes.get(job.id, frozenset())
+        return replace(workload, reclaiming=job.id in self._reclaiming, avoid_nodes=avoid)
 
     def _running(self, job: JobRecord, view: ClusterView) -> Workload:
         spec = _spec(job, view)
@@ -340,3 +347,62 @@ def _spec(job: JobRecord, view: ClusterView) -> JobSpec:
     """The job's spec: parsed once by the caller (`view.specs`), else here."""
     spec = view.specs.get(job.id)
     return spec if spec is not None else JobSpec.model_validate(job.spec)
+
+
+EXCLUDE_AFTER_FAILURES = 2  # a node where this many of a job's attempts failed is avoided
+
+
+def failed_on(attempts: Sequence[AttemptRecord]) -> dict[str, list[int]]:
+    """node -> numbers of the job's attempts that failed because of something on that node.
+
+    A failed or lost single-node attempt counts against its node. A multi-node attempt counts
+    only against the nodes its reason names (a lost node, a rank's node): a bug in the job
+    fails every node of the gang alike and is no reason to avoid any of them. Attempts
+    recorded without their nodes count against none."""
+    out: dict[str, list[int]] = {}
+    for a in attempts:
+        if a.state not in ("failed", "lost") or not a.nodes:
+            continue
+        named = a.nodes if len(a.nodes) == 1 else [n for n in a.nodes if _names(a.reason, n)]
+        for node in named:
+            out.setdefault(node, []).append(a.number)
+    return out
+
+
+def _names(text: str, node: str) -> bool:
+    """``text`` names ``node`` as a whole word (node "a" is not in "not ready")."""
+    return re.search(rf"(?<![\w.-]){re.escape(node)}(?![\w.-])", text) is not None
+
+
+def nodes_to_avoid(
+    attempts: Sequence[AttemptRecord], nodes: Sequence[NodeCapacity], spec: JobSpec
+) -> tuple[frozenset[str], str]:
+    """The nodes a job's next placement avoids, and why (an event's text; "" when none).
+
+    Nothing is avoided when that would leave fewer usable nodes (ready, of the GPU model it
+    asks for, with enough GPUs) than the job needs: it would wait forever instead."""
+    failed = {
+        n: nums for n, nums in failed_on(attempts).items() if len(nums) >= EXCLUDE_AFTER_FAILURES
+    }
+    if not failed:
+        return frozenset(), ""
+    res = spec.resources
+    usable = [
+        n.name
+        for n in nodes
+        if n.state == "ready"
+        and not n.cordoned
+        and len(n.gpu_indices) >= res.gpus_per_node
+        and (spec.scheduling.gpu_model is None or n.gpu_model == spec.scheduling.gpu_model)
+    ]
+    left = [n for n in usable if n not in failed]
+    where = "; ".join(
+        f"{node}: attempts {', '.join(map(str, nums))} failed there"
+        for node, nums in sorted(failed.items())
+    )
+    if len(left) < res.nodes:
+        return frozenset(), (
+            f"not avoiding {', '.join(sorted(failed))} ({where}): only {len(left)} other usable "
+            f"node(s) for {res.nodes} needed"
+        )
+    return frozenset(failed), f"next placement avoids {', '.join(sorted(failed))} ({where})"

@@ -147,6 +147,9 @@ class AttemptOut(_FromRecord):
     launch_attempt: int | None = Field(
         None, description="Restarted in place by torchrun: the attempt that was launched."
     )
+    nodes: list[str] = Field(
+        default_factory=list, description="The nodes it was launched on ([]: not recorded)."
+    )
 
 
 class EventOut(_FromRecord):

@@ -98,6 +98,7 @@ def attempt_record(a: Attempt) -> AttemptRecord:
         checkpoint_restore_s=a.checkpoint_restore_s,
         admitted_at=a.admitted_at,
         launch_attempt=a.launch_attempt,
+        nodes=tuple(a.nodes or ()),
     )
 
 

@@ -198,6 +198,8 @@ class Attempt(Base):
     launch_attempt: Mapped[int | None] = mapped_column(Integer)
     """Restarted in place (0014): the attempt whose launch (torchrun) restarted its workers
     into this one; same handle and key. None: launched by the control plane."""
+    nodes: Mapped[list[str] | None] = mapped_column(JSON)
+    """The nodes of the placement it was launched with (0015); None: recorded before."""
 
 
 class Event(Base):

@@ -103,6 +103,7 @@ class AttemptRecord:
     checkpoint_restore_s: float | None = None
     admitted_at: datetime | None = None  # Kueue's admission; None: admitted at launch
     launch_attempt: int | None = None  # restarted in place from this launch; None: launched
+    nodes: tuple[str, ...] = ()  # the placement's nodes at launch (() : unknown)
 
 
 @dataclass(frozen=True)

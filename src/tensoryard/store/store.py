@@ -523,6 +523,7 @@ class Store(
                 started_at=now,
                 reason="",
                 resumed_from_step=resumed_from_step,
+                nodes=sorted(job.placement or {}),
             )
             s.add(attempt)
             job.attempts = attempt.number
@@ -649,6 +650,7 @@ class Store(
                     reason="",
                     attempt_key=current.attempt_key,
                     launch_attempt=launch,
+                    nodes=current.nodes,
                 )
                 s.add(nxt)
                 self._event(
@@ -712,6 +714,7 @@ class Store(
                 reason="",
                 resumed_from_step=resumed_from_step,
                 attempt_key=attempt_key,
+                nodes=sorted(job.placement or {}),
             )
             s.add(attempt)
             job.attempts = number
@@ -761,12 +764,15 @@ class Store(
         job_to: JobState | None = None,
         job_reason: str = "",
         expected: Iterable[JobState] | None = None,
+        count_restart: bool = False,
         **fields: Any,
     ) -> JobRecord:
         """End an attempt and move its job in one transaction (or neither happens).
 
         The attempt's run time (from ``running_at``) is added to the job's ``run_time_s``.
-        ``job_to`` None ends the attempt only. Conflict as in :meth:`transition`.
+        ``job_to`` None ends the attempt only. ``count_restart``: the job's ``restarts`` grows
+        by one although it does not go to RESTARTING (a failed job requeued to be placed
+        elsewhere). Conflict as in :meth:`transition`.
         """
         fields = _in.clean_job_fields(fields)
         allowed = None if expected is None else {JobState(e) for e in expected}
@@ -794,6 +800,8 @@ class Store(
                 if job_to not in ALLOWED_TRANSITIONS[old]:
                     raise Conflict(f"job {job_id} is {old}; it cannot move to {job_to}")
                 _apply_state(job, old, job_to, now)
+                if count_restart and job_to is not JobState.RESTARTING:
+                    job.restarts += 1
                 job.reason = job_reason
                 for key, value in fields.items():
                     setattr(job, key, value)

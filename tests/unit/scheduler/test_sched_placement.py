@@ -188,3 +188,19 @@ def test_impossible_requests_say_why_and_how_to_fix(builder, fragment: str) -> N
     assert info.code == "unschedulable"
     assert fragment in info.reason
     assert info.eta_s is None
+
+
+def test_avoided_nodes_are_never_chosen_even_when_they_fit_best() -> None:
+    running = [make_workload("r").gpus(6).running_on({"n0": range(6)}, start=0).obj()]
+    small = replace(make_workload("small").gpus(2).obj(), avoid_nodes=frozenset({"n0"}))
+    decisions = schedule(make_nodes(2), BIG, [small], running)
+    assert set(decisions.admitted["small"].gpus) == {"n1"}  # n0 fits best, but is avoided
+
+
+def test_a_gang_avoiding_nodes_is_placed_on_the_others_or_waits() -> None:
+    gang = replace(make_workload("gang").gpus(8).nodes(2).obj(), avoid_nodes=frozenset({"n1"}))
+    decisions = schedule(make_nodes(3), BIG, [gang])
+    assert set(decisions.admitted["gang"].gpus) == {"n0", "n2"}
+    blocked = replace(gang, avoid_nodes=frozenset({"n0", "n1"}))
+    decisions = schedule(make_nodes(3), BIG, [blocked])
+    assert decisions.admissions == ()

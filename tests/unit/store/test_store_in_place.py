@@ -96,3 +96,32 @@ def test_a_stale_launch_or_an_ended_job_is_refused_and_nothing_changes(store: St
     assert (job.attempts, job.restarts, len(store.list_attempts(job_id))) == (1, 1, 1)
     grant = store.job_token_grant(job_id, "tok")
     assert grant is not None and grant.attempt == 1
+
+
+def test_attempts_keep_the_nodes_they_were_launched_on(store: Store) -> None:
+    store.ensure_team("default")
+    spec = JobSpec.model_validate({"name": "t", "command": ["train.py"]})
+    job = store.create_job(spec, run_dir_root=Path("/runs"))
+    store.transition(
+        job.id, JobState.ADMITTED, reason="admitted", placement={"gpu-b": [0], "gpu-a": [1]}
+    )
+    first = store.begin_attempt(
+        job.id, expected=JobState.ADMITTED, number=1, attempt_key="k1", handle=HANDLE, reason="x"
+    )[1]
+    assert first.nodes == ("gpu-a", "gpu-b")
+    store.mark_launched(job.id, 1, HANDLE)
+    store.mark_running(job.id, 1, "running")
+    assert store.restart_in_place(job.id, launch=1, number=2).nodes == ("gpu-a", "gpu-b")
+    # requeued to be placed elsewhere: PENDING, the placement given back, a restart counted
+    moved = store.finish_attempt(
+        job.id,
+        2,
+        state="failed",
+        reason="exit 1",
+        job_to=JobState.PENDING,
+        job_reason="requeued",
+        count_restart=True,
+        placement={},
+    )
+    assert (moved.state, moved.restarts, moved.placement) == (JobState.PENDING, 2, {})
+    assert [a.nodes for a in store.list_attempts(job.id)] == [("gpu-a", "gpu-b")] * 2
