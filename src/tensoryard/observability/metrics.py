@@ -32,6 +32,7 @@ __all__ = [
     "K8S_PODS",
     "MOUNT",
     "NCCL",
+    "SERVING_ENGINE",
     "MetricDef",
     "by_name",
     "names",
@@ -477,6 +478,42 @@ DCGM_JOINED = tuple(
     )
 )
 
+# GPU serving engines' own metrics, scraped from their pods (serving/engine_scrape.py)
+SERVING_ENGINE: tuple[MetricDef, ...] = (
+    *_defs(
+        "gauge",
+        ("deployment", "pod"),
+        [
+            (
+                "tyard_serving_engine_scrape_ok",
+                "1 when the last scrape of the engine's /metrics answered and parsed.",
+            ),
+            (
+                "tyard_serving_engine_kv_usage_ratio",
+                "KV-cache use of the engine, 0..1 (engine's own metric).",
+            ),
+            (
+                "tyard_serving_engine_prefix_hit_ratio",
+                "Prefix-cache hit ratio of the engine (engine's own metric).",
+            ),
+            (
+                "tyard_serving_engine_running_requests",
+                "Requests the engine is running (engine's own metric).",
+            ),
+            (
+                "tyard_serving_engine_waiting_requests",
+                "Requests waiting in the engine's queue (engine's own metric).",
+            ),
+        ],
+    ),
+    MetricDef(
+        "tyard_serving_engine_metric_missing",
+        "gauge",
+        "1 for each contract metric the engine's /metrics lacks (renamed or disabled).",
+        ("deployment", "pod", "metric"),
+    ),
+)
+
 ALL: tuple[MetricDef, ...] = (
     COLLECTOR_ERRORS,
     *IB,
@@ -495,6 +532,7 @@ ALL: tuple[MetricDef, ...] = (
     *CONTROL_PLANE,
     *K8S_PODS,
     *DCGM_JOINED,
+    *SERVING_ENGINE,
 )
 
 

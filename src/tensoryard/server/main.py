@@ -297,7 +297,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     log.info("database %s; state in %s", safe_url(plane.store.url), config.home)
     plane.controller.start()  # takes the leader lease (or waits for it), recovers, loops
     if plane.serving is not None:
-        plane.serving.manager.start()  # re-attaches to or restarts replicas, then supervises
+        plane.serving.start()  # re-attaches to or restarts replicas, then supervises
     if plane.webhooks is not None:
         plane.webhooks.start()  # sends what the outbox holds, from before a restart too
     if plane.housekeeper is not None:
@@ -327,7 +327,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
             server.run()
     finally:
         if plane.serving is not None:
-            plane.serving.manager.stop()
+            plane.serving.stop()
         if plane.webhooks is not None:
             plane.webhooks.stop()
         if plane.housekeeper is not None:

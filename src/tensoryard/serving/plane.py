@@ -13,6 +13,7 @@ from tensoryard.registry import ArtifactStore
 from tensoryard.server.guard import Guard
 from tensoryard.serving.api import add_deployment_routes
 from tensoryard.serving.deploy import AliasFollower
+from tensoryard.serving.engine_scrape import EngineScraper
 from tensoryard.serving.gateway import add_gateway_routes
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_command
@@ -30,6 +31,7 @@ class ServingPlane:
     manager: ReplicaManager
     metrics: ServingMetrics
     weights: RegistryWeights
+    scraper: EngineScraper | None = None  # GPU engines' own metrics (with Kubernetes only)
 
     @classmethod
     def build(
@@ -50,7 +52,19 @@ class ServingPlane:
         )
         weights = RegistryWeights(store, artifacts, log_dir / "models")
         manager.follow = AliasFollower(store, weights, manager)
-        return cls(store, manager, metrics, weights)
+        scraper = EngineScraper(manager, registry) if kube is not None else None
+        return cls(store, manager, metrics, weights, scraper)
+
+    def start(self) -> None:
+        """Supervise the replicas (re-attaching to or restarting them) and scrape engines."""
+        self.manager.start()
+        if self.scraper is not None:
+            self.scraper.start()
+
+    def stop(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
+        self.manager.stop()
 
     def mount(self, app: FastAPI, guard: Guard) -> None:
         """Add /api/v1/deployments and the OpenAI-compatible /v1 routes to the app."""
