@@ -9,6 +9,9 @@ several attempts' processes are alive, the newest attempt's wins.
     kill    SIGKILL the rank (a crash)
     stop    SIGSTOP it for `duration` then SIGCONT (None: leave it stopped: a hang)
     slow    for `duration`, stop it for (1 - speed) of every 100 ms (a straggler)
+    cut     cut the rank's node off the network for `duration` (None: until restored by hand):
+            only for network-namespace nodes (`tyard server --node-netns`): the rank's
+            TYARD_NODE names its namespace, whose eth0 goes down
 
 `run_schedule` repeats one action every `every` seconds, `count` times, looking the rank up
 again each time (after a restart it is a new process).
@@ -26,8 +29,8 @@ from typing import Literal
 
 __all__ = ["Action", "ChaosRecord", "find_rank", "inject", "run_schedule"]
 
-Action = Literal["kill", "stop", "slow"]
-ACTIONS: tuple[Action, ...] = ("kill", "stop", "slow")
+Action = Literal["kill", "stop", "slow", "cut"]
+ACTIONS: tuple[Action, ...] = ("kill", "stop", "slow", "cut")
 _SLOW_PERIOD_S = 0.1
 
 
@@ -86,7 +89,9 @@ def inject(
     sleep: Callable[[float], None] = time.sleep,
     kill: Callable[[int, int], None] = os.kill,
 ) -> str:
-    """Do `action` to `pid`; blocks for stop/slow with a duration. Returns a note."""
+    """Do `action` to `pid`; blocks for stop/slow/cut with a duration. Returns a note."""
+    if action == "cut":
+        return _cut(pid, duration, sleep)
     if action == "kill":
         kill(pid, signal.SIGKILL)
         return "killed"
@@ -108,6 +113,24 @@ def inject(
         kill(pid, signal.SIGCONT)
         sleep(_SLOW_PERIOD_S * speed)
     return f"slowed to {speed:.0%} for {duration:g}s"
+
+
+def _cut(pid: int, duration: float | None, sleep: Callable[[float], None]) -> str:
+    from tensoryard.executors.local.netns import cut_netns, restore_netns
+
+    node = _environ(Path(f"/proc/{pid}/environ")).get("TYARD_NODE")
+    if not node:
+        raise ValueError(
+            f"pid {pid} runs on no network-namespace node (no TYARD_NODE): cut needs "
+            "`tyard server --local-nodes A,B --node-netns`"
+        )
+    cut_netns(f"tyard-{node}")
+    if duration is None:
+        fix = f"ip -n tyard-{node} link set eth0 up"
+        return f"cut node {node} off the network (left cut: restore with `{fix}`)"
+    sleep(duration)
+    restore_netns(f"tyard-{node}")
+    return f"cut node {node} off the network for {duration:g}s"
 
 
 def run_schedule(

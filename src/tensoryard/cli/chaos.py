@@ -43,7 +43,11 @@ def chaos(
         typer.Option(help="Instead of a job id: the TYARD_RUN_DIR of a run (plain torchrun)."),
     ] = None,
     action: Annotated[
-        str, typer.Option(help="kill (crash), stop (SIGSTOP: a hang) or slow (a straggler).")
+        str,
+        typer.Option(
+            help="kill (crash), stop (SIGSTOP: a hang), slow (a straggler) or cut (the rank's "
+            "node off the network; network-namespace nodes only)."
+        ),
     ] = "kill",
     rank: Annotated[int, typer.Option(help="Which rank (torchrun's RANK).")] = 1,
     every: Annotated[str, typer.Option(help="Time between injections, like 90s.")] = "90s",
@@ -51,7 +55,10 @@ def chaos(
     start_after: Annotated[str, typer.Option(help="Wait this long before the first.")] = "0s",
     duration: Annotated[
         str | None,
-        typer.Option(help="stop: resume after this long (default: never, a hang); slow: how long."),
+        typer.Option(
+            help="stop: resume after this long (default: never, a hang); slow: how long; "
+            "cut: reconnect after this long (default: never)."
+        ),
     ] = None,
     speed: Annotated[
         float, typer.Option(help="slow: the share of time the rank still runs (0-1).")

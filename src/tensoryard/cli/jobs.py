@@ -211,6 +211,14 @@ def server(
             show_default=False,
         ),
     ] = None,
+    node_netns: Annotated[
+        bool,
+        typer.Option(
+            "--node-netns",
+            help="With --local-nodes: each node gets a network namespace (root only), so "
+            "multi-node torchrun jobs run across them over a real (virtual) network.",
+        ),
+    ] = False,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, and the local executor (jobs on
     this machine) or the Kubernetes executor (`--executor kubernetes`: JobSets on a cluster).
@@ -261,6 +269,7 @@ def server(
         webhooks=hooks,
         webhook_keep_s=webhook_keep_days * 86400 if webhook_keep_days else None,
         local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
+        node_netns=node_netns,
     )
     with user_errors():
         console.print(

@@ -80,6 +80,11 @@ class ServerConfig:
     the health loop (drain one, the job resumes on another) on one machine. Empty: one node
     named after the host."""
 
+    node_netns: bool = False
+    """Give each of `local_nodes` a network namespace (executors/local/netns.py, needs root):
+    multi-node torchrun jobs then run one torchrun per node, inside its namespace, and really
+    cross a network (a bridge); the control plane also listens on the bridge address."""
+
     job_env_allow: tuple[str, ...] | None = None
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""

@@ -112,9 +112,24 @@ def _local_backend(config: ServerConfig) -> _Backend:
     from tensoryard.executors.local import LocalExecutor
     from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
 
+    netns = None
+    if config.node_netns:
+        from tensoryard.executors.local.netns import NetnsNodes, netns_unavailable
+
+        if len(config.local_nodes) < 2:
+            raise ConfigError("--node-netns needs --local-nodes with at least two names")
+        why = netns_unavailable()
+        if why:
+            raise ConfigError(f"--node-netns: {why}")
+        netns = NetnsNodes(config.local_nodes)
+        try:
+            netns.setup()
+        except ExecutorError as exc:
+            raise ConfigError(f"--node-netns: {exc}") from exc
     executor = LocalExecutor(
         env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
         run_as_submitter=config.run_jobs_as_submitter,
+        netns=netns,
     )
     nodes = _local_capacity(config)
     return _Backend(executor, lambda: nodes, lambda spec: None)
@@ -248,6 +263,22 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     )
 
 
+def _listen_sockets(config: ServerConfig) -> list[socket.socket] | None:
+    """With network-namespace nodes, the API also listens on the bridge address (their ranks'
+    loopback is their own); None: uvicorn binds config.host itself."""
+    if not config.node_netns or config.host in ("0.0.0.0", "::"):
+        return None
+    from tensoryard.executors.local.netns import HOST_IP
+
+    out = []
+    for host in (config.host, HOST_IP):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, config.port))
+        out.append(sock)
+    return out
+
+
 def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -324,7 +355,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with _server_file(config):
-            server.run()
+            server.run(sockets=_listen_sockets(config))
     finally:
         if plane.serving is not None:
             plane.serving.stop()

@@ -269,3 +269,47 @@ def test_ranks_dump_their_stacks_into_the_attempt_dir_unless_the_job_opts_out(
     assert plan.env["TYARD_STACKS_DIR"] == str(tmp_path / "run" / "attempt-2")
     opted_out = plan_for(tmp_path, env={"TYARD_STACKS_DIR": ""})  # the job uses SIGUSR2 itself
     assert opted_out.env["TYARD_STACKS_DIR"] == ""
+
+
+def test_a_multi_node_job_on_namespace_nodes_runs_one_torchrun_per_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from tensoryard.executors.local.gang import _node_argv, _node_env
+    from tensoryard.executors.local.netns import NetnsNodes
+
+    netns = NetnsNodes(["n1", "n2", "n3"])
+    req = request(
+        tmp_path,
+        resources={"nodes": 2, "processes_per_node": 2},
+        placement={"n3": [], "n1": []},
+        request_env={"TYARD_SERVER_URL": "http://127.0.0.1:8642"},
+    )
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    plan = build_plan(req, layout, python="/py", attempt_key="k", base_env={}, netns=netns)
+    assert plan.argv[:3] == ["/py", "-m", "tensoryard.executors.local.gang"]
+    gang = json.loads(plan.argv[3])
+    assert [n["name"] for n in gang["nodes"]] == ["n3", "n1"]  # the placement's order
+    assert gang["program"][:2] == [str(RANK_WRAPPER), str(layout.dir)]
+    first = _node_argv(gang, 0, gang["nodes"][0])
+    assert first[:4] == ["ip", "netns", "exec", "tyard-n3"]
+    assert first[first.index("--master-addr") + 1] == "10.213.0.4"  # n3, node rank 0
+    assert first[first.index("--node-rank") + 1] == "0"
+    assert first[first.index("--nproc-per-node") + 1] == "2"
+    second = _node_argv(gang, 1, gang["nodes"][1])
+    assert second[second.index("--log-dir") + 1].endswith("node-1")
+    monkeypatch.setenv("TYARD_SERVER_URL", "http://127.0.0.1:8642")  # what the shim passes on
+    env = _node_env(gang, gang["nodes"][1])
+    assert env["TYARD_SERVER_URL"] == "http://10.213.0.1:8642"  # the bridge, not loopback
+    assert (env["TYARD_NODE"], env["GLOO_SOCKET_IFNAME"]) == ("n1", "eth0")
+
+
+def test_a_multi_node_plan_refuses_a_node_without_a_namespace(tmp_path: Path) -> None:
+    from tensoryard.executors.local.netns import NetnsNodes
+
+    req = request(tmp_path, resources={"nodes": 2}, placement={"n1": [], "n9": []})
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    netns = NetnsNodes(["n1", "n2"])
+    with pytest.raises(ExecutorError, match="only n1, n2 are network-namespace nodes here"):
+        build_plan(req, layout, python="/py", attempt_key="k", base_env={}, netns=netns)

@@ -29,6 +29,7 @@ import tensoryard
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
+from tensoryard.executors.local.netns import NetnsNodes
 from tensoryard.executors.local.outcome import ExitRecord, attempt_status
 from tensoryard.executors.local.plan import (
     DEFAULT_ENV_ALLOW,
@@ -123,6 +124,7 @@ class LocalExecutor:
         confirm_start_s: float = 15.0,
         env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
         run_as_submitter: bool = True,
+        netns: NetnsNodes | None = None,
     ) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.python = python
@@ -130,6 +132,7 @@ class LocalExecutor:
         self.confirm_start_s = confirm_start_s
         self.env_allow = tuple(env_allow)
         self.run_as_submitter = run_as_submitter
+        self.netns = netns  # network-namespace nodes: multi-node jobs run across them
         # Shims we started, kept only to reap them (a shim outlives us when we die).
         self._shims: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -160,7 +163,12 @@ class LocalExecutor:
             )
         if previous is None:
             _make_attempt_dir(layout)
-            run_as = run_as_for(request.spec.user, enabled=self.run_as_submitter)
+            # `ip netns exec` needs root: multi-node jobs run as the control plane's user
+            run_as = (
+                run_as_for(request.spec.user, enabled=self.run_as_submitter)
+                if request.spec.resources.nodes == 1
+                else None
+            )
             plan = build_plan(
                 request,
                 layout,
@@ -168,6 +176,7 @@ class LocalExecutor:
                 attempt_key=key,
                 base_env=self._base_env(),
                 run_as=run_as,
+                netns=self.netns,
             )
             if run_as is not None:  # the job writes its logs, checkpoints and run files
                 for path in (layout.dir.parent, layout.dir):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import pwd
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,9 @@ from typing import Any
 from tensoryard.agent.gpus import cuda_visible_devices
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import LaunchRequest
+from tensoryard.executors.local.gang import gang_argv
 from tensoryard.executors.local.layout import AttemptLayout
+from tensoryard.executors.local.netns import NetnsNodes
 from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
 from tensoryard.runtime.stacks import STACKS_ENV
 
@@ -164,13 +167,16 @@ def build_plan(
     attempt_key: str,
     base_env: Mapping[str, str],
     run_as: RunAs | None = None,
+    netns: NetnsNodes | None = None,
 ) -> LaunchPlan:
-    """Turn a launch request into the exact command line and environment to run."""
+    """Turn a launch request into the exact command line and environment to run; a
+    multi-node job needs ``netns`` (its nodes' network namespaces: one torchrun per node)."""
     spec = request.spec
-    if spec.resources.nodes != 1:
+    if spec.resources.nodes != 1 and netns is None:
         raise ExecutorError(
             f"job {request.job_id}: the local executor runs single-node jobs but "
-            f"resources.nodes={spec.resources.nodes} (fix: use nodes: 1, or a cluster executor)"
+            f"resources.nodes={spec.resources.nodes} (fix: use nodes: 1, a cluster executor, or "
+            "`tyard server --local-nodes A,B --node-netns` for network-namespace nodes)"
         )
     cwd = Path(spec.workdir) if spec.workdir else Path(request.run_dir)
     if not cwd.is_dir():
@@ -179,7 +185,9 @@ def build_plan(
             "(fix: set workdir to an existing directory)"
         )
     world = spec.resources.world_size
-    if spec.launcher == "torchrun":
+    if spec.resources.nodes > 1:
+        argv = _gang_argv(request, layout, python, netns)
+    elif spec.launcher == "torchrun":
         argv = [
             python, "-m", "torch.distributed.run",
             "--nnodes", "1",
@@ -201,6 +209,39 @@ def build_plan(
     return LaunchPlan(
         spec.launcher, argv, env, str(cwd.resolve()), world, attempt_key, run_as=run_as
     )
+
+
+def _gang_argv(
+    request: LaunchRequest, layout: AttemptLayout, python: str, netns: NetnsNodes | None
+) -> list[str]:
+    """A multi-node torchrun job: one torchrun per placed node, in its namespace (gang.py)."""
+    spec = request.spec
+    assert netns is not None
+    if spec.launcher != "torchrun":
+        raise ExecutorError(
+            f"job {request.job_id}: a multi-node job needs launcher: torchrun "
+            f"(resources.nodes={spec.resources.nodes})"
+        )
+    missing = [n for n in request.placement if n not in netns]
+    if missing or len(request.placement) != spec.resources.nodes:
+        raise ExecutorError(
+            f"job {request.job_id}: placed on {', '.join(request.placement) or 'no node'}, but "
+            f"only {', '.join(netns.nodes)} are network-namespace nodes here"
+        )
+    plan = {
+        "python": python,
+        "nodes": [
+            {"name": n.name, "netns": n.netns, "ip": n.ip}
+            for n in (netns.nodes[name] for name in request.placement)
+        ],
+        "host_ip": netns.host_ip,
+        # any port: it is node 0's namespace's own port space
+        "master_port": 29400 + int(hashlib.sha256(layout.dir.name.encode()).hexdigest(), 16) % 500,
+        "procs": spec.resources.procs,
+        "log_dir": str(layout.torchrun_dir),
+        "program": [str(RANK_WRAPPER), str(layout.dir), *spec.command],
+    }
+    return gang_argv(python, plan)
 
 
 def _job_env(request: LaunchRequest, base: Mapping[str, str], attempt_key: str) -> dict[str, str]:

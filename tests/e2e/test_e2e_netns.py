@@ -1,0 +1,122 @@
+"""Multi-node jobs on one machine that really cross a network: `tyard server --local-nodes n1,n2
+--node-netns` gives each node a network namespace joined by a bridge (executors/local/netns.py).
+A 2-node x 1-process torchrun job of the tiny GPT example (DDP, gloo) runs one torchrun per
+node, each inside its namespace: the rendezvous, the TCPStore and gloo's all-reduce go over the
+veths, and the ranks report to the control plane at the bridge address. Cutting a node off the
+network mid-run is a partition its ranks see: the gang hangs in its all-reduce, the control
+plane detects the hang and restarts the job from its last checkpoint once the node is back.
+
+Needs root and iproute2 (skipped otherwise, naming why)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tensoryard.executors.local.netns import NetnsNodes, netns_unavailable
+from tests.e2e.conftest import ServerProcess, _kill_leftovers, free_port
+from tests.e2e.test_e2e_jobs import TERMINAL, processes_of, tiny_job, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable())),
+]
+
+NODES = ["n1", "n2"]
+
+
+@pytest.fixture
+def netns_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        home=tmp_path / "home",
+        port=free_port(),
+        extra_args=["--cpu-slots", "4", "--local-nodes", ",".join(NODES), "--node-netns"],
+    )
+    server.home.mkdir()
+    yield server
+    server.stop()
+    _kill_leftovers(server.home)
+    NetnsNodes(NODES).teardown()
+
+
+def _two_node_job(tmp_path: Path, *args: str, **extra: object) -> dict[str, object]:
+    spec = yaml.safe_load(tiny_job(tmp_path, *args, **extra).read_text())
+    spec["resources"] = {"nodes": 2, "processes_per_node": 1, "cpu": 1, "memory": "1Gi"}
+    return dict(spec)
+
+
+def _losses(client: object, job_id: int) -> dict[int, float]:
+    return {m["step"]: m["values"]["loss"] for m in client.metrics(job_id)}  # type: ignore[attr-defined]
+
+
+def test_a_two_node_job_runs_one_torchrun_per_namespace_and_matches_one_node(
+    netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    client = netns_nodes.start()
+    job_id = client.submit(_two_node_job(tmp_path, "--steps", "30"))["id"]
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    [attempt] = client.attempts(job_id)
+    assert attempt["nodes"] == NODES
+    attempt_dir = Path(job["run_dir"]) / "attempt-1"
+    launcher = (attempt_dir / "launcher.log").read_text()
+    assert "[gang] node 0 (n1, 10.213.0.2)" in launcher, launcher[-2000:]
+    assert "[gang] node 1 (n2, 10.213.0.3)" in launcher
+    assert (attempt_dir / "torchrun" / "node-0").is_dir()
+    assert (attempt_dir / "torchrun" / "node-1").is_dir()
+    over_network = _losses(client, job_id)
+    assert sorted(over_network) == list(range(1, 31))  # reported through the bridge
+
+    # the same job as one node with 2 processes: DDP over gloo gives the same losses
+    single = yaml.safe_load(tiny_job(tmp_path, "--steps", "30", name="one-node").read_text())
+    single["resources"] = {"nodes": 1, "processes_per_node": 2, "cpu": 2, "memory": "1Gi"}
+    one_id = client.submit(single)["id"]
+    assert wait_for(client, one_id, TERMINAL, timeout=240)["state"] == "SUCCEEDED"
+    assert _losses(client, one_id) == pytest.approx(over_network, rel=1e-5)
+    assert not processes_of(netns_nodes.home)
+
+
+def test_a_node_cut_off_the_network_hangs_the_gang_which_restarts_when_it_is_back(
+    netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    client = netns_nodes.start()
+    spec = _two_node_job(
+        tmp_path,
+        "--steps",
+        "300",
+        health={"min_stall": "8s", "stall_factor": 10},
+    )
+    job_id = client.submit(spec)["id"]
+    deadline = time.monotonic() + 180
+    while not client.checkpoints(job_id):
+        assert time.monotonic() < deadline, client.events(job_id)
+        time.sleep(0.3)
+    nodes = NetnsNodes(NODES)
+    nodes.cut("n2")  # n2's eth0 down: its rank and rank 0 wait for each other forever
+    cut_at = time.time()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("hung" in e["message"] for e in client.events(job_id)):
+            assert time.monotonic() < deadline, client.events(job_id)
+            time.sleep(0.5)
+        detected_after = time.time() - cut_at
+    finally:
+        nodes.restore("n2")
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    first, *rest = client.attempts(job_id)
+    # stopped by the control plane (a hung gang cannot checkpoint), then restarted
+    assert first["state"] == "cancelled" and first["reason"].startswith("hung: no step for")
+    assert detected_after < 60
+    (where,) = [
+        e["message"] for e in client.events(job_id) if "where the ranks are" in e["message"]
+    ]
+    assert "rank 0 at train.py:" in where, where  # blocked in the all-reduce across the cut
+    assert rest[-1]["state"] == "succeeded" and rest[-1]["nodes"] == NODES
+    assert rest[0]["resumed_from_step"] is not None and rest[0]["resumed_from_step"] >= 10
+    assert client.summary(job_id)["steps"] == 300
+    assert not processes_of(netns_nodes.home)
