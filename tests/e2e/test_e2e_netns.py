@@ -29,18 +29,27 @@ pytestmark = [
 NODES = ["n1", "n2"]
 
 
-@pytest.fixture
-def netns_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
+def _server(tmp_path: Path, nodes: list[str]) -> Iterator[ServerProcess]:
     server = ServerProcess(
         home=tmp_path / "home",
         port=free_port(),
-        extra_args=["--cpu-slots", "4", "--local-nodes", ",".join(NODES), "--node-netns"],
+        extra_args=["--cpu-slots", "4", "--local-nodes", ",".join(nodes), "--node-netns"],
     )
     server.home.mkdir()
     yield server
     server.stop()
     _kill_leftovers(server.home)
-    NetnsNodes(NODES).teardown()
+    NetnsNodes(nodes).teardown()
+
+
+@pytest.fixture
+def netns_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
+    yield from _server(tmp_path, NODES)
+
+
+@pytest.fixture
+def three_netns_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
+    yield from _server(tmp_path, ["n1", "n2", "n3"])
 
 
 def _two_node_job(tmp_path: Path, *args: str, **extra: object) -> dict[str, object]:
@@ -120,3 +129,34 @@ def test_a_node_cut_off_the_network_hangs_the_gang_which_restarts_when_it_is_bac
     assert rest[0]["resumed_from_step"] is not None and rest[0]["resumed_from_step"] >= 10
     assert client.summary(job_id)["steps"] == 300
     assert not processes_of(netns_nodes.home)
+
+
+def test_a_drained_node_of_a_gang_is_replaced_by_a_spare_and_the_others_are_kept(
+    three_netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    """Partial gang recovery: a 2-node job on two of three nodes; one of its nodes is drained
+    mid-run. The job checkpoints, keeps its healthy node and restarts at once with the spare
+    in place of the drained one (no queueing, no restart counted: the node was sick, the job
+    was not), resuming from its checkpoint across the new pair of namespaces."""
+    client = three_netns_nodes.start()
+    job_id = client.submit(_two_node_job(tmp_path, "--steps", "300"))["id"]
+    deadline = time.monotonic() + 180
+    while not client.checkpoints(job_id):
+        assert time.monotonic() < deadline, client.events(job_id)
+        time.sleep(0.3)
+    placed = sorted(client.job(job_id)["placement"])
+    sick, healthy = placed
+    [spare] = {"n1", "n2", "n3"} - set(placed)
+    client.cordon(sick, "ECC errors (test)", drain=True)
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["restarts"] == 0
+    first, second = client.attempts(job_id)
+    assert first["nodes"] == placed and first["reason"].startswith(f"node {sick} drained")
+    assert second["nodes"] == sorted([healthy, spare])
+    assert second["resumed_from_step"] is not None and second["resumed_from_step"] >= 10
+    messages = [e["message"] for e in client.events(job_id)]
+    assert any(f"{sick} replaced by {spare}" in m for m in messages), messages
+    assert not any("-> PENDING" in m for m in messages)  # never went back to the queue
+    assert client.summary(job_id)["steps"] == 300
+    assert not processes_of(three_netns_nodes.home)

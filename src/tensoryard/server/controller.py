@@ -56,6 +56,7 @@ from tensoryard.server.scheduling import (
     NodeCapacity,
     Preemption,
     nodes_to_avoid,
+    replacement_placement,
 )
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
@@ -109,6 +110,11 @@ def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
 
 def _is_drain(reason: str) -> bool:
     return reason.startswith("node ") and DRAINED in reason
+
+
+def _drained_node(reason: str) -> str | None:
+    """The node a drain stopped the attempt for ("node n1 drained: ..."), or None."""
+    return reason.split()[1] if _is_drain(reason) else None
 
 
 def _utc(ts: float) -> datetime:
@@ -760,11 +766,34 @@ class Controller:
             to, why = self._retry_or_fail(job, why)
         # The stop reason we recorded (preempted, limit, hang) is the attempt's reason.
         reason = attempt.reason or status.reason or status.phase.value
-        moved = ""
+        moved, avoided = "", frozenset[str]()
         if to is JobState.RESTARTING:  # a node where this job failed twice: placed elsewhere
-            moved = self._avoid_after(job, attempt, status.phase.value, reason)
+            avoided, moved = self._avoid_after(job, attempt, status.phase.value, reason)
             if moved:
                 to, why = JobState.PENDING, f"{why}; {moved}"
+        count_restart: bool | None = True if moved else None  # a restart all the same
+        placement: dict[str, Any] | None = {} if to is JobState.PENDING else None
+        drained = _drained_node(attempt.reason) if to is JobState.PENDING else None
+        gone = avoided or (frozenset({drained}) if drained else frozenset())
+        if gone and len(job.placement) > 1 and not job.cancel_requested:
+            # partial gang recovery: keep the healthy nodes, swap the bad ones for spares
+            swapped = self._replace_nodes(job, gone)
+            if swapped is not None:
+                new = ", ".join(sorted(set(swapped) - set(job.placement)))
+                to, placement = JobState.RESTARTING, swapped
+                why = (
+                    f"{why.split('; requeued')[0]}; {', '.join(sorted(gone))} replaced by "
+                    f"{new} (partial gang recovery: the other nodes are kept, no queueing), "
+                    "resuming from the last checkpoint"
+                )
+                count_restart = bool(moved)  # a drained node is not the job's failure
+                self.store.add_event(
+                    job.id,
+                    "recovery",
+                    f"attempt {attempt.number}: {', '.join(sorted(gone))} replaced by {new}; "
+                    f"the gang restarts on {', '.join(swapped)}",
+                    attempt=attempt.number,
+                )
         try:
             record = self.store.finish_attempt(
                 job.id,
@@ -775,8 +804,8 @@ class Controller:
                 job_to=to,
                 job_reason=why,
                 expected=[job.state],
-                count_restart=bool(moved),  # a restart all the same
-                **({"placement": {}} if to is JobState.PENDING else {}),
+                count_restart=count_restart,
+                **({"placement": placement} if placement is not None else {}),
             )
         except Conflict as exc:
             log.info("job %s: attempt end not applied yet (%s)", job.id, exc)
@@ -952,18 +981,38 @@ class Controller:
             self._schedule_cost_s = time.perf_counter() - started
             self.metrics.cycle_seconds.observe(self._schedule_cost_s)
 
-    def _avoid_after(self, job: JobRecord, attempt: AttemptRecord, state: str, reason: str) -> str:
-        """When ending ``attempt`` this way makes a node of the job's placement one where two
-        of its attempts failed, and the job fits elsewhere: why it goes back to the queue
-        (the scheduler then avoids that node); "" to restart in place as usual."""
+    def _avoid_after(
+        self, job: JobRecord, attempt: AttemptRecord, state: str, reason: str
+    ) -> tuple[frozenset[str], str]:
+        """When ending ``attempt`` this way makes nodes of the job's placement ones where two
+        of its attempts failed, and the job fits elsewhere: those nodes, and why it goes back
+        to the queue (the scheduler then avoids them); empty to restart as usual."""
         history = [
             dataclasses.replace(a, state=state, reason=reason) if a.number == attempt.number else a
             for a in self.store.list_attempts(job.id)
         ]
         avoid, why = nodes_to_avoid(history, self._nodes(self.clock()), self._spec(job))
-        if not avoid & set(job.placement):
-            return ""
-        return f"requeued to be placed elsewhere: {why}"
+        mine = avoid & set(job.placement)
+        if not mine:
+            return frozenset(), ""
+        return frozenset(mine), f"requeued to be placed elsewhere: {why}"
+
+    def _replace_nodes(self, job: JobRecord, gone: frozenset[str]) -> dict[str, list[int]] | None:
+        """The job's placement with ``gone`` swapped for spares free now (None: not enough)."""
+        others = []
+        for other in self._in(*ACTIVE_STATES):
+            spec = self._specs.get(other.id) if other.id != job.id else None
+            if spec is not None and other.placement:
+                others.append((other.placement, spec))
+        known = self._mem.avoid.get(job.id)
+        return replacement_placement(
+            job.placement,
+            gone,
+            self._spec(job),
+            self._nodes(self.clock()),
+            others,
+            avoid=known[1] if known else frozenset(),
+        )
 
     def _avoid_nodes(
         self, pending: list[JobRecord], nodes: tuple[NodeCapacity, ...]

@@ -56,6 +56,7 @@ __all__ = [
     "Preemption",
     "failed_on",
     "nodes_to_avoid",
+    "replacement_placement",
 ]
 
 COHORT = "everyone"
@@ -406,3 +407,57 @@ def nodes_to_avoid(
             f"node(s) for {res.nodes} needed"
         )
     return frozenset(failed), f"next placement avoids {', '.join(sorted(failed))} ({where})"
+
+
+def replacement_placement(
+    placement: Mapping[str, Sequence[int]],
+    gone: frozenset[str],
+    spec: JobSpec,
+    nodes: Sequence[NodeCapacity],
+    others: Sequence[tuple[Mapping[str, Sequence[int]], JobSpec]],
+    avoid: frozenset[str] = frozenset(),
+) -> dict[str, list[int]] | None:
+    """Partial gang recovery: ``placement`` with its nodes in ``gone`` swapped for spare nodes
+    that are free right now, or None when there are not enough spares (then the job is
+    requeued whole).
+
+    A spare is ready, not cordoned, of the job's GPU model, outside the placement, ``gone``
+    and ``avoid``, with the GPUs, CPU and memory of one worker free after what ``others``
+    (every other job holding capacity: their placements and specs) take. Spares under a leaf
+    switch the kept nodes use come first, then the fullest (best fit)."""
+    res = spec.resources
+    keep = {n: list(g) for n, g in placement.items() if n not in gone}
+    need = len(placement) - len(keep)
+    if need <= 0 or not keep:
+        return None
+    used_gpus: dict[str, set[int]] = {}
+    used_cpu: dict[str, float] = {}
+    used_mem: dict[str, int] = {}
+    for held, other in others:
+        for node, gpus in held.items():
+            used_gpus.setdefault(node, set()).update(gpus)
+            used_cpu[node] = used_cpu.get(node, 0.0) + other.resources.cpu
+            used_mem[node] = used_mem.get(node, 0) + (other.resources.memory or 0)
+    by_name = {n.name: n for n in nodes}
+    switches = {by_name[n].switch for n in keep if n in by_name and by_name[n].switch}
+    candidates: list[tuple[bool, int, str, list[int]]] = []
+    for n in nodes:
+        if n.name in placement or n.name in gone or n.name in avoid:
+            continue
+        if n.state != "ready" or n.cordoned:
+            continue
+        if spec.scheduling.gpu_model is not None and n.gpu_model != spec.scheduling.gpu_model:
+            continue
+        taken = used_gpus.get(n.name, set()) | set(n.unavailable_gpus)
+        free = [g for g in n.gpu_indices if g not in taken]
+        if len(free) < res.gpus_per_node:
+            continue
+        if n.cpu_slots - used_cpu.get(n.name, 0.0) + 1e-9 < res.cpu:
+            continue
+        if res.memory and n.memory_bytes - used_mem.get(n.name, 0) < res.memory:
+            continue
+        candidates.append((n.switch not in switches, len(free), n.name, free))
+    if len(candidates) < need:
+        return None
+    chosen = sorted(candidates)[:need]
+    return {**keep, **{name: free[: res.gpus_per_node] for _, _, name, free in chosen}}

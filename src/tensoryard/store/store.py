@@ -764,15 +764,16 @@ class Store(
         job_to: JobState | None = None,
         job_reason: str = "",
         expected: Iterable[JobState] | None = None,
-        count_restart: bool = False,
+        count_restart: bool | None = None,
         **fields: Any,
     ) -> JobRecord:
         """End an attempt and move its job in one transaction (or neither happens).
 
         The attempt's run time (from ``running_at``) is added to the job's ``run_time_s``.
-        ``job_to`` None ends the attempt only. ``count_restart``: the job's ``restarts`` grows
-        by one although it does not go to RESTARTING (a failed job requeued to be placed
-        elsewhere). Conflict as in :meth:`transition`.
+        ``job_to`` None ends the attempt only. ``count_restart``: None counts a restart when the
+        job goes to RESTARTING; True counts one whatever ``job_to`` is (a failed job requeued
+        to be placed elsewhere); False never (a gang restarted because a node was drained:
+        not the job's failure). Conflict as in :meth:`transition`.
         """
         fields = _in.clean_job_fields(fields)
         allowed = None if expected is None else {JobState(e) for e in expected}
@@ -800,8 +801,10 @@ class Store(
                 if job_to not in ALLOWED_TRANSITIONS[old]:
                     raise Conflict(f"job {job_id} is {old}; it cannot move to {job_to}")
                 _apply_state(job, old, job_to, now)
-                if count_restart and job_to is not JobState.RESTARTING:
+                if count_restart is True and job_to is not JobState.RESTARTING:
                     job.restarts += 1
+                elif count_restart is False and job_to is JobState.RESTARTING:
+                    job.restarts -= 1  # _apply_state counted it
                 job.reason = job_reason
                 for key, value in fields.items():
                     setattr(job, key, value)

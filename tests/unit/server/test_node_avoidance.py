@@ -77,3 +77,40 @@ def test_nothing_is_avoided_when_the_job_would_not_fit_elsewhere() -> None:
     small = nodes("b", gpus=4)  # the other node is too small for 8 GPUs
     assert nodes_to_avoid(history, (*nodes("a"), *small), spec())[0] == frozenset()
     assert nodes_to_avoid(history, (*nodes("a"), *nodes("b")), spec())[0] == {"a"}
+
+
+def _cap(name: str, switch: str = "s1", gpus: int = 8, **kw: object) -> NodeCapacity:
+    return NodeCapacity(name, 32.0, 1 << 40, tuple(range(gpus)), "H100", switch=switch, **kw)  # type: ignore[arg-type]
+
+
+def test_a_gone_node_is_replaced_by_a_free_spare_under_the_kept_nodes_switch() -> None:
+    from tensoryard.server.scheduling import replacement_placement
+
+    placement = {"a": list(range(8)), "b": list(range(8))}
+    nodes = (_cap("a"), _cap("b"), _cap("far", switch="s2"), _cap("near"), _cap("busy"))
+    busy = ({"busy": [0, 1]}, spec())  # another job holds 2 GPUs of "busy"
+    new = replacement_placement(placement, frozenset({"b"}), spec(2), nodes, [busy])
+    assert new == {"a": list(range(8)), "near": list(range(8))}  # same switch as "a" first
+    # without "near", the spare on the other switch; "busy" has only 6 GPUs free
+    nodes2 = (_cap("a"), _cap("b"), _cap("far", switch="s2"), _cap("busy"))
+    assert replacement_placement(placement, frozenset({"b"}), spec(2), nodes2, [busy]) == {
+        "a": list(range(8)),
+        "far": list(range(8)),
+    }
+
+
+def test_no_replacement_without_enough_healthy_free_spares() -> None:
+    from tensoryard.server.scheduling import replacement_placement
+
+    placement = {"a": list(range(8)), "b": list(range(8))}
+    cordoned = _cap("c", cordoned=True)
+    draining = _cap("d", state="draining")
+    small = _cap("e", gpus=4)
+    nodes = (_cap("a"), _cap("b"), cordoned, draining, small, _cap("f"))
+    gone = frozenset({"b"})
+    assert (
+        replacement_placement(placement, gone, spec(2), nodes, [], avoid=frozenset({"f"})) is None
+    )
+    assert replacement_placement(placement, gone, spec(2), nodes, [])["f"] == list(range(8))  # type: ignore[index]
+    # every node of the gang gone: nothing to keep, the job is requeued whole
+    assert replacement_placement(placement, frozenset({"a", "b"}), spec(2), nodes, []) is None
