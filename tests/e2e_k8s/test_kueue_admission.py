@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tensoryard.cluster import build_plan, parse_inventory, write_plan
+from tensoryard.cluster.labels import LABEL_SWITCH
 from tests.e2e.conftest import ServerProcess, free_port, wait_for
 from tests.e2e_k8s.conftest import K8sEnv, _node_ready, fake_gpu_node, wait_until
 from tests.e2e_k8s.platform import (
@@ -172,7 +173,14 @@ def test_kueue_admits_within_quota_lends_idle_gpus_and_reclaims_them_each_step_i
     servers: list[ServerProcess], tmp_path: Path,
 ) -> None:  # fmt: skip
     server, client = start_server(
-        tmp_path / "home", identity, namespace, "--admission", "kueue", *LONG_RUNNING
+        tmp_path / "home",
+        identity,
+        namespace,
+        "--admission",
+        "kueue",
+        "--switch-label",
+        LABEL_SWITCH,  # the plan's leaf-switch label, a level of its Kueue Topology
+        *LONG_RUNNING,
     )
     servers.append(server)
     for team in ("team-a", "team-b"):
@@ -188,6 +196,18 @@ def test_kueue_admits_within_quota_lends_idle_gpus_and_reclaims_them_each_step_i
     # Kueue put the ResourceFlavor's node label on the pods; kube-scheduler bound them there.
     assert {p.spec.node_selector.get("tensoryard.io/gpu-model") for p in pods} == {"H100"}
     assert sorted(p.spec.node_name for p in pods) == sorted(planned_cluster)
+    # the job's priority (0) maps to the plan's lowest WorkloadPriorityClass, and its
+    # `topology: preferred` to a Topology-Aware Scheduling request at the leaf-switch level
+    from kubernetes import client as k8s
+
+    workloads = k8s.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", namespace, "workloads"
+    )["items"]
+    (wl,) = [w for w in workloads if w["metadata"]["name"].startswith(f"jobset-ty-{b}-1")]
+    ref = wl["spec"].get("priorityClassRef") or {}  # v1beta2 (v1beta1: priorityClassName)
+    assert (ref.get("name"), wl["spec"].get("priority")) == ("low", 100), wl["spec"]
+    requests = [ps.get("topologyRequest") or {} for ps in wl["spec"]["podSets"]]
+    assert requests and all(r.get("preferred") == LABEL_SWITCH for r in requests), requests
 
     # A wants its nominal 8 back: Kueue evicts B's workload, tensoryard requeues B.
     a = _submit(server, _spec(tmp_path / "a.yaml", "team-a", nodes=1))
@@ -212,8 +232,6 @@ def test_kueue_admits_within_quota_lends_idle_gpus_and_reclaims_them_each_step_i
     for step in ("handed to Kueue", "admitted by Kueue", "preempted by Kueue", "waiting for Kueue"):
         assert step in described, f"{step!r} missing from tyard describe:\n{described}"
     # B's first JobSet is gone (Kueue would otherwise run it again); the second waits suspended.
-    from kubernetes import client as k8s
-
     jobsets = k8s.CustomObjectsApi(api_client).list_namespaced_custom_object(
         "jobset.x-k8s.io",
         "v1alpha2",

@@ -8,6 +8,7 @@ runs the same paths against a real Kueue."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -60,6 +61,14 @@ class FakeCustom:
         self, group: str, version: str, namespace: str, plural: str, **kwargs: Any
     ) -> dict[str, Any]:
         self.calls.append(("list", group, version, namespace, plural))
+        if plural in self.errors:
+            raise self.errors[plural]
+        return {"items": list(self.objects.get(plural, []))}
+
+    def list_cluster_custom_object(
+        self, group: str, version: str, plural: str, **kwargs: Any
+    ) -> dict[str, Any]:
+        self.calls.append(("list", group, version, plural))
         if plural in self.errors:
             raise self.errors[plural]
         return {"items": list(self.objects.get(plural, []))}
@@ -449,6 +458,67 @@ def test_in_kueue_mode_the_localqueue_is_the_jobs_team() -> None:
     assert kueue.kueue_queue == "vision"
     assert render_jobset(kueue)["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "vision"
     assert workload_for(launch_request("vision"), KubernetesConfig()).kueue_queue is None
+
+
+def _wpc(name: str, value: int) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "value": value}
+
+
+def test_a_jobs_priority_maps_to_the_highest_class_at_or_below_it_else_the_lowest() -> None:
+    kube = kube_with()
+    kube.custom.objects["workloadpriorityclasses"] = [
+        _wpc("high", 1000),
+        _wpc("low", 100),
+        _wpc("normal", 500),
+    ]
+    a = admission(kube)
+    assert [a.priority_class_for(p) for p in (-5, 0, 100, 499, 500, 999, 1000)] == [
+        "low",
+        "low",
+        "low",
+        "low",
+        "normal",
+        "normal",
+        "high",
+    ]
+    assert sum(1 for c in kube.custom.calls if c[-1] == "workloadpriorityclasses") == 1  # cached
+
+
+def test_without_priority_classes_or_the_right_to_list_them_a_job_gets_none() -> None:
+    assert admission(kube_with()).priority_class_for(500) is None
+    refused = kube_with(errors={"workloadpriorityclasses": ApiException(status=403)})
+    assert admission(refused).priority_class_for(500) is None
+
+
+def test_in_kueue_mode_a_gangs_topology_becomes_a_topology_aware_scheduling_request() -> None:
+    def gang(topology: str, nodes: int = 2) -> LaunchRequest:
+        req = launch_request("vision")
+        spec = req.spec.model_copy(
+            update={
+                "resources": req.spec.resources.model_copy(update={"nodes": nodes}),
+                "scheduling": req.spec.scheduling.model_copy(update={"topology": topology}),
+            }
+        )
+        return dataclasses.replace(req, spec=spec)
+
+    config = KubernetesConfig(admission="kueue", switch_label="example.com/leaf")
+    w = workload_for(gang("required"), config, kueue_priority_class="high")
+    jobset = render_jobset(w)
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/podset-required-topology"] == "example.com/leaf"
+    preferred = render_jobset(workload_for(gang("preferred"), config))
+    ann = preferred["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]
+    assert ann["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] == "example.com/leaf"
+    for req, cfg in (
+        (gang("none"), config),  # no request asked
+        (gang("required", nodes=1), config),  # one pod: nothing to keep together
+        (gang("required"), KubernetesConfig()),  # tensoryard places it itself
+    ):
+        w = workload_for(req, cfg, kueue_priority_class="high")
+        assert w.kueue_topology is None
+        assert cfg.admission == "kueue" or w.kueue_priority_class is None
 
 
 # ---- the command line -------------------------------------------------------------------------

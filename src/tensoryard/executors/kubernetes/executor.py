@@ -95,10 +95,24 @@ class KubernetesHandle:
 
 
 def workload_for(
-    request: LaunchRequest, config: KubernetesConfig, *, grace_s: float = 30.0
+    request: LaunchRequest,
+    config: KubernetesConfig,
+    *,
+    grace_s: float = 30.0,
+    kueue_priority_class: str | None = None,
 ) -> AttemptWorkload:
-    """The AttemptWorkload of a launch request (ExecutorError when it cannot run here)."""
+    """The AttemptWorkload of a launch request (ExecutorError when it cannot run here). With
+    Kueue admission, a multi-node job's `scheduling.topology` (required / preferred) becomes a
+    Topology-Aware Scheduling request at the leaf-switch level (`config.switch_label`, which
+    must be a level of the Kueue Topology), and `kueue_priority_class` its priority class."""
     spec = request.spec
+    kueue = config.admission == "kueue"
+    topology = spec.scheduling.topology
+    tas = (
+        (topology, config.switch_label)
+        if kueue and topology != "none" and spec.resources.nodes > 1
+        else None
+    )
     image = spec.image or config.default_image
     if not image:
         raise ExecutorError(
@@ -130,7 +144,9 @@ def workload_for(
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations=dict(config.pod_annotations),
         ttl_after_finished_s=config.keep_finished_s,
-        kueue_queue=spec.team if config.admission == "kueue" else None,
+        kueue_queue=spec.team if kueue else None,
+        kueue_priority_class=kueue_priority_class if kueue else None,
+        kueue_topology=tas,
     )
 
 
@@ -255,7 +271,14 @@ class KubernetesExecutor:
 
     def render(self, request: LaunchRequest) -> list[dict[str, Any]]:
         """What `launch` would create for `request` (for `tyard k8s render`)."""
-        return render_attempt(workload_for(request, self.config, grace_s=self.grace_s), self.kind)
+        return render_attempt(self._workload(request), self.kind)
+
+    def _workload(self, request: LaunchRequest) -> AttemptWorkload:
+        """workload_for, with the Kueue priority class of the job's priority (Kueue mode)."""
+        wpc = None
+        if self.kueue is not None:
+            wpc = self.kueue.priority_class_for(request.spec.priority)
+        return workload_for(request, self.config, grace_s=self.grace_s, kueue_priority_class=wpc)
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
         """Create Secret, JobSet (or Job + Service), then make the Secret owned by it.
@@ -264,7 +287,7 @@ class KubernetesExecutor:
         created by an earlier call; one with another key is an error (nothing is touched)."""
         if not request.attempt_key:
             raise ExecutorError("the Kubernetes executor needs the request's attempt_key")
-        w = workload_for(request, self.config, grace_s=self.grace_s)
+        w = self._workload(request)
         h = self._handle(request, w)
         Path(h.attempt_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         token = request.env.get("TYARD_JOB_TOKEN", "")

@@ -16,6 +16,7 @@ shows. Kueue gives no start estimate, so none is claimed.
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = ["KUEUE", "KueueAdmission"]
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 PREEMPTED_BY_KUEUE = "preempted by Kueue"
 _QUEUES_TTL_S = 10.0
+log = logging.getLogger("tensoryard.executor.kubernetes")
 _NO_WORKLOAD_HINT_S = 30.0  # a JobSet this old without a Workload: say Kueue may be down
 
 
@@ -102,6 +104,7 @@ class KueueAdmission:
         self._admitted: dict[str, str] = {}  # attempt key -> how Kueue admitted it
         self._admitted_at: dict[str, float | None] = {}  # attempt key -> QuotaReserved time
         self._queues: tuple[float, set[str]] = (float("-inf"), set())  # (read at, names)
+        self._classes: tuple[float, list[tuple[str, int]]] = (float("-inf"), [])
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -124,6 +127,45 @@ class KueueAdmission:
                 "apply the kueue/kueue.yaml that `tyard cluster plan` wrote, with the "
                 "inventory's cluster.namespace set to this namespace)"
             )
+
+    def priority_classes(self) -> list[tuple[str, int]]:
+        """The cluster's WorkloadPriorityClasses (name, value), lowest first, re-read at most
+        every _QUEUES_TTL_S; [] when none exist or this identity may not list them."""
+        read_at, classes = self._classes
+        if time.monotonic() - read_at < _QUEUES_TTL_S:
+            return classes
+        k = self.kube
+        try:
+            result: Any = k.call(
+                f"list workloadpriorityclasses.{KUEUE[0]}",
+                k.custom.list_cluster_custom_object,
+                *KUEUE,
+                "workloadpriorityclasses",
+            )
+            classes = sorted(
+                (
+                    (str(get(c, "metadata", "name")), int(c.get("value") or 0))
+                    for c in result.get("items") or []
+                ),
+                key=lambda c: (c[1], c[0]),
+            )
+        except KubeApiError as exc:
+            if exc.status not in (403, 404):
+                raise
+            log.warning("Kueue priority classes not read (%s): jobs get none", exc)
+            classes = []
+        self._classes = (time.monotonic(), classes)
+        return classes
+
+    def priority_class_for(self, priority: int) -> str | None:
+        """The WorkloadPriorityClass of a job's priority: the highest class whose value is at
+        most the priority, else the lowest class (so a higher-priority job never gets a lower
+        class than another); None when the cluster has none."""
+        classes = self.priority_classes()
+        if not classes:
+            return None
+        fitting = [name for name, value in classes if value <= priority]
+        return fitting[-1] if fitting else classes[0][0]
 
     def local_queues(self) -> set[str]:
         """LocalQueue names of the namespace, re-read at most every _QUEUES_TTL_S (a batch

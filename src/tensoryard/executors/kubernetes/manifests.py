@@ -45,6 +45,7 @@ LABEL_ATTEMPT_KEY = "tensoryard.io/attempt-key"
 LABEL_TEAM = "tensoryard.io/team"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_TAS_PREFIX = "kueue.x-k8s.io/podset-"  # + "required-topology" / "preferred-topology"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 REPLICATED_JOB = "node"
 CONTAINER = "trainer"
@@ -113,6 +114,10 @@ class AttemptWorkload:
     ClusterQueue's quota and adds the ResourceFlavor's node labels. None: tensoryard admitted it."""
     kueue_priority_class: str | None = None
     """Kueue WorkloadPriorityClass of the attempt (label `kueue.x-k8s.io/priority-class`)."""
+    kueue_topology: tuple[str, str] | None = None
+    """Kueue Topology-Aware Scheduling request of the pods: ("required" | "preferred", the node
+    label of a level of the Kueue Topology, e.g. the leaf switch): the pod-template annotation
+    `kueue.x-k8s.io/podset-<required|preferred>-topology`. None: no request."""
     in_place_restarts: int = 0
     """torchrun's --max-restarts inside each pod: worker restarts the control plane granted
     this launch (restart.in_place; single-node jobs), each reported as the next attempt."""
@@ -288,6 +293,9 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
     if w.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in w.image_pull_secrets]
     annotations = {**w.pod_annotations, **w.labels()}
+    if w.kueue_queue and w.kueue_topology:
+        how, level = w.kueue_topology
+        annotations[f"{KUEUE_TAS_PREFIX}{how}-topology"] = level
     return {"metadata": {"labels": w.labels(), "annotations": annotations}, "spec": spec}
 
 
