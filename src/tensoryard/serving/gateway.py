@@ -162,7 +162,10 @@ def add_gateway_routes(
                 ) from exc
             if isinstance(raw, dict) and isinstance(raw.get("model"), str):
                 label = raw["model"][:63]
-            req = parse_request(raw, chat=chat)
+            engine = "llama.cpp"
+            if isinstance(raw, dict) and isinstance(raw.get("model"), str) and raw["model"]:
+                engine = _deployment(manager, raw["model"]).engine  # its parameters differ
+            req = parse_request(raw, chat=chat, engine=engine)
             dep = _deployment(manager, req.model)
             try:  # pure unless it refuses (then it writes the audit line)
                 guard.check(
@@ -277,6 +280,7 @@ def add_gateway_routes(
         failed = False
         released = False
         meta: dict[str, Any] = {}
+        engine_usage: dict[str, Any] = {}
 
         def done() -> None:  # exactly once, however the stream ends (a client may go away)
             nonlocal released
@@ -296,6 +300,10 @@ def add_gateway_routes(
                         break
                     now = time.perf_counter()
                     chunk = json.loads(data)
+                    if req.engine_usage and chunk.get("usage") and not chunk.get("choices"):
+                        engine_usage = chunk["usage"]  # the engine's count (GPU engines)
+                        if not req.include_usage:
+                            continue  # asked for the gateway's accounting only
                     meta = {k: chunk.get(k) for k in ("id", "object", "created", "model")}
                     if _has_token(chunk):
                         tokens += 1
@@ -325,6 +333,14 @@ def add_gateway_routes(
             done()  # the replica is free for the router before the prompt is counted
             if failed:
                 _count(req.model, team, who.name, 0, tokens)
+            elif req.engine_usage:  # the engine counted (and sent it on when asked)
+                _count(
+                    req.model,
+                    team,
+                    who.name,
+                    int(engine_usage.get("prompt_tokens") or 0),
+                    int(engine_usage.get("completion_tokens") or tokens),
+                )
             elif req.include_usage:  # the caller waits for the count
                 prompt_tokens = await _count_prompt(replica, req.prompt)
                 _count(req.model, team, who.name, prompt_tokens, tokens)

@@ -69,6 +69,10 @@ def create_mock_engine(*, tokens: int = 8, token_ms: float = 0.0, crash_after: i
                     "choices": [{"index": 0, **delta, "finish_reason": None}],
                 }
                 yield f"data: {json.dumps(chunk)}\r\n\r\n".encode()
+            if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM/SGLang do
+                last = {"id": "mock", "object": f"{kind}.chunk", "model": body.get("model")}
+                tail = {**last, "choices": [], "usage": usage(n, prompt)}
+                yield f"data: {json.dumps(tail)}\r\n\r\n".encode()
             yield b"data: [DONE]\r\n\r\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

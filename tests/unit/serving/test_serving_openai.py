@@ -73,3 +73,31 @@ def test_the_routing_key_covers_every_message_in_order() -> None:
         chat=True,
     )  # fmt: skip
     assert req.prompt.index("S") < req.prompt.index("U")
+
+
+def test_gpu_engines_take_their_own_parameters_and_name_llama_cpps_in_theirs() -> None:
+    from tensoryard.serving.openai import allowed_params
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    vllm = parse_request(
+        {**chat, "n": 3, "guided_json": {}, "min_tokens": 2}, chat=True, engine="vllm"
+    )
+    assert vllm.body["n"] == 3 and vllm.engine_usage
+    streamed = parse_request({**chat, "stream": True}, chat=True, engine="sglang")
+    assert streamed.body["stream_options"] == {"include_usage": True}  # asked of the engine
+    assert not streamed.include_usage  # ... but not passed on to this caller
+    for engine, param, name in (
+        ("vllm", "grammar", "guided_grammar"),
+        ("sglang", "grammar", "ebnf"),
+        ("sglang", "repeat_penalty", "repetition_penalty"),
+    ):
+        with pytest.raises(OpenAIError) as info:
+            parse_request({**chat, param: "x"}, chat=True, engine=engine)
+        assert info.value.param == param and f"calls it '{name}'" in info.value.message
+    with pytest.raises(OpenAIError) as info:
+        parse_request({**chat, "guided_json": {}}, chat=True, engine="sglang")  # vLLM's name
+    assert info.value.param == "guided_json"
+    assert "suffix" in allowed_params("vllm", chat=False)
+    assert "suffix" not in allowed_params("sglang", chat=False)
+    assert "mirostat_tau" not in allowed_params("vllm", chat=True)
+    assert "mirostat_tau" in allowed_params("llama.cpp", chat=True)
