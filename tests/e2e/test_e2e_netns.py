@@ -160,3 +160,51 @@ def test_a_drained_node_of_a_gang_is_replaced_by_a_spare_and_the_others_are_kept
     assert not any("-> PENDING" in m for m in messages)  # never went back to the queue
     assert client.summary(job_id)["steps"] == 300
     assert not processes_of(three_netns_nodes.home)
+
+
+FAILS_ON_NODE_RANK_1 = """\
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+attempt, node = int(os.environ["TYARD_ATTEMPT"]), os.environ["TYARD_NODE"]
+print(f"attempt {attempt} on {node}: sum {t.item()}", flush=True)
+if attempt <= 2 and os.environ["GROUP_RANK"] == "1":
+    sys.exit(3)  # the second node of the gang fails (twice: the same node both times)
+dist.barrier()
+"""
+
+
+def test_a_gang_node_that_failed_twice_is_replaced_by_a_spare(
+    three_netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    """Exclusion and partial recovery together: the rank on the gang's second node fails in
+    attempts 1 and 2 (the reason names its node). The first failure restarts the gang where it
+    was; the second makes that node one where two attempts failed, so it is swapped for the
+    spare while the first node is kept, and attempt 3 succeeds on the new pair."""
+    client = three_netns_nodes.start()
+    (tmp_path / "flaky.py").write_text(FAILS_ON_NODE_RANK_1)
+    spec = {
+        "name": "flaky-gang",
+        "launcher": "torchrun",
+        "command": ["flaky.py"],
+        "workdir": str(tmp_path),
+        "resources": {"nodes": 2, "processes_per_node": 1, "cpu": 1, "memory": "1Gi"},
+        "restart": {"max_restarts": 3, "backoff": "0s"},
+    }
+    job_id = client.submit(spec)["id"]
+    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    first, second, third = client.attempts(job_id)
+    assert first["nodes"] == second["nodes"]
+    # the root cause comes first: "rank 1 exited with code 3 on node nX; rank 0 ... on node nY"
+    bad = first["reason"].split("on node ", 1)[1].split(";")[0]
+    assert second["reason"].split("on node ", 1)[1].split(";")[0] == bad
+    [kept] = set(first["nodes"]) - {bad}
+    [spare] = {"n1", "n2", "n3"} - set(first["nodes"])
+    assert sorted(third["nodes"]) == sorted([kept, spare]) and third["state"] == "succeeded"
+    assert job["restarts"] == 2
+    messages = [e["message"] for e in client.events(job_id)]
+    assert any(f"{bad} replaced by {spare}" in m for m in messages), messages
+    assert not any("-> PENDING" in m for m in messages)

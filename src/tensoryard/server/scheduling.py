@@ -357,17 +357,27 @@ def failed_on(attempts: Sequence[AttemptRecord]) -> dict[str, list[int]]:
     """node -> numbers of the job's attempts that failed because of something on that node.
 
     A failed or lost single-node attempt counts against its node. A multi-node attempt counts
-    only against the nodes its reason names (a lost node, a rank's node): a bug in the job
-    fails every node of the gang alike and is no reason to avoid any of them. Attempts
+    only against the node of its root cause ("rank 1 exited ... on node n2": the first failed
+    rank listed; its peers fail after it) or, without one, the nodes its reason names (a lost
+    node): a bug in the job fails every node of the gang alike and is no reason to avoid any. Attempts
     recorded without their nodes count against none."""
     out: dict[str, list[int]] = {}
     for a in attempts:
         if a.state not in ("failed", "lost") or not a.nodes:
             continue
-        named = a.nodes if len(a.nodes) == 1 else [n for n in a.nodes if _names(a.reason, n)]
+        root = _ROOT_NODE.search(a.reason)  # "rank 1 exited with code 3 on node n2; ..."
+        if len(a.nodes) == 1:
+            named = list(a.nodes)
+        elif root and root.group(1) in a.nodes:
+            named = [root.group(1)]  # the root cause's node (the first failed rank listed)
+        else:
+            named = [n for n in a.nodes if _names(a.reason, n)]
         for node in named:
             out.setdefault(node, []).append(a.number)
     return out
+
+
+_ROOT_NODE = re.compile(r"\bon node ([\w.-]+?)(?=[;,)]|\s|$)")
 
 
 def _names(text: str, node: str) -> bool:

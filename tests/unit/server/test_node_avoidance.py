@@ -114,3 +114,9 @@ def test_no_replacement_without_enough_healthy_free_spares() -> None:
     assert replacement_placement(placement, gone, spec(2), nodes, [])["f"] == list(range(8))  # type: ignore[index]
     # every node of the gang gone: nothing to keep, the job is requeued whole
     assert replacement_placement(placement, frozenset({"a", "b"}), spec(2), nodes, []) is None
+
+
+def test_a_gang_failure_counts_against_its_root_causes_node_only() -> None:
+    reason = "rank 1 exited with code 3 on node b; rank 0 exited with code 1 on node a"
+    history = [attempt(1, "failed", ("a", "b"), reason), attempt(2, "failed", ("a", "b"), reason)]
+    assert failed_on(history) == {"b": [1, 2]}

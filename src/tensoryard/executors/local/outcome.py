@@ -36,6 +36,7 @@ class RankExit:
     ended_at: float | None = None
     sigterm_at: float | None = None  # when the rank was told to stop, if it was
     error: str = ""  # first line of the rank's error file (torch elastic @record), if any
+    node: str = ""  # the node it ran on, when the job spans several (TYARD_NODE)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class RankExit:
             "ended_at": self.ended_at,
             "sigterm_at": self.sigterm_at,
             "error": self.error,
+            "node": self.node,
         }
 
     @classmethod
@@ -52,6 +54,7 @@ class RankExit:
             ended_at=_opt_float(data.get("ended_at")),
             sigterm_at=_opt_float(data.get("sigterm_at")),
             error=str(data.get("error") or ""),
+            node=str(data.get("node") or ""),
         )
 
 
@@ -151,7 +154,11 @@ def _failed_status(record: ExitRecord) -> AttemptStatus:
         return AttemptStatus(
             AttemptPhase.FAILED, end, f"torchrun {describe_exit(end)}; its ranks were stopped"
         )
-    parts = [f"rank {r} {describe_exit(nonzero[r].exit_code)}" for r in failed]
+    parts = [
+        f"rank {r} {describe_exit(nonzero[r].exit_code)}"
+        + (f" on node {nonzero[r].node}" if nonzero[r].node else "")
+        for r in failed
+    ]
     parts += [f"rank {r}: {nonzero[r].error}" for r in failed if nonzero[r].error]
     reason = "; ".join(parts)
     if stopped:

@@ -107,6 +107,7 @@ def _record(code: int, log: Path | None = None) -> dict[str, object]:
         "ended_at": time.time(),
         "sigterm_at": _sigterm_at,
         "error": error,
+        "node": os.environ.get("TYARD_NODE", ""),  # network-namespace nodes (gang.py)
     }
 
 
