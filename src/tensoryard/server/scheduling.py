@@ -359,8 +359,8 @@ def failed_on(attempts: Sequence[AttemptRecord]) -> dict[str, list[int]]:
     A failed or lost single-node attempt counts against its node. A multi-node attempt counts
     only against the node of its root cause ("rank 1 exited ... on node n2": the first failed
     rank listed; its peers fail after it) or, without one, the nodes its reason names (a lost
-    node): a bug in the job fails every node of the gang alike and is no reason to avoid any. Attempts
-    recorded without their nodes count against none."""
+    node): a bug in the job fails every node of the gang alike and is no reason to avoid any.
+    Attempts recorded without their nodes count against none."""
     out: dict[str, list[int]] = {}
     for a in attempts:
         if a.state not in ("failed", "lost") or not a.nodes:
