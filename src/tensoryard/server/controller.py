@@ -766,7 +766,7 @@ class Controller:
             to, why = self._retry_or_fail(job, why)
         # The stop reason we recorded (preempted, limit, hang) is the attempt's reason.
         reason = attempt.reason or status.reason or status.phase.value
-        moved, avoided = "", frozenset[str]()
+        moved, avoided, swap_event = "", frozenset[str](), ""
         if to is JobState.RESTARTING:  # a node where this job failed twice: placed elsewhere
             avoided, moved = self._avoid_after(job, attempt, status.phase.value, reason)
             if moved:
@@ -787,12 +787,9 @@ class Controller:
                     "resuming from the last checkpoint"
                 )
                 count_restart = bool(moved)  # a drained node is not the job's failure
-                self.store.add_event(
-                    job.id,
-                    "recovery",
+                swap_event = (
                     f"attempt {attempt.number}: {', '.join(sorted(gone))} replaced by {new}; "
-                    f"the gang restarts on {', '.join(swapped)}",
-                    attempt=attempt.number,
+                    f"the gang restarts on {', '.join(swapped)}"
                 )
         try:
             record = self.store.finish_attempt(
@@ -812,6 +809,8 @@ class Controller:
             self._dirty = True
             return
         crashpoint("finish.after")
+        if swap_event:  # after the change it describes (the state event says it too)
+            self.store.add_event(job.id, "recovery", swap_event, attempt=attempt.number)
         self._put(record)
         self._mem.starting_reason.pop((job.id, attempt.number), None)
         self._mem.queued_seen.pop((job.id, attempt.number), None)

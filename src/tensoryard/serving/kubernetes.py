@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,6 +75,7 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS on e
 MANAGED = {"app.kubernetes.io/managed-by": "tensoryard", "app.kubernetes.io/component": "serving"}
 ARTIFACT_PREFIX = "artifact:"  # model_path of a registry version: pulled in the pod
 MODELS_DIR = "/models"
+RECHECK_S = 30.0  # an applied object is read back this often (someone may delete or edit it)
 ENGINE_CONTAINER = "engine"
 LOADER_CONTAINER = "weights"
 
@@ -354,6 +356,7 @@ class KubeServing:
         self.loader_image = loader_image
         self.artifact_store_url = artifact_store_url
         self._applied: dict[str, tuple[str, int]] = {}  # name -> (spec hash, replicas) applied
+        self._checked: dict[str, float] = {}  # name -> when the object was last read back
 
     # -- objects -------------------------------------------------------------------------------
 
@@ -371,10 +374,12 @@ class KubeServing:
         call changed something. Cheap when nothing changed since the last call."""
         obj = self.render(dep, replicas)
         want = (obj["metadata"]["labels"][LABEL_SPEC_HASH], replicas)
-        if self._applied.get(dep.name) == want:
+        fresh = time.monotonic() - self._checked.get(dep.name, float("-inf")) < RECHECK_S
+        if self._applied.get(dep.name) == want and fresh:
             return False
         kind, name = obj["kind"], obj["metadata"]["name"]
         current = self._read(kind, name)
+        self._checked[dep.name] = time.monotonic()  # deleted or edited by hand: seen again
         if current is None:
             self._create(obj)
             log.info("serving: created %s %s (%d replicas)", kind, name, replicas)
@@ -395,6 +400,7 @@ class KubeServing:
     def delete(self, deployment: str) -> None:
         """Delete both possible objects of a deployment (absent ones are fine)."""
         self._applied.pop(deployment, None)
+        self._checked.pop(deployment, None)
         name = object_name(deployment)
         for kind in ("Deployment", "LeaderWorkerSet"):
             self._delete(kind, name)
