@@ -121,3 +121,17 @@ def test_the_engines_parameters_are_checked_and_n_is_forwarded(gpu_serving: Serv
         assert "vllm calls it 'repetition_penalty'" in error["message"]
         best_of = c.post("/v1/chat/completions", json={**CHAT, "best_of": 3})
         assert best_of.status_code == 400 and best_of.json()["error"]["param"] == "best_of"
+
+
+def test_a_gpu_engine_on_a_control_plane_without_kubernetes_is_refused_naming_engine(
+    serving_plane: Callable[..., Serving],
+) -> None:
+    s = serving_plane()
+    with s.http() as c:
+        resp = c.post(
+            "/api/v1/deployments", json={"model": "org/llama", "engine": "vllm", "name": "llama"}
+        )
+        assert resp.status_code == 422, resp.text
+        (issue,) = resp.json()["detail"]
+        assert issue["path"] == "engine" and "--executor kubernetes" in issue["fix"]
+        assert c.get("/api/v1/deployments").json() == []  # nothing stored
