@@ -136,3 +136,17 @@ def tyard(
         env={**os.environ, **(env or {})},
         cwd=REPO,
     )
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A control plane offering this machine as two nodes, n1 and n2 (`--local-nodes`)."""
+    server = ServerProcess(
+        home=tmp_path / "home",
+        port=free_port(),
+        extra_args=["--cpu-slots", "4", "--local-nodes", "n1,n2"],
+    )
+    server.home.mkdir()
+    yield server
+    server.stop()
+    _kill_leftovers(server.home)

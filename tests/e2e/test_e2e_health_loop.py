@@ -11,7 +11,6 @@ import json
 import shutil
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,25 +18,12 @@ import yaml
 
 from tensoryard.agent.fake_nvml import FakeNvml
 from tensoryard.agent.service import AgentConfig, NodeAgent
-from tests.e2e.conftest import REPO, ServerProcess, _kill_leftovers, free_port, tyard, wait_for
+from tests.e2e.conftest import REPO, ServerProcess, tyard, wait_for
 from tests.e2e.test_e2e_jobs import TERMINAL, env_for, processes_of, tiny_job
 
 SYS_FIXTURE = REPO / "tests" / "unit" / "observability" / "fixtures" / "sys"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def two_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(
-        home=tmp_path / "home",
-        port=free_port(),
-        extra_args=["--cpu-slots", "4", "--local-nodes", "n1,n2"],
-    )
-    server.home.mkdir()
-    yield server
-    server.stop()
-    _kill_leftovers(server.home)
 
 
 def test_an_xid_on_a_node_drains_it_and_the_job_resumes_on_the_other_node_from_its_checkpoint(

@@ -7,13 +7,12 @@ succeeds. Real processes; the failure is the job's own exit code."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.e2e.conftest import ServerProcess, _kill_leftovers, free_port
+from tests.e2e.conftest import ServerProcess
 from tests.e2e.test_e2e_jobs import TERMINAL, wait_for
 
 pytestmark = pytest.mark.slow
@@ -24,19 +23,6 @@ attempt = int(os.environ["TYARD_ATTEMPT"])
 print(f"attempt {attempt}", flush=True)
 sys.exit(1 if attempt <= 2 else 0)
 """
-
-
-@pytest.fixture
-def two_nodes(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(
-        home=tmp_path / "home",
-        port=free_port(),
-        extra_args=["--cpu-slots", "4", "--local-nodes", "n1,n2"],
-    )
-    server.home.mkdir()
-    yield server
-    server.stop()
-    _kill_leftovers(server.home)
 
 
 def test_a_node_where_a_job_failed_twice_is_avoided_by_its_next_placement(

@@ -284,3 +284,21 @@ def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
         time.sleep(interval)
+
+
+@pytest.fixture
+def identity(k8s_env: K8sEnv, api_client: Any, namespace: str, tmp_path: Path) -> Iterator[Path]:
+    """The kubeconfig of the control plane's ServiceAccount (deploy/kubernetes/rbac.yaml),
+    for this test's namespace; its cluster-wide objects are removed afterwards."""
+    from tests.e2e_k8s.platform import (
+        SERVICE_ACCOUNT,
+        apply_rbac,
+        delete_cluster_rbac,
+        token_kubeconfig,
+    )
+
+    apply_rbac(api_client, namespace)
+    yield token_kubeconfig(
+        k8s_env.kubeconfig, api_client, namespace, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig"
+    )
+    delete_cluster_rbac(api_client, namespace)

@@ -40,11 +40,8 @@ from tests.e2e_k8s.platform import (
     COMPLETE_DELAY,
     COMPLETE_JITTER,
     SERVICE_ACCOUNT,
-    apply_rbac,
-    delete_cluster_rbac,
     job_spec,
     start_server,
-    token_kubeconfig,
     tyard,
 )
 from tests.unit.cluster.deploy_render import render
@@ -60,16 +57,6 @@ LONG_RUNNING = [
     "job",  # the Indexed Job path: no dependency on the JobSet controller here
 ]
 GPU_PRESENT = "nvidia.com/gpu.present"
-
-
-@pytest.fixture
-def identity(k8s_env: K8sEnv, api_client: Any, namespace: str, tmp_path: Path) -> Iterator[Path]:
-    """The kubeconfig of the control plane's ServiceAccount (deploy/kubernetes/rbac.yaml)."""
-    apply_rbac(api_client, namespace)
-    yield token_kubeconfig(
-        k8s_env.kubeconfig, api_client, namespace, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig"
-    )
-    delete_cluster_rbac(api_client, namespace)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ plane collected."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +19,15 @@ import yaml
 
 from tensoryard.serving.kubernetes import LABEL_DEPLOYMENT, MANAGED, object_name
 from tests.e2e.conftest import ServerProcess
-from tests.e2e_k8s.conftest import REPO, K8sEnv, wait_until
+from tests.e2e_k8s.conftest import REPO, wait_until
 from tests.e2e_k8s.platform import (
-    SERVICE_ACCOUNT,
-    apply_rbac,
-    delete_cluster_rbac,
     start_server,
-    token_kubeconfig,
     tyard,
 )
 
 pytestmark = pytest.mark.slow
 
 LWS_CRD = REPO.parent / "shared/k8s/crds/lws/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
-
-
-@pytest.fixture
-def identity(k8s_env: K8sEnv, api_client: Any, namespace: str, tmp_path: Path) -> Iterator[Path]:
-    apply_rbac(api_client, namespace)
-    yield token_kubeconfig(
-        k8s_env.kubeconfig, api_client, namespace, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig"
-    )
-    delete_cluster_rbac(api_client, namespace)
 
 
 def _start(
@@ -203,6 +189,22 @@ def test_bad_gpu_requests_are_refused_naming_the_field_and_nothing_is_created(
     assert client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items == []
 
 
+def _bare_deployment(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai"}]},
+            },
+        },
+    }
+
+
 def test_serving_objects_of_a_deployment_deleted_while_no_control_plane_ran_are_collected(
     servers: list[ServerProcess],
     tmp_path: Path,
@@ -215,40 +217,9 @@ def test_serving_objects_of_a_deployment_deleted_while_no_control_plane_ran_are_
 
     gpu_nodes(1)
     apps = client.AppsV1Api(api_client)
-    labels = {**MANAGED, LABEL_DEPLOYMENT: "gone"}
-    apps.create_namespaced_deployment(
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": object_name("gone"), "labels": labels},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {LABEL_DEPLOYMENT: "gone"}},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai"}]},
-                },
-            },
-        },
-    )
-    unrelated = {"app": "someone-elses"}
-    apps.create_namespaced_deployment(
-        namespace,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "not-ours", "labels": unrelated},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": unrelated},
-                "template": {
-                    "metadata": {"labels": unrelated},
-                    "spec": {"containers": [{"name": "x", "image": "busybox"}]},
-                },
-            },
-        },
-    )
+    leftover = _bare_deployment(object_name("gone"), {**MANAGED, LABEL_DEPLOYMENT: "gone"})
+    apps.create_namespaced_deployment(namespace, leftover)
+    apps.create_namespaced_deployment(namespace, _bare_deployment("not-ours", {"app": "x"}))
     _start(servers, tmp_path, identity, namespace)
     wait_until(
         lambda: (

@@ -231,16 +231,8 @@ def parse_request(raw: Any, *, chat: bool, engine: str = "llama.cpp") -> ParsedR
                 key,
                 "unsupported_parameter",
             )
-    _check_int(raw, "max_tokens", 1, 1 << 20)
-    _check_int(raw, "max_completion_tokens", 1, 1 << 20)
-    if chat:
-        messages = raw.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' must be a non-empty list of {role, content}", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-    else:
+    _check_lengths_and_messages(raw, chat)
+    if not chat:
         prompt = raw.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -250,13 +242,7 @@ def parse_request(raw: Any, *, chat: bool, engine: str = "llama.cpp") -> ParsedR
                 "send one request per prompt)",
                 "prompt",
             )
-    stream = raw.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false", "stream")
-    options = raw.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or not stream):
-        raise _bad("'stream_options' is only allowed with stream: true", "stream_options")
-    include_usage = bool((options or {}).get("include_usage", False))
+    stream, include_usage = _stream_settings(raw)
     body = {k: v for k, v in raw.items() if k not in ("stream_options", "n", "best_of")}
     if "max_completion_tokens" in body:
         body["max_tokens"] = body.pop("max_completion_tokens")
@@ -269,6 +255,29 @@ def parse_request(raw: Any, *, chat: bool, engine: str = "llama.cpp") -> ParsedR
         include_usage=include_usage,
         prompt=prompt_text(body, chat),
     )
+
+
+def _check_lengths_and_messages(raw: dict[str, Any], chat: bool) -> None:
+    _check_int(raw, "max_tokens", 1, 1 << 20)
+    _check_int(raw, "max_completion_tokens", 1, 1 << 20)
+    if chat:
+        messages = raw.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' must be a non-empty list of {role, content}", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
+
+
+def _stream_settings(raw: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage), checked."""
+    stream = raw.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be true or false", "stream")
+    options = raw.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise _bad("'stream_options' is only allowed with stream: true", "stream_options")
+    return stream, bool((options or {}).get("include_usage", False))
 
 
 def _parse_gpu(raw: dict[str, Any], *, chat: bool, engine: str) -> ParsedRequest:
@@ -296,27 +305,13 @@ def _parse_gpu(raw: dict[str, Any], *, chat: bool, engine: str) -> ParsedRequest
             "unsupported_parameter",
         )
     _check_int(raw, "n", 1, 128)
-    _check_int(raw, "max_tokens", 1, 1 << 20)
-    _check_int(raw, "max_completion_tokens", 1, 1 << 20)
-    if chat:
-        messages = raw.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' must be a non-empty list of {role, content}", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-    elif not isinstance(raw.get("prompt"), (str, list)):
+    _check_lengths_and_messages(raw, chat)
+    if not chat and not isinstance(raw.get("prompt"), (str, list)):
         raise _bad("'prompt' must be a string or a list of token ids", "prompt")
-    stream = raw.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false", "stream")
-    options = raw.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or not stream):
-        raise _bad("'stream_options' is only allowed with stream: true", "stream_options")
-    include_usage = bool((options or {}).get("include_usage", False))
+    stream, include_usage = _stream_settings(raw)
     body = {k: v for k, v in raw.items() if k != "best_of"}
     if stream:  # the engine counts the tokens; the gateway drops the chunk unless asked
-        body["stream_options"] = {**(options or {}), "include_usage": True}
+        body["stream_options"] = {**(raw.get("stream_options") or {}), "include_usage": True}
     return ParsedRequest(
         model=model,
         body=body,
