@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from collections import deque
@@ -363,6 +364,28 @@ class ArtifactStore:
                 finally:
                     tmp.unlink(missing_ok=True)
         return manifest
+
+    def pull_into(self, digest: str, dest: Path | str) -> bool:
+        """Pull the artifact as the directory ``dest``, complete or not at all: into a sibling
+        temporary directory renamed to ``dest`` at the end, so an interrupted pull is never
+        taken for the artifact. False (nothing pulled) when ``dest`` is already there, also
+        when another pull of the same artifact finished first."""
+        dest = Path(dest)
+        if dest.is_dir():
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}"
+        try:
+            self.pull(digest, tmp)
+            try:
+                tmp.rename(dest)
+            except OSError:
+                if not dest.is_dir():
+                    raise
+                return False
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return True
 
     def verify(self, digest: str) -> Manifest:
         """Read and check every chunk of an artifact; IntegrityError names the first bad one."""

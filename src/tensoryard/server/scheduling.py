@@ -385,6 +385,17 @@ def _names(text: str, node: str) -> bool:
     return re.search(rf"(?<![\w.-]){re.escape(node)}(?![\w.-])", text) is not None
 
 
+def _usable(node: NodeCapacity, spec: JobSpec) -> bool:
+    """Ready, not cordoned, of the job's GPU model, with at least the GPUs of one worker."""
+    model = spec.scheduling.gpu_model
+    return (
+        node.state == "ready"
+        and not node.cordoned
+        and len(node.gpu_indices) >= spec.resources.gpus_per_node
+        and (model is None or node.gpu_model == model)
+    )
+
+
 def nodes_to_avoid(
     attempts: Sequence[AttemptRecord], nodes: Sequence[NodeCapacity], spec: JobSpec
 ) -> tuple[frozenset[str], str]:
@@ -398,15 +409,7 @@ def nodes_to_avoid(
     if not failed:
         return frozenset(), ""
     res = spec.resources
-    usable = [
-        n.name
-        for n in nodes
-        if n.state == "ready"
-        and not n.cordoned
-        and len(n.gpu_indices) >= res.gpus_per_node
-        and (spec.scheduling.gpu_model is None or n.gpu_model == spec.scheduling.gpu_model)
-    ]
-    left = [n for n in usable if n not in failed]
+    left = [n.name for n in nodes if _usable(n, spec) and n.name not in failed]
     where = "; ".join(
         f"{node}: attempts {', '.join(map(str, nums))} failed there"
         for node, nums in sorted(failed.items())
@@ -452,11 +455,7 @@ def replacement_placement(
     switches = {by_name[n].switch for n in keep if n in by_name and by_name[n].switch}
     candidates: list[tuple[bool, int, str, list[int]]] = []
     for n in nodes:
-        if n.name in placement or n.name in gone or n.name in avoid:
-            continue
-        if n.state != "ready" or n.cordoned:
-            continue
-        if spec.scheduling.gpu_model is not None and n.gpu_model != spec.scheduling.gpu_model:
+        if n.name in placement or n.name in gone or n.name in avoid or not _usable(n, spec):
             continue
         taken = used_gpus.get(n.name, set()) | set(n.unavailable_gpus)
         free = [g for g in n.gpu_indices if g not in taken]

@@ -93,19 +93,20 @@ def add_deployment_routes(
     def out(name: str) -> DeploymentOut:
         d = store.get_deployment(name)
         live = {r.slot: r for r in manager.replicas(name)}
-        reps = [
-            ReplicaOut(
-                slot=r.slot,
-                port=r.port,
-                pid=r.pid,
-                state=r.state,
-                restarts=r.restarts,
-                in_flight=live[r.slot].in_flight if r.slot in live else 0,
-                started_at=r.started_at,
-            )
-            for r in store.list_replicas(name)
-        ]
-        if on_kubernetes(d):  # pods, as the supervisor last listed them
+        if not on_kubernetes(d):  # replica processes, as their rows say
+            reps = [
+                ReplicaOut(
+                    slot=r.slot,
+                    port=r.port,
+                    pid=r.pid,
+                    state=r.state,
+                    restarts=r.restarts,
+                    in_flight=live[r.slot].in_flight if r.slot in live else 0,
+                    started_at=r.started_at,
+                )
+                for r in store.list_replicas(name)
+            ]
+        else:  # pods, as the supervisor last listed them (they have no rows)
             reps = [
                 ReplicaOut(
                     slot=r.slot,

@@ -162,11 +162,11 @@ def add_gateway_routes(
                 ) from exc
             if isinstance(raw, dict) and isinstance(raw.get("model"), str):
                 label = raw["model"][:63]
-            engine = "llama.cpp"
+            dep = None
             if isinstance(raw, dict) and isinstance(raw.get("model"), str) and raw["model"]:
-                engine = _deployment(manager, raw["model"]).engine  # its parameters differ
-            req = parse_request(raw, chat=chat, engine=engine)
-            dep = _deployment(manager, req.model)
+                dep = _deployment(manager, raw["model"])  # its engine's parameters apply
+            req = parse_request(raw, chat=chat, engine=dep.engine if dep else "llama.cpp")
+            dep = dep or _deployment(manager, req.model)  # (parse_request refused no model)
             try:  # pure unless it refuses (then it writes the audit line)
                 guard.check(
                     request, who, Action.JOB_READ, team=dep.team, obj=f"deployment/{dep.name}"

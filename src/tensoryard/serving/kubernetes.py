@@ -69,6 +69,7 @@ __all__ = [
 log = logging.getLogger("tensoryard.serving")
 
 LWS = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+_KINDS = {"Deployment": ("apps", "v1", "deployments"), "LeaderWorkerSet": LWS}
 LABEL_DEPLOYMENT = "tensoryard.io/deployment"
 LABEL_SPEC_HASH = "tensoryard.io/spec-hash"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # set by LWS on every pod
@@ -399,8 +400,7 @@ class KubeServing:
 
     def delete(self, deployment: str) -> None:
         """Delete both possible objects of a deployment (absent ones are fine)."""
-        self._applied.pop(deployment, None)
-        self._checked.pop(deployment, None)
+        self._forget(deployment)
         name = object_name(deployment)
         for kind in ("Deployment", "LeaderWorkerSet"):
             self._delete(kind, name)
@@ -416,10 +416,14 @@ class KubeServing:
         for kind, obj in found:
             dep = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_DEPLOYMENT)
             if dep and dep not in keep:
-                self._applied.pop(dep, None)
+                self._forget(dep)
                 self._delete(kind, obj["metadata"]["name"])
                 gone.append(f"{kind}/{obj['metadata']['name']}")
         return gone
+
+    def _forget(self, deployment: str) -> None:
+        self._applied.pop(deployment, None)
+        self._checked.pop(deployment, None)
 
     def pods(self, dep: DeploymentRecord) -> list[ServingPod]:
         """The pods that serve requests (every pod of a Deployment, the leaders of an LWS)."""
@@ -441,97 +445,51 @@ class KubeServing:
             out.append(pod_view(pod))
         return sorted(out, key=lambda p: p.name)
 
-    # -- API calls -----------------------------------------------------------------------------
+    # -- API calls: one path for both kinds (the generic API serves apps/v1 as well) ---------
+
+    def _call(self, verb: str, kind: str, fn: str, *args: Any, **kwargs: Any) -> Any:
+        group, version, plural = _KINDS[kind]
+        what = f"{verb} {plural}.{group} in namespace {self.ns}"
+        k = self.kube
+        return k.call(what, getattr(k.custom, fn), group, version, self.ns, plural, *args, **kwargs)
 
     def _read(self, kind: str, name: str) -> dict[str, Any] | None:
-        k = self.kube
         try:
-            if kind == "Deployment":
-                what = f"get deployments.apps {name} in namespace {self.ns}"
-                got = k.call(what, k.apps.read_namespaced_deployment, name, self.ns)
-                return dict(k.plain(got))
-            what = f"get leaderworkersets.{LWS[0]} {name} in namespace {self.ns}"
-            got = k.call(
-                what, k.custom.get_namespaced_custom_object, *LWS[:2], self.ns, LWS[2], name
-            )
-            return dict(got)
+            return dict(self._call("get", kind, "get_namespaced_custom_object", name))
         except KubeApiError as exc:
             if exc.status == 404:
                 return None
             raise
 
     def _create(self, obj: dict[str, Any]) -> None:
-        k = self.kube
-        if obj["kind"] == "Deployment":
-            what = f"create deployments.apps in namespace {self.ns}"
-            k.call(what, k.apps.create_namespaced_deployment, self.ns, obj)
-            return
-        what = f"create leaderworkersets.{LWS[0]} in namespace {self.ns}"
         try:
-            k.call(what, k.custom.create_namespaced_custom_object, *LWS[:2], self.ns, LWS[2], obj)
+            self._call("create", obj["kind"], "create_namespaced_custom_object", obj)
         except KubeApiError as exc:
-            if exc.status == 404:
+            if exc.status == 404 and obj["kind"] == "LeaderWorkerSet":
                 raise KubeApiError(
-                    f"cannot {what}: the LeaderWorkerSet CRD is not installed (fix: install "
-                    "LWS, https://lws.sigs.k8s.io, or serve on one node per replica: "
-                    "options.nodes=1)",
+                    f"{exc} (the LeaderWorkerSet CRD is not installed; fix: install LWS, "
+                    "https://lws.sigs.k8s.io, or serve on one node per replica: options.nodes=1)",
                     404,
                 ) from exc
             raise
 
     def _replace(self, obj: dict[str, Any]) -> None:
-        k, name = self.kube, obj["metadata"]["name"]
-        if obj["kind"] == "Deployment":
-            what = f"update deployments.apps {name} in namespace {self.ns}"
-            k.call(what, k.apps.replace_namespaced_deployment, name, self.ns, obj)
-            return
-        what = f"update leaderworkersets.{LWS[0]} {name} in namespace {self.ns}"
-        k.call(
-            what, k.custom.replace_namespaced_custom_object, *LWS[:2], self.ns, LWS[2], name, obj
-        )
+        name = obj["metadata"]["name"]
+        self._call("update", obj["kind"], "replace_namespaced_custom_object", name, obj)
 
     def _delete(self, kind: str, name: str) -> None:
-        k = self.kube
         body = {"propagationPolicy": "Foreground"}
         try:
-            if kind == "Deployment":
-                what = f"delete deployments.apps {name} in namespace {self.ns}"
-                k.call(what, k.apps.delete_namespaced_deployment, name, self.ns, body=body)
-            else:
-                what = f"delete leaderworkersets.{LWS[0]} {name} in namespace {self.ns}"
-                k.call(
-                    what,
-                    k.custom.delete_namespaced_custom_object,
-                    *LWS[:2],
-                    self.ns,
-                    LWS[2],
-                    name,
-                    body=body,
-                )
+            self._call("delete", kind, "delete_namespaced_custom_object", name, body=body)
         except KubeApiError as exc:
             if exc.status != 404:
                 raise
 
     def _list(self, kind: str, selector: str) -> list[dict[str, Any]]:
-        k = self.kube
         try:
-            if kind == "Deployment":
-                what = f"list deployments.apps in namespace {self.ns}"
-                got = k.call(
-                    what, k.apps.list_namespaced_deployment, self.ns, label_selector=selector
-                )
-                return [dict(k.plain(o)) for o in got.items]
-            what = f"list leaderworkersets.{LWS[0]} in namespace {self.ns}"
-            got = k.call(
-                what,
-                k.custom.list_namespaced_custom_object,
-                *LWS[:2],
-                self.ns,
-                LWS[2],
-                label_selector=selector,
-            )
-            return list(got.get("items") or [])
+            got = self._call("list", kind, "list_namespaced_custom_object", label_selector=selector)
         except KubeApiError as exc:
             if exc.status == 404:  # LWS not installed: nothing of that kind exists
                 return []
             raise
+        return list(got.get("items") or [])

@@ -21,7 +21,6 @@ from typing import Any
 __all__ = [
     "CHAT_PARAMS",
     "COMPLETION_PARAMS",
-    "GPU_ENGINE_NAMES",
     "OpenAIError",
     "ParsedRequest",
     "allowed_params",
@@ -117,7 +116,6 @@ _RENAMED = {  # llama.cpp's name -> each GPU engine's
     "functions": {"vllm": "tools", "sglang": "tools"},
     "function_call": {"vllm": "tool_choice", "sglang": "tool_choice"},
 }
-GPU_ENGINE_NAMES = frozenset(_ENGINE_EXTRA)
 
 
 def allowed_params(engine: str, *, chat: bool) -> frozenset[str]:

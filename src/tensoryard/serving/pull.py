@@ -18,10 +18,8 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +34,16 @@ def pull(store_url: str, digest: str, dest: Path) -> dict[str, Any]:
     from tensoryard.registry import ArtifactStore, open_blobs
 
     started = time.monotonic()
-    marker = dest / ".tyard-complete"
-    if marker.is_file():
-        report = json.loads(marker.read_text())
-        return {**report, "pull_s": 0.0, "cached": True}
     artifacts = ArtifactStore(open_blobs(store_url))
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}"
-    try:
-        manifest = artifacts.pull(digest, tmp)
-        report = {
-            "digest": digest,
-            "bytes": manifest.total_bytes,
-            "files": len(manifest.files),
-        }
-        (tmp / ".tyard-complete").write_text(json.dumps(report))
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {**report, "pull_s": round(time.monotonic() - started, 3), "cached": False}
+    pulled = artifacts.pull_into(digest, dest)
+    manifest = artifacts.manifest(digest)
+    return {
+        "digest": digest,
+        "bytes": manifest.total_bytes,
+        "files": len(manifest.files),
+        "pull_s": round(time.monotonic() - started, 3) if pulled else 0.0,
+        "cached": not pulled,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -51,7 +51,7 @@ from tensoryard.store import Store
 from tensoryard.store._serving import RETIRING_SLOT, DeploymentRecord, ReplicaRecord
 
 if TYPE_CHECKING:
-    from tensoryard.serving.kubernetes import KubeServing
+    from tensoryard.serving.kubernetes import KubeServing, ServingPod
 
 __all__ = ["Replica", "ReplicaManager", "free_port"]
 
@@ -123,7 +123,7 @@ class Replica:
     restarts: int = 0
     retry_at: float | None = None  # set when it exited: restart no earlier than this
     host: str = "127.0.0.1"
-    pod: Any = None  # a ServingPod when the replica is a pod on Kubernetes
+    pod: ServingPod | None = None  # when the replica is a pod on Kubernetes
 
     @property
     def id(self) -> str:

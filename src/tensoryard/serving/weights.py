@@ -8,9 +8,7 @@ short is never served; later deployments of the same version reuse it.
 
 from __future__ import annotations
 
-import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,17 +76,7 @@ class RegistryWeights:
         dest = self.cache / version.artifact
         started = time.monotonic()
         pulled = 0.0
-        if not (dest / ggufs[0]).is_file():
-            tmp = self.cache / f".{version.artifact}.{uuid.uuid4().hex[:8]}"
-            try:
-                self.artifacts.pull(version.artifact, tmp)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp.rename(dest)
-            except OSError:
-                if not (dest / ggufs[0]).is_file():
-                    raise
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+        if self.artifacts.pull_into(version.artifact, dest):
             pulled = time.monotonic() - started
         return ResolvedWeights(
             dest / ggufs[0], f"{source.ref} (version {version.version})", round(pulled, 3)

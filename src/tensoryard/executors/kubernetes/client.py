@@ -66,7 +66,6 @@ class Kube:
 
         self.core = client.CoreV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
-        self.apps = client.AppsV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.calls = 0  # API calls made (the benchmark reports calls per job)
 
