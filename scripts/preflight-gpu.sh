@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run `tyard cluster preflight` for real on a GPU machine (not tested on one yet: no GPU was used
-# while writing it). Prints the JSON report and exits with the preflight's exit code.
+# Run `tyard cluster preflight` for real on a GPU machine (the same command ran on a single-H200
+# machine on 2026-12-04 inside scripts/gpu-checks). Prints the JSON report and exits with the
+# preflight's exit code.
 #
 #   scripts/preflight-gpu.sh [INVENTORY NODE]      # with an inventory: checks expectations too
 #

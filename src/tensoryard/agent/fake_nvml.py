@@ -83,8 +83,8 @@ class FakeGpu:
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
     nvlink_links: int = 18  # active links; higher link indices answer NOT_SUPPORTED
     nvlink_errors: dict[int, dict[int, int]] = field(default_factory=dict)  # link -> counter
-    nvlink_tx_kib: int = 0
-    nvlink_rx_kib: int = 0
+    nvlink_tx_kib: int | None = 0  # None: throughput fields not supported (no NVLink peers)
+    nvlink_rx_kib: int | None = 0
     violation_ns: dict[int, int] = field(default_factory=dict)  # NVML_PERF_POLICY_* -> ns
     xid_events: list[int] = field(default_factory=list)  # pending XIDs, oldest first
 
@@ -354,3 +354,149 @@ class FakeNvml:
     def _check_lost(self, gpu: Any) -> None:
         if getattr(gpu, "lost", False):
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+
+
+# -- recording a real device --------------------------------------------------------------------
+
+
+def record_devices(nvml: Any) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Read every value FakeGpu holds from real NVML bindings (``pynvml``), one record per GPU,
+    in the form `FakeNvml.from_records` takes; also which calls each GPU did not support.
+
+    Run on a GPU machine with ``python -m tensoryard.agent.fake_nvml --record PATH``; the
+    recorded file then feeds the tests (the GPU collector's output from the fake is compared
+    with its output from the real device, recorded in the same run)."""
+    records: list[dict[str, Any]] = []
+    unsupported: dict[str, list[str]] = {}
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        missing: list[str] = []
+
+        def q(fn: str, *args: Any, _h: Any = h, _missing: list[str] = missing) -> Any:
+            try:
+                return getattr(nvml, fn)(_h, *args)
+            except nvml.NVMLError as exc:
+                _missing.append(f"{fn}{list(args) if args else ''}: {exc}")
+                return None
+            except AttributeError:
+                _missing.append(f"{fn}: not in these bindings")
+                return None
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        mem = q("nvmlDeviceGetMemoryInfo")
+        util = q("nvmlDeviceGetUtilizationRates")
+        rec: dict[str, Any] = {
+            "name": text(nvml.nvmlDeviceGetName(h)),
+            "uuid": text(nvml.nvmlDeviceGetUUID(h)),
+            "memory_bytes": int(mem.total) if mem is not None else 0,
+            "memory_used_bytes": int(mem.used) if mem is not None else 0,
+            "util_gpu": int(util.gpu) if util is not None else 0,
+            "util_memory": int(util.memory) if util is not None else 0,
+        }
+        for key, fn, args in (
+            ("power_mw", "nvmlDeviceGetPowerUsage", ()),
+            ("energy_mj", "nvmlDeviceGetTotalEnergyConsumption", ()),
+            ("temperature_c", "nvmlDeviceGetTemperature", (nvml.NVML_TEMPERATURE_GPU,)),
+            ("sm_clock_mhz", "nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_SM,)),
+            ("mem_clock_mhz", "nvmlDeviceGetClockInfo", (nvml.NVML_CLOCK_MEM,)),
+            ("throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ()),
+        ):
+            value = q(fn, *args)
+            if value is not None:
+                rec[key] = int(value)
+        ecc = {}
+        for key, etype, ctype in (
+            ("ecc_corrected", 0, 0),
+            ("ecc_corrected_aggregate", 0, 1),
+            ("ecc_uncorrected", 1, 0),
+            ("ecc_uncorrected_aggregate", 1, 1),
+        ):
+            ecc[key] = q("nvmlDeviceGetTotalEccErrors", etype, ctype)
+        if ecc["ecc_uncorrected"] is None:
+            rec["ecc_uncorrected"] = None  # the fake then answers NOT_SUPPORTED for ECC
+        else:
+            rec.update({k: int(v or 0) for k, v in ecc.items()})
+        rows = q("nvmlDeviceGetRemappedRows")
+        if rows is not None:
+            rec["remapped_rows"] = [int(v) for v in rows][:4]
+        pending = q("nvmlDeviceGetRetiredPagesPendingStatus")
+        rec["retired_pages_pending"] = bool(pending) if pending is not None else False
+        links = 0
+        errors: dict[str, dict[str, int]] = {}
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(h, link)
+            except nvml.NVMLError:
+                break
+            if int(state) != int(getattr(nvml, "NVML_FEATURE_ENABLED", 1)):
+                break
+            links += 1
+            counters = {}
+            for counter in range(4):  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
+                try:
+                    value = int(nvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+                except nvml.NVMLError:
+                    continue
+                if value:
+                    counters[str(counter)] = value
+            if counters:
+                errors[str(link)] = counters
+        rec["nvlink_links"] = links
+        rec["nvlink_errors"] = errors
+        fields = q("nvmlDeviceGetFieldValues", [82, 138, 139])
+        got = {}
+        for value in fields or []:
+            if int(value.nvmlReturn) == 0:
+                got[int(value.fieldId)] = int(value.value.ullVal or value.value.uiVal)
+        rec["memory_temperature_c"] = got.get(82)
+        rec["nvlink_tx_kib"] = got.get(138)  # None: not supported on this device
+        rec["nvlink_rx_kib"] = got.get(139)
+        violations = {}
+        for policy in (0, 1):  # NVML_PERF_POLICY_POWER, _THERMAL
+            v = q("nvmlDeviceGetViolationStatus", policy)
+            if v is not None:
+                violations[str(policy)] = int(v.violationTime)
+        rec["violation_ns"] = violations
+        records.append(rec)
+        unsupported[str(index)] = missing
+    return records, unsupported
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import datetime as dt
+    import json
+    import platform
+
+    parser = argparse.ArgumentParser(description="Record this machine's GPUs for FakeNvml.")
+    parser.add_argument("--record", required=True, help="write the records (JSON) here")
+    args = parser.parse_args(argv)
+    import pynvml  # nvidia-ml-py: only on a GPU machine
+
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        records, unsupported = record_devices(pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+    doc = {
+        "source": (
+            f"Recorded from a real device by `python -m tensoryard.agent.fake_nvml --record` on "
+            f"{dt.date.today().isoformat()} ({platform.node()}, driver "
+            f"{driver.decode() if isinstance(driver, bytes) else driver}); values as NVML "
+            "returned them, idle or under the load the recording ran beside."
+        ),
+        "not_supported": unsupported,
+        "gpus": records,
+    }
+    with open(args.record, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"recorded {len(records)} GPU(s) to {args.record}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -108,8 +108,9 @@ def preflight(
         int | None,
         typer.Option(
             "--procs",
-            min=2,
-            help="All-reduce processes (default: GPUs, or 2 on CPU).",
+            min=1,
+            help="All-reduce processes (default: one per GPU, or 2 on CPU; 1 on a one-GPU "
+            "node checks that NCCL runs, with no bus to measure).",
             show_default=False,
         ),
     ] = None,
@@ -124,6 +125,15 @@ def preflight(
             show_default=False,
         ),
     ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            "--record",
+            help="Keep every command's output in this folder (commands.json indexes them), "
+            "to attach to a report or replay in a test.",
+            show_default=False,
+        ),
+    ] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
     json_out: JsonOpt = False,
@@ -135,6 +145,7 @@ def preflight(
     from tensoryard.cluster import load_inventory
     from tensoryard.cluster.preflight import (
         Expectations,
+        RecordingRunner,
         check_allreduce,
         expectations_for,
         post_report,
@@ -153,7 +164,8 @@ def preflight(
                 check_allreduce, world_size=world, size_bytes=size_mb * 1024 * 1024
             )
         with err_console.status("running preflight checks", spinner="dots"):
-            report = run_preflight(expect, node=name, allreduce=check)
+            runner = RecordingRunner(record) if record is not None else None
+            report = run_preflight(expect, node=name, runner=runner, allreduce=check)
         if report_to == "control-plane":
             from tensoryard.client import resolve_connection
 
@@ -179,7 +191,7 @@ def _default_procs() -> int:
         import torch
     except ImportError:
         return 2
-    return max(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
 def register(app: typer.Typer) -> None:

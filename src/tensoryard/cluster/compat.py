@@ -147,6 +147,12 @@ PYTORCH_CUDA_BUILDS: dict[Version, tuple[Version, ...]] = {
     (2, 7): ((11, 8), (12, 6), (12, 8)),
     (2, 8): ((12, 6), (12, 8), (12, 9)),
     (2, 9): ((12, 6), (12, 8), (13, 0)),
+    # 2.10-2.13: the "Release Compatibility Matrix" of pytorch/pytorch RELEASE.md, stable and
+    # experimental builds together; 13.2 builds are left out until CUDA_MIN_DRIVER has 13.2.
+    (2, 10): ((12, 6), (12, 8), (13, 0)),
+    (2, 11): ((12, 6), (12, 8), (13, 0)),
+    (2, 12): ((12, 6), (13, 0)),
+    (2, 13): ((12, 6), (13, 0)),
 }
 
 # NCCL: Blackwell (sm_100) support arrived in NCCL 2.25.1

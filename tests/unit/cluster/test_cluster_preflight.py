@@ -276,3 +276,61 @@ def test_the_cli_fails_a_listed_gpu_node_that_has_no_nvidia_smi(tmp_path: Path) 
     report = json.loads(result.stdout)
     assert report["ok"] is False
     assert {c["name"]: c["status"] for c in report["checks"]}["gpus"] == "fail"
+
+
+# -- a real single-GPU H200 machine (recorded/h200_1gpu, see recorded/README.md) --------------
+
+H200_RECORD = RECORDED / "h200_1gpu"
+H200_TORCH = TorchVersions(pytorch="2.11.0", cuda="13.0", nccl="2.28.9")  # as that machine had
+
+
+def test_a_recorded_h200_run_replays_to_the_report_the_machine_gave() -> None:
+    """`tyard cluster preflight --record` on a real H200: replaying its commands gives the
+    report that machine printed, check by check (the all-reduce is not a command)."""
+    real = json.loads((H200_RECORD / "report.json").read_text(encoding="utf-8"))
+    runner = RecordedRunner.from_record(H200_RECORD)
+    replay = run_preflight(
+        Expectations(),
+        node=real["node"],
+        runner=runner,
+        torch_info=lambda: H200_TORCH,
+        allreduce=None,
+    )
+    want = [(c["name"], c["status"], c["message"]) for c in real["checks"]]
+    got = [(c.name, c.status, c.message) for c in replay.checks]
+    assert got == want[: len(got)]
+    assert [c for c in want[len(got) :] if c[0] != "allreduce"] == []
+    assert ("gpus", "pass", "1 x H200") in got
+    assert ("versions", "pass", "driver 580.159.04, cuda 13.0, pytorch 2.11.0, nccl 2.28.9") in got
+    # the all-reduce on that machine: NCCL on its one GPU, right, with no bus to measure
+    allreduce = real["checks"][-1]
+    assert allreduce["status"] == "pass" and allreduce["details"]["backend"] == "nccl"
+    assert allreduce["details"]["world_size"] == 1 and allreduce["details"]["correct"]
+
+
+def test_real_nvidia_smi_q_of_a_single_h200_has_no_fabric_to_wait_for() -> None:
+    from tensoryard.cluster.preflight.parsers import parse_fabric_state
+
+    text = (H200_RECORD / "smi_q.txt").read_text(encoding="utf-8")
+    assert parse_fabric_state(text) == [("N/A", "N/A")]
+    runner = RecordedRunner({"nvidia-smi -q": CommandResult(0, text)})
+    h200 = Expectations(gpu_model="H200", gpu_count=1, interconnect="none")
+    assert check_fabric_manager(runner, h200).status == "skip"
+
+
+def test_one_gpu_allreduce_passes_as_an_nccl_smoke_test() -> None:
+    result = check_allreduce(HGX, run=lambda **_: _result(0.0, world=1))
+    assert result.status == "pass" and "one GPU" in result.message
+
+
+def test_recording_runner_keeps_what_replays_exactly(tmp_path: Path) -> None:
+    from tensoryard.cluster.preflight import RecordingRunner
+
+    inner = _runner()
+    inner.outputs["ibstat"] = CommandResult(3, "partial\n", "ibpanic: no mlx5_3\n")
+    recording = RecordingRunner(tmp_path / "rec", inner)
+    first = run_preflight(HGX, runner=recording, torch_info=lambda: TORCH_OK, allreduce=None)
+    replay = RecordedRunner.from_record(tmp_path / "rec")
+    second = run_preflight(HGX, runner=replay, torch_info=lambda: TORCH_OK, allreduce=None)
+    assert [c.as_dict() for c in second.checks] == [c.as_dict() for c in first.checks]
+    assert replay(["ibstat"]) == CommandResult(3, "partial\n", "ibpanic: no mlx5_3\n")

@@ -162,3 +162,22 @@ def test_reused_snapshot_buffers_never_change_a_checkpoint_already_written(
         state = torch.load(tmp_path / f"step-{step:09d}" / "state.pt", weights_only=True)
         for key, value in expected.items():
             assert torch.equal(state["model"][key], value), (step, key)
+
+
+def test_the_sharded_stager_reuses_its_cpu_copy_until_the_layout_changes() -> None:
+    from tensoryard.runtime.checkpoint import _ReusedStager
+
+    stager = _ReusedStager(pin=False)
+    state = {"model": {"w": torch.ones(4)}, "step": 1}
+    first = stager.stage(state)
+    buffer = first["model"]["w"]
+    state["model"]["w"].add_(1)  # training goes on: the snapshot must not move
+    assert torch.equal(first["model"]["w"], torch.ones(4))
+    second = stager.stage(state)  # the next save (the previous one has finished writing)
+    assert second["model"]["w"] is buffer and torch.equal(buffer, torch.full((4,), 2.0))
+    # the optimizer's state appears after its first step: a new layout, a new copy
+    state["optim"] = {"exp_avg": torch.zeros(4)}
+    third = stager.stage(state)
+    assert "optim" in third and torch.equal(third["optim"]["exp_avg"], torch.zeros(4))
+    state["model"]["w"] = torch.ones(8)  # resized
+    assert stager.stage(state)["model"]["w"].shape == (8,)

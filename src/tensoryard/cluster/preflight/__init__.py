@@ -21,6 +21,7 @@ from tensoryard.cluster.preflight.runner import (
     CommandResult,
     CommandRunner,
     RecordedRunner,
+    RecordingRunner,
     SubprocessRunner,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "Expectations",
     "PreflightReport",
     "RecordedRunner",
+    "RecordingRunner",
     "SubprocessRunner",
     "TorchVersions",
     "check_allreduce",
