@@ -417,6 +417,11 @@ class Client:
     def deployments(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._json("GET", "/api/v1/deployments"))
 
+    def usage(self, **params: Any) -> dict[str, Any]:
+        """GET /api/v1/usage (by, team, user, deployment, since, until)."""
+        query = {k: v for k, v in params.items() if v is not None}
+        return cast(dict[str, Any], self._json("GET", "/api/v1/usage", params=query))
+
     def deployment(self, name: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._json("GET", f"/api/v1/deployments/{name}"))
 

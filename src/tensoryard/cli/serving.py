@@ -284,6 +284,78 @@ def delete(
     console.print(f"deleted deployment {name}")
 
 
+_USAGE_HELP = """Gateway usage in tokens, summed per team (or --by user, deployment, hour, day).
+
+Counts are stored by the control plane within 2 s of each answer. Members see their teams'
+usage; platform admins every team's.
+
+Examples:
+
+  tyard usage                                  # per team, last 30 days
+
+  tyard usage --by team,user --since 7d
+
+  tyard usage --team nlp --by deployment,day --json
+"""
+
+
+def usage(
+    by: Annotated[
+        str, typer.Option(help="Group by: team, user, deployment, hour, day (comma-separated).")
+    ] = "team",
+    team: Annotated[str | None, typer.Option(help="Only this team.", show_default=False)] = None,
+    user: Annotated[str | None, typer.Option(help="Only this user.", show_default=False)] = None,
+    deployment: Annotated[
+        str | None, typer.Option(help="Only this deployment.", show_default=False)
+    ] = None,
+    since: Annotated[
+        str, typer.Option(help="From: an ISO time (UTC) or a span back from now (24h, 7d, 2w).")
+    ] = "30d",
+    until: Annotated[
+        str | None, typer.Option(help="Until (same forms).", show_default=False)
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show gateway usage in tokens (see the command help)."""
+    with user_errors(), client_for(server, token) as client:
+        result = client.usage(
+            by=by, team=team, user=user, deployment=deployment, since=since, until=until
+        )
+    if json_out:
+        print_json(result)
+        return
+    groups = result["by"]
+    table = Table(
+        title=f"usage since {result['since'][:16].replace('T', ' ')} UTC", title_justify="left"
+    )
+    heads = {"team": "TEAM", "user": "USER", "deployment": "DEPLOYMENT"}
+    for g in groups:
+        table.add_column("PERIOD" if g in ("hour", "day") else heads[g])
+    for col in ("REQUESTS", "PROMPT", "COMPLETION", "TOTAL"):
+        table.add_column(col, justify="right")
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        out = []
+        for g in groups:
+            if g in ("hour", "day"):
+                period = row.get("period") or ""
+                out.append(period[:10] if g == "day" else period[:16].replace("T", " "))
+            else:
+                out.append(str(row.get(g) or ""))
+        counts = ("requests", "prompt_tokens", "completion_tokens", "total_tokens")
+        return out + [f"{int(row[k]):,}" for k in counts]
+
+    for row in result["rows"]:
+        table.add_row(*cells(row))
+    total = result["total"]
+    table.add_section()
+    table.add_row(*(["total"] + [""] * (len(groups) - 1)), *cells(total)[len(groups) :])
+    console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+    app.command("usage", help=_USAGE_HELP, short_help="Gateway usage in tokens per team.")(usage)
     app.add_typer(deployments_app, name="deployments")

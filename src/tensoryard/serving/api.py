@@ -8,10 +8,11 @@ the team may read it and call it through the gateway.
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tensoryard.errors import FieldIssue, SpecError
@@ -22,11 +23,12 @@ from tensoryard.serving.engine import ENGINES
 from tensoryard.serving.gpu_engines import GPU_ENGINES
 from tensoryard.serving.replicas import ReplicaManager, on_kubernetes
 from tensoryard.serving.source import parse_model_source
+from tensoryard.serving.usage import UsageRecorder
 from tensoryard.serving.weights import RegistryWeights
 from tensoryard.spec.deployment import DEPLOYMENT_NAME_PATTERN, DeploymentSpec
-from tensoryard.store import Store
+from tensoryard.store import USAGE_GROUPS, Store
 
-__all__ = ["DeploymentIn", "DeploymentOut", "add_deployment_routes"]
+__all__ = ["DeploymentIn", "DeploymentOut", "add_deployment_routes", "add_usage_routes"]
 
 API = "/api/v1/deployments"
 NAME_PATTERN = DEPLOYMENT_NAME_PATTERN
@@ -237,3 +239,125 @@ def add_deployment_routes(
         store.delete_deployment(name)
         store.record_audit(guard.context(request, who), "deployment.delete", f"deployment/{name}")
         manager.kick()
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+USAGE_API = "/api/v1/usage"
+_RELATIVE = re.compile(r"^(\d{1,5})([hdw])$")
+
+
+class UsageRowOut(BaseModel):
+    team: str | None = None
+    user: str | None = None
+    deployment: str | None = None
+    period: datetime | None = Field(None, description="The hour's or day's start (UTC).")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class UsageOut(BaseModel):
+    since: datetime
+    until: datetime | None
+    by: list[str]
+    rows: list[UsageRowOut]
+    total: UsageRowOut
+
+
+def parse_when(value: str | None, field: str, now: datetime) -> datetime | None:
+    """An ISO time (UTC when it has no zone) or a span back from now: 24h, 7d, 2w."""
+    if value is None or value == "":
+        return None
+    match = _RELATIVE.match(value.strip())
+    if match:
+        n, unit = int(match.group(1)), match.group(2)
+        return now - timedelta(hours=n * {"h": 1, "d": 24, "w": 24 * 7}[unit])
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise SpecError(
+            [
+                FieldIssue(
+                    field,
+                    f"{value!r} is neither a time nor a span",
+                    "use an ISO time like 2026-12-01T00:00 (UTC) or a span back from now "
+                    "like 24h, 7d or 2w",
+                )
+            ]
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def parse_by(value: str) -> tuple[str, ...]:
+    by = tuple(part.strip() for part in value.split(",") if part.strip())
+    bad = [b for b in by if b not in USAGE_GROUPS]
+    if not by or bad or len(set(by)) != len(by) or ("hour" in by and "day" in by):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "by",
+                    f"cannot group usage by {value!r}",
+                    f"use a comma-separated subset of {', '.join(USAGE_GROUPS)} "
+                    "(hour or day, not both), like by=team,deployment",
+                )
+            ]
+        )
+    return by
+
+
+def add_usage_routes(
+    app: FastAPI, *, store: Store, guard: Guard, usage: UsageRecorder | None = None
+) -> None:
+    @app.get(USAGE_API, tags=["serving"])
+    def usage_(
+        request: Request,
+        who: Principal = Depends(guard.user),
+        by: Annotated[
+            str, Query(max_length=64, description="Group by: team, user, deployment, hour, day.")
+        ] = "team",
+        team: Annotated[str | None, Query(max_length=63)] = None,
+        user: Annotated[str | None, Query(max_length=128)] = None,
+        deployment: Annotated[str | None, Query(max_length=63)] = None,
+        since: Annotated[
+            str | None, Query(max_length=40, description="ISO time or span (24h, 7d); 30d.")
+        ] = None,
+        until: Annotated[str | None, Query(max_length=40)] = None,
+    ) -> UsageOut:
+        """Gateway usage in tokens, summed by `by`; members see their teams' usage, platform
+        admins every team's. Counts reach the database within 2 s of the answer."""
+        groups = parse_by(by)
+        now = datetime.now(UTC)
+        start = parse_when(since, "since", now) or now - timedelta(days=30)
+        end = parse_when(until, "until", now)
+        if team is not None:
+            guard.check(request, who, Action.JOB_READ, team=team, obj=f"team/{team}")
+            teams: list[str] | None = [team]
+        else:
+            teams = who.visible_teams()
+        if usage is not None:
+            usage.flush()  # this replica's latest counts
+        rows = store.serving_usage(
+            by=groups, teams=teams, user=user, deployment=deployment, since=start, until=end
+        )
+        out = [
+            UsageRowOut(
+                team=r.team,
+                user=r.user,
+                deployment=r.deployment,
+                period=r.period,
+                requests=r.requests,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                total_tokens=r.total_tokens,
+            )
+            for r in rows
+        ]
+        total = UsageRowOut(
+            requests=sum(r.requests for r in rows),
+            prompt_tokens=sum(r.prompt_tokens for r in rows),
+            completion_tokens=sum(r.completion_tokens for r in rows),
+            total_tokens=sum(r.total_tokens for r in rows),
+        )
+        return UsageOut(since=start, until=end, by=list(groups), rows=out, total=total)

@@ -31,6 +31,7 @@ from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request
 from tensoryard.serving.replicas import Replica, ReplicaManager
 from tensoryard.serving.router import Route
+from tensoryard.serving.usage import UsageRecorder
 
 __all__ = ["GATEWAY_PATHS", "add_gateway_routes"]
 
@@ -92,7 +93,12 @@ async def _principal(
 
 
 def add_gateway_routes(
-    app: FastAPI, *, guard: Guard, manager: ReplicaManager, metrics: ServingMetrics
+    app: FastAPI,
+    *,
+    guard: Guard,
+    manager: ReplicaManager,
+    metrics: ServingMetrics,
+    usage: UsageRecorder | None = None,
 ) -> None:
     """Mount the /v1 routes on the control plane's app."""
     # The upstream client is aiohttp's, not httpx's: at a few hundred requests per second its
@@ -362,7 +368,8 @@ def add_gateway_routes(
     background: set[asyncio.Task[None]] = set()
 
     async def _count_later(replica: Replica, req: ParsedRequest, team: str, user: str) -> None:
-        _count(req.model, team, user, await _count_prompt(replica, req.prompt), 0)
+        prompt = await _count_prompt(replica, req.prompt)
+        _count(req.model, team, user, prompt, 0, requests=0)  # its request counted already
 
     async def _count_prompt(replica: Replica, prompt: str) -> int:
         try:
@@ -373,9 +380,13 @@ def add_gateway_routes(
         except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             return 0
 
-    def _count(model: str, team: str, user: str, prompt: int, completion: int) -> None:
+    def _count(
+        model: str, team: str, user: str, prompt: int, completion: int, *, requests: int = 1
+    ) -> None:
         metrics.tokens.labels(model, team, user, "prompt").inc(prompt)
         metrics.tokens.labels(model, team, user, "completion").inc(completion)
+        if usage is not None:
+            usage.add(model, team, user, prompt, completion, requests=requests)
 
     @app.post("/v1/completions", tags=["gateway"], responses=_RESPONSES, response_model=None)
     async def completions(request: Request, credentials: Credentials) -> Response:

@@ -11,12 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from tensoryard.registry import ArtifactStore
 from tensoryard.server.guard import Guard
-from tensoryard.serving.api import add_deployment_routes
+from tensoryard.serving.api import add_deployment_routes, add_usage_routes
 from tensoryard.serving.deploy import AliasFollower
 from tensoryard.serving.engine_scrape import EngineScraper
 from tensoryard.serving.gateway import add_gateway_routes
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_command
+from tensoryard.serving.usage import UsageRecorder
 from tensoryard.serving.weights import RegistryWeights
 from tensoryard.store import Store
 
@@ -31,6 +32,7 @@ class ServingPlane:
     manager: ReplicaManager
     metrics: ServingMetrics
     weights: RegistryWeights
+    usage: UsageRecorder
     scraper: EngineScraper | None = None  # GPU engines' own metrics (with Kubernetes only)
 
     @classmethod
@@ -53,11 +55,12 @@ class ServingPlane:
         weights = RegistryWeights(store, artifacts, log_dir / "models")
         manager.follow = AliasFollower(store, weights, manager)
         scraper = EngineScraper(manager, registry) if kube is not None else None
-        return cls(store, manager, metrics, weights, scraper)
+        return cls(store, manager, metrics, weights, UsageRecorder(store), scraper)
 
     def start(self) -> None:
         """Supervise the replicas (re-attaching to or restarting them) and scrape engines."""
         self.manager.start()
+        self.usage.start()
         if self.scraper is not None:
             self.scraper.start()
 
@@ -65,10 +68,14 @@ class ServingPlane:
         if self.scraper is not None:
             self.scraper.stop()
         self.manager.stop()
+        self.usage.stop()  # flushes the last counts
 
     def mount(self, app: FastAPI, guard: Guard) -> None:
-        """Add /api/v1/deployments and the OpenAI-compatible /v1 routes to the app."""
+        """Add /api/v1/deployments, /api/v1/usage and the OpenAI-compatible /v1 routes."""
         add_deployment_routes(
             app, store=self.store, guard=guard, manager=self.manager, weights=self.weights
         )
-        add_gateway_routes(app, guard=guard, manager=self.manager, metrics=self.metrics)
+        add_usage_routes(app, store=self.store, guard=guard, usage=self.usage)
+        add_gateway_routes(
+            app, guard=guard, manager=self.manager, metrics=self.metrics, usage=self.usage
+        )

@@ -7,6 +7,7 @@ default; any ``postgresql+psycopg://`` URL works in production.
 
 from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
 from tensoryard.store._retention import CheckpointRemovalRecord, Retirement
+from tensoryard.store._serving import USAGE_GROUPS, UsageDelta, UsageRow
 from tensoryard.store._webhooks import WebhookDeliveryRecord
 from tensoryard.store.records import (
     CHECKPOINT_FORMATS,
@@ -39,6 +40,7 @@ __all__ = [
     "JOB_FIELDS",
     "TEAM_ROLES",
     "TOKEN_SCOPES",
+    "USAGE_GROUPS",
     "AttemptRecord",
     "AuditContext",
     "AuditRecord",
@@ -62,6 +64,8 @@ __all__ = [
     "Store",
     "TeamRecord",
     "TokenRecord",
+    "UsageDelta",
+    "UsageRow",
     "UserRecord",
     "VersionLineage",
     "WebhookDeliveryRecord",

@@ -12,13 +12,25 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from tensoryard.errors import Conflict, NotFound
-from tensoryard.store.models import Deployment, DeploymentReplica, Team
+from tensoryard.store.models import Deployment, DeploymentReplica, ServingUsage, Team
 
-__all__ = ["REPLICA_STATES", "RETIRING_SLOT", "DeploymentRecord", "ReplicaRecord", "ServingMixin"]
+__all__ = [
+    "REPLICA_STATES",
+    "RETIRING_SLOT",
+    "USAGE_GROUPS",
+    "DeploymentRecord",
+    "ReplicaRecord",
+    "ServingMixin",
+    "UsageDelta",
+    "UsageRow",
+]
+
+USAGE_GROUPS = ("team", "user", "deployment", "hour", "day")
+"""What `serving_usage` can be summed by (any subset, in any order)."""
 
 REPLICA_STATES = ("starting", "ready", "failed", "stopped", "retiring")
 RETIRING_SLOT = 1000
@@ -50,6 +62,36 @@ class ReplicaRecord:
     state: str
     restarts: int
     started_at: datetime | None
+
+
+@dataclass(frozen=True)
+class UsageDelta:
+    """Tokens to add to one (hour, team, user, deployment) row."""
+
+    hour: datetime
+    team: str
+    user: str
+    deployment: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Usage summed over a group: the keys grouped by are set, the others are None."""
+
+    team: str | None
+    user: str | None
+    deployment: str | None
+    period: datetime | None  # the hour's or day's start, when grouped by hour or day
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 def _dep(d: Deployment) -> DeploymentRecord:
@@ -128,6 +170,87 @@ class ServingMixin:
             s.add(row)
             s.flush()
             return _dep(row)
+
+    def add_serving_usage(self, deltas: list[UsageDelta]) -> None:
+        """Add the deltas to their rows in one transaction (insert or increment: an upsert,
+        so control-plane replicas counting into the same row never overwrite each other)."""
+        if not deltas:
+            return
+        with self._tx("record serving usage", write=True) as s:
+            dialect = s.get_bind().dialect.name
+            if dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+            for d in deltas:
+                stmt = insert(ServingUsage).values(
+                    hour=d.hour,
+                    team=d.team,
+                    user_name=d.user,
+                    deployment=d.deployment,
+                    requests=d.requests,
+                    prompt_tokens=d.prompt_tokens,
+                    completion_tokens=d.completion_tokens,
+                )
+                s.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["hour", "team", "user_name", "deployment"],
+                        set_={
+                            "requests": ServingUsage.requests + stmt.excluded.requests,
+                            "prompt_tokens": ServingUsage.prompt_tokens
+                            + stmt.excluded.prompt_tokens,
+                            "completion_tokens": ServingUsage.completion_tokens
+                            + stmt.excluded.completion_tokens,
+                        },
+                    )
+                )
+
+    def serving_usage(
+        self,
+        *,
+        by: tuple[str, ...] = ("team",),
+        teams: list[str] | None = None,
+        user: str | None = None,
+        deployment: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageRow]:
+        """Usage summed by `by` (a subset of USAGE_GROUPS), for `teams` (None: every team),
+        from the hour containing `since` to the hour before `until`; largest first, or in
+        time order when grouped by hour or day."""
+        unknown = [b for b in by if b not in USAGE_GROUPS]
+        if unknown or len(set(by)) != len(by) or ("hour" in by and "day" in by):
+            raise ValueError(f"cannot group usage by {list(by)} (use some of {USAGE_GROUPS})")
+        with self._tx("read serving usage", write=False) as s:
+            rows = s.execute(_usage_query(by, teams, user, deployment, since, until)).all()
+        out = []
+        periods: dict[datetime, datetime] = {}
+        merged: dict[tuple[Any, ...], list[int]] = {}
+        for row in rows:
+            m = row._mapping
+            period = None
+            if "hour" in by or "day" in by:
+                hour = m["hour"]
+                period = hour.replace(minute=0, second=0, microsecond=0)
+                if "day" in by:
+                    period = periods.setdefault(period, period.replace(hour=0))
+            key = (
+                m.get("team"),
+                m.get("user_name"),
+                m.get("deployment"),
+                period,
+            )
+            acc = merged.setdefault(key, [0, 0, 0])
+            acc[0] += int(m["requests"] or 0)
+            acc[1] += int(m["prompt_tokens"] or 0)
+            acc[2] += int(m["completion_tokens"] or 0)
+        for (team, user_name, dep, period), (n, p, c) in merged.items():
+            out.append(UsageRow(team, user_name, dep, period, n, p, c))
+        if "hour" in by or "day" in by:
+            out.sort(key=lambda r: (r.period, r.team or "", r.user or "", r.deployment or ""))
+        else:
+            out.sort(key=lambda r: (-r.total_tokens, r.team or "", r.user or ""))
+        return out
 
     def get_deployment(self, name: str) -> DeploymentRecord:
         with self._tx(f"read deployment {name!r}", write=False) as s:
@@ -266,3 +389,41 @@ class ServingMixin:
                     DeploymentReplica.deployment == deployment, DeploymentReplica.slot == slot
                 )
             )
+
+
+def _usage_query(
+    by: tuple[str, ...],
+    teams: list[str] | None,
+    user: str | None,
+    deployment: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Any:
+    """SUM over serving_usage grouped by the stored columns `by` asks for (a day is summed
+    from its hours in Python: date truncation differs between SQLite and PostgreSQL)."""
+    columns: list[Any] = []
+    if "team" in by:
+        columns.append(ServingUsage.team)
+    if "user" in by:
+        columns.append(ServingUsage.user_name)
+    if "deployment" in by:
+        columns.append(ServingUsage.deployment)
+    if "hour" in by or "day" in by:
+        columns.append(ServingUsage.hour)
+    query = select(
+        *columns,
+        func.sum(ServingUsage.requests).label("requests"),
+        func.sum(ServingUsage.prompt_tokens).label("prompt_tokens"),
+        func.sum(ServingUsage.completion_tokens).label("completion_tokens"),
+    )
+    if teams is not None:
+        query = query.where(ServingUsage.team.in_(teams))
+    if user is not None:
+        query = query.where(ServingUsage.user_name == user)
+    if deployment is not None:
+        query = query.where(ServingUsage.deployment == deployment)
+    if since is not None:
+        query = query.where(ServingUsage.hour >= since.replace(minute=0, second=0, microsecond=0))
+    if until is not None:
+        query = query.where(ServingUsage.hour < until)
+    return query.group_by(*columns) if columns else query

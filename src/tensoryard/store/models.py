@@ -53,6 +53,7 @@ __all__ = [
     "NodeEvent",
     "Pipeline",
     "PipelineStep",
+    "ServingUsage",
     "Team",
     "UTCDateTime",
     "User",
@@ -576,6 +577,25 @@ class DeploymentReplica(Base):
     state: Mapped[str] = mapped_column(String(STATE_LEN))
     restarts: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime | None]
+
+
+class ServingUsage(Base):
+    """Gateway usage in tokens per hour, team, user and deployment (migration 0016_serving_usage).
+
+    Rows are added to, never rewritten: each control-plane replica upserts its own increments
+    (``requests = requests + n``), so several replicas count into the same row. No foreign keys:
+    usage outlives the deployment (and the user or team) it was counted for."""
+
+    __tablename__ = "serving_usage"
+    __table_args__ = (Index("ix_serving_usage_team_hour", "team", "hour"),)
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)  # the hour's start, UTC
+    team: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(USER_LEN), primary_key=True)
+    deployment: Mapped[str] = mapped_column(String(NAME_LEN), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
 
 
 WEBHOOK_STATES = ("pending", "delivered", "failed")

@@ -281,3 +281,56 @@ def test_autoscaling_settings_are_checked_and_scale_respects_the_maximum(
         assert "autoscale.max_replicas" in over.text
         ok = c.post("/api/v1/deployments/echo/scale", json={"replicas": 2})
         assert ok.status_code == 200 and ok.json()["replicas"] == 2
+
+
+def test_usage_is_stored_per_team_and_user_and_survives_a_restart(
+    serving_plane: Callable[..., Any], monkeypatch: Any
+) -> None:
+    s = serving_plane()
+    _deploy(s, options={"tokens": 5})
+    s.wait_ready("echo", 1)
+    monkeypatch.setenv("TYARD_SERVER", s.url)
+    monkeypatch.setenv("TYARD_TOKEN", s.token)
+    run = CliRunner()
+    assert run.invoke(cli, ["teams", "create", "nlp"]).exit_code == 0
+    made = run.invoke(cli, ["users", "create", "alice", "--team", "nlp", "--json"])
+    alice = json.loads(made.output)["token"]
+    with s.http() as c:
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert c.post("/v1/completions", json={"model": "echo", "prompt": "hi",
+                                               "max_tokens": 3}).status_code == 200  # fmt: skip
+        body = {**CHAT, "stream": True}  # no usage asked for: counted after the stream
+        with c.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert _events(resp)[-1] == "[DONE]"
+        deadline = time.monotonic() + 10
+        while True:  # the stream's prompt is counted in the background
+            got = c.get("/api/v1/usage", params={"by": "team,user,deployment"}).json()
+            row = got["rows"][0]
+            counted_late = row["prompt_tokens"] > 0 and row["requests"] == 3
+            if counted_late or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [(r["team"], r["user"], r["deployment"]) for r in got["rows"]] == [
+            ("default", "admin", "echo")
+        ]
+        assert row["requests"] == 3 and row["completion_tokens"] == 4 + 3 + 4
+        assert row["prompt_tokens"] > 0 and got["total"]["total_tokens"] == row["total_tokens"]
+        bad = c.get("/api/v1/usage", params={"by": "team,colour"})
+        assert bad.status_code == 422 and "by" in bad.text and "deployment" in bad.text
+        bad = c.get("/api/v1/usage", params={"since": "last tuesday"})
+        assert bad.status_code == 422 and "since" in bad.text and "7d" in bad.text
+    with s.http(alice) as c:  # alice is in nlp only: she sees none of default's usage
+        assert c.get("/api/v1/usage").json()["rows"] == []
+        assert c.get("/api/v1/usage", params={"team": "default"}).status_code == 403
+    shown = run.invoke(cli, ["usage", "--by", "team,user", "--since", "24h"])
+    assert shown.exit_code == 0 and "admin" in shown.output and "total" in shown.output
+    as_json = run.invoke(cli, ["usage", "--by", "deployment,day", "--json"])
+    assert json.loads(as_json.output)["rows"][0]["requests"] == 3
+    wrong = run.invoke(cli, ["usage", "--by", "colour"])
+    assert wrong.exit_code == 2 and "by" in wrong.output
+
+    s.plane.serving.stop()  # a control plane that stops flushes its counts; a new one reads them
+    again = serving_plane()
+    with again.http() as c:
+        rows = c.get("/api/v1/usage", params={"by": "deployment"}).json()["rows"]
+    assert rows[0]["deployment"] == "echo" and rows[0]["requests"] == 3
