@@ -10,6 +10,7 @@ Needs root and iproute2 (skipped otherwise, naming why)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,3 +209,35 @@ def test_a_gang_node_that_failed_twice_is_replaced_by_a_spare(
     messages = [e["message"] for e in client.events(job_id)]
     assert any(f"{bad} replaced by {spare}" in m for m in messages), messages
     assert not any("-> PENDING" in m for m in messages)
+
+
+def test_a_killed_rank_restarts_the_whole_gang_in_place_across_nodes(
+    netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    """restart.in_place on a 2-node gang: the rank on one node is killed; its torchrun
+    re-rendezvouses (c10d), the other node's torchrun restarts its worker for the new round,
+    and both report as attempt 2 of the same launch: no new launch, no queue, resumed from the
+    last checkpoint."""
+    client = netns_nodes.start()
+    spec = _two_node_job(
+        tmp_path, "--steps", "40", "--fail-at-step", "25", "--fail-rank", "1",
+        restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
+    )  # fmt: skip
+    job_id = client.submit(spec)["id"]
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["restarts"] == 1
+    messages = [e["message"] for e in client.events(job_id)]
+    first, second = client.attempts(job_id)
+    assert (first["state"], first.get("launch_attempt")) == ("failed", None)
+    assert (second["state"], second.get("launch_attempt")) == ("succeeded", 1), "\n".join(messages)
+    assert second["resumed_from_step"] == 20
+    assert any("restarted in place as attempt 2" in m for m in messages), messages
+    assert sum("-> STARTING" in m for m in messages) == 1  # launched once
+    resumed = sorted(m["step"] for m in client.metrics(job_id) if m["attempt"] == 2)
+    assert resumed[0] == 21 and resumed[-1] == 40
+    attempt_dir = Path(job["run_dir"]) / "attempt-1"
+    rounds = sorted(p.name for p in (attempt_dir / "rounds").iterdir())
+    assert rounds == ["n1-0", "n2-0"]  # both nodes' ranks started twice: rounds 0 and 1
+    assert all(sorted(os.listdir(attempt_dir / "rounds" / r)) == ["0", "1"] for r in rounds)
+    assert not processes_of(netns_nodes.home)

@@ -216,7 +216,9 @@ def _restart_store(
     rendezvous keys (the peers' old addresses); a restarted rank that read one of those before
     its peer re-published connected to a dead port (pytorch/pytorch#167288: "connect returned
     Connection refused" after a restart). Keys under a prefix per restart cannot be stale."""
-    restarts = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
+    # a gang's rank wrapper numbers rounds alike on every node (TYARD_RESTART_ROUND); torchrun's
+    # own count grows only on the node whose worker failed
+    restarts = env_int(env, "TYARD_RESTART_ROUND", env_int(env, "TORCHELASTIC_RESTART_COUNT", 0))
     if restarts <= 0 or env_str(env, "TORCHELASTIC_USE_AGENT_STORE") not in ("True", "true", "1"):
         return None
     client = TCPStore(

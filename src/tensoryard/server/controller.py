@@ -98,10 +98,10 @@ _NODES_READ_EVERY_S = 1.0  # cordon/drain changes come from the API; read them t
 def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
     """How many times torchrun may restart a launch's workers itself, for a job that had
     `restarts` before it: restart.in_place, within what is left of max_restarts (each in-place
-    restart counts). Single-node torchrun jobs only: a multi-node gang's agents would have to
-    restart together (not built), and the torchrun of a Kubernetes pod restarts its workers
-    inside the pod."""
-    if spec.launcher != "torchrun" or spec.resources.nodes != 1:
+    restart counts). torchrun jobs; a multi-node gang restarts together on the local executor
+    (c10d rendezvous, executors/local/gang.py), while the Kubernetes executor grants them to
+    single-node jobs only (each pod's torchrun would restart alone)."""
+    if spec.launcher != "torchrun":
         return 0
     if recognise(spec.command, spec.framework) is not None:
         return 0  # its progress is followed per launch (MegatronMonitor), not per restart

@@ -313,3 +313,50 @@ def test_a_multi_node_plan_refuses_a_node_without_a_namespace(tmp_path: Path) ->
     netns = NetnsNodes(["n1", "n2"])
     with pytest.raises(ExecutorError, match="only n1, n2 are network-namespace nodes here"):
         build_plan(req, layout, python="/py", attempt_key="k", base_env={}, netns=netns)
+
+
+def test_a_gang_with_in_place_restarts_rendezvouses_with_c10d_at_node_0(tmp_path: Path) -> None:
+    import json
+
+    from tensoryard.executors.local.gang import _node_argv
+    from tensoryard.executors.local.netns import NetnsNodes
+
+    req = request(
+        tmp_path,
+        resources={"nodes": 2, "processes_per_node": 1},
+        placement={"n1": [], "n2": []},
+    )
+    req = dataclasses.replace(req, in_place_restarts=2)
+    layout = AttemptLayout.for_attempt(req.run_dir, req.attempt)
+    netns = NetnsNodes(["n1", "n2"])
+    plan = build_plan(req, layout, python="/py", attempt_key="k", base_env={}, netns=netns)
+    gang = json.loads(plan.argv[3])
+    first, second = (_node_argv(gang, i, gang["nodes"][i]) for i in (0, 1))
+    for argv in (first, second):
+        assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+        assert argv[argv.index("--rdzv-endpoint") + 1].startswith("10.213.0.2:")  # n1
+        assert argv[argv.index("--rdzv-id") + 1] == layout.dir.name
+        assert argv[argv.index("--max-restarts") + 1] == "2"
+        assert "--master-addr" not in argv
+    assert first[first.index("--rdzv-conf") + 1] == "is_host=true"  # node 0 hosts the store
+    assert second[second.index("--rdzv-conf") + 1] == "is_host=false"
+
+
+def test_the_rank_wrapper_numbers_a_gangs_rounds_alike_on_every_node(tmp_path: Path) -> None:
+    """torchrun's restart count grows only on the node whose worker failed; the wrapper
+    counts this local rank's starts instead, which every round makes on every node."""
+    spec = importlib.util.spec_from_file_location("tyard_rank_wrapper", RANK_WRAPPER)
+    assert spec is not None and spec.loader is not None
+    wrapper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrapper)
+    base = {"TYARD_ATTEMPT": "3", "TYARD_GANG": "1", "LOCAL_RANK": "0"}
+    failed = {**base, "TYARD_NODE": "n1"}  # its torchrun counts the restart
+    healthy = {**base, "TYARD_NODE": "n2"}  # restarted for the new round: count stays 0
+    rounds = []
+    for count_n1, count_n2 in (("0", "0"), ("1", "0"), ("1", "1")):
+        a = wrapper._child_env({**failed, "TORCHELASTIC_RESTART_COUNT": count_n1}, tmp_path)
+        b = wrapper._child_env({**healthy, "TORCHELASTIC_RESTART_COUNT": count_n2}, tmp_path)
+        assert a.get("TYARD_ATTEMPT") == b.get("TYARD_ATTEMPT")
+        assert a["TYARD_RESTART_ROUND"] == b["TYARD_RESTART_ROUND"]
+        rounds.append((a["TYARD_ATTEMPT"], a.get("TYARD_LAUNCH_ATTEMPT")))
+    assert rounds == [("3", None), ("4", "3"), ("5", "3")]

@@ -13,6 +13,13 @@ to the bridge address (loopback inside a namespace is the namespace's own), and 
 to use ``eth0``. The first node whose torchrun fails ends the gang: the others get SIGTERM (and
 SIGKILL 10 s later) and this process exits with that node's code; 0 when every node succeeded.
 A SIGTERM to this process (a cancel) is passed on to every node's torchrun.
+
+With in-place restarts granted (``PLAN["max_restarts"]`` > 0) the torchruns rendezvous with
+c10d at node 0's address instead (``--rdzv-backend c10d``, node 0's agent hosting the store) and
+get ``--max-restarts``: a failed worker makes its agent re-rendezvous, the other agents see the
+waiting node and restart their workers too, and the whole gang runs again in the same launch.
+Each restarted round is numbered the same on every node by the rank wrapper (rank.py), which
+torchrun's own restart count is not (it grows only on the node whose worker failed).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ def gang_argv(python: str, plan: dict[str, Any]) -> list[str]:
 def _node_env(plan: dict[str, Any], node: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     env["TYARD_NODE"] = str(node["name"])
+    env["TYARD_GANG"] = "1"  # the rank wrapper numbers in-place restarts by round (rank.py)
     url = env.get("TYARD_SERVER_URL")
     if url:
         for local in ("//127.0.0.1:", "//localhost:", "//[::1]:"):
@@ -50,15 +58,42 @@ def _node_env(plan: dict[str, Any], node: dict[str, Any]) -> dict[str, str]:
 
 
 def _node_argv(plan: dict[str, Any], rank: int, node: dict[str, Any]) -> list[str]:
+    restarts = int(plan.get("max_restarts", 0))
+    if restarts > 0:
+        # In-place restarts: c10d rendezvous, hosted by node 0's agent. When one node's
+        # worker fails, its agent re-rendezvouses and every other agent sees the waiting
+        # node and restarts its own workers too: the gang restarts together, in place.
+        # (Node ranks then follow arrival order; TYARD_NODE says which node a rank is on.)
+        rendezvous = [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{plan['nodes'][0]['ip']}:{plan['master_port']}",
+            "--rdzv-id",
+            str(plan.get("rdzv_id", "tyard")),
+            "--rdzv-conf",
+            f"is_host={'true' if rank == 0 else 'false'}",
+            # the address its peers reach it at (MASTER_ADDR of the workers when it is rank
+            # 0): the host name would resolve to no namespace's address
+            "--local-addr",
+            str(node["ip"]),
+        ]
+    else:  # static: the first failure ends the gang (the control plane restarts it)
+        rendezvous = [
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            str(plan["nodes"][0]["ip"]),
+            "--master-port",
+            str(plan["master_port"]),
+        ]
     return [
         "ip", "netns", "exec", str(node["netns"]),
         str(plan["python"]), "-m", "torch.distributed.run",
         "--nnodes", str(len(plan["nodes"])),
-        "--node-rank", str(rank),
-        "--master-addr", str(plan["nodes"][0]["ip"]),
-        "--master-port", str(plan["master_port"]),
+        *rendezvous,
         "--nproc-per-node", str(plan["procs"]),
-        "--max-restarts", "0",
+        "--max-restarts", str(restarts),
         "--log-dir", f"{plan['log_dir']}/node-{rank}",
         *[str(a) for a in plan["program"]],
     ]  # fmt: skip

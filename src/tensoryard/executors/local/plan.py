@@ -238,6 +238,10 @@ def _gang_argv(
         # any port: it is node 0's namespace's own port space
         "master_port": 29400 + int(hashlib.sha256(layout.dir.name.encode()).hexdigest(), 16) % 500,
         "procs": spec.resources.procs,
+        # in-place restarts: every node's torchrun restarts its workers together (c10d
+        # rendezvous), each restarted round reporting as the next attempt (rank.py)
+        "max_restarts": max(0, request.in_place_restarts),
+        "rdzv_id": layout.dir.name,
         "log_dir": str(layout.torchrun_dir),
         "program": [str(RANK_WRAPPER), str(layout.dir), *spec.command],
     }

@@ -15,7 +15,8 @@ wrapper records that as a success, with a line in the log saying so.
 When torchrun restarts the workers in place (``--max-restarts``, granted by the control
 plane), TORCHELASTIC_RESTART_COUNT is k > 0: the child then runs as attempt launch + k
 (TYARD_ATTEMPT, with TYARD_LAUNCH_ATTEMPT the launch's number), so what it reports lands on a
-new attempt of the job, and its log gets a line that marks the restart.
+new attempt of the job, and its log gets a line that marks the restart. On a multi-node gang
+(TYARD_GANG=1) k is the restart round, counted from this rank's starts (see _spawn_round).
 
 Standard library only and run by file path, so it works whatever the job's environment is.
 """
@@ -129,13 +130,36 @@ DONE_ENV = "TYARD_RANK_DONE_FILE"
 _TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV)
 
 
-def _child_env(env: dict[str, str]) -> dict[str, str]:
+def _spawn_round(attempt_dir: Path, env: dict[str, str]) -> int:
+    """How many times this node's torchrun started this local rank before, in this launch.
+
+    On a multi-node gang torchrun's TORCHELASTIC_RESTART_COUNT counts the restarts of the
+    node whose worker failed only (the others restart their workers for the new rendezvous
+    round without counting), so it differs between nodes. Every round starts every local rank
+    of every node once, so the number of earlier starts is the round on every node alike. Each
+    start claims the next free marker file (O_EXCL: exactly one start gets each number)."""
+    node = "".join(c if c.isalnum() or c in "-_." else "_" for c in env.get("TYARD_NODE", "node"))
+    folder = attempt_dir / "rounds" / f"{node}-{env.get('LOCAL_RANK', '0')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for round_ in range(100_000):
+        try:
+            os.close(os.open(folder / str(round_), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return round_
+    return 0
+
+
+def _child_env(env: dict[str, str], attempt_dir: Path | None = None) -> dict[str, str]:
     """The child's environment: numbered as the next attempt after an in-place restart."""
     try:
         restarts = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
         launch = int(env.get("TYARD_ATTEMPT") or 0)
     except ValueError:
         return env
+    if env.get("TYARD_GANG") == "1" and attempt_dir is not None:
+        restarts = _spawn_round(attempt_dir, env)
+        env = {**env, "TYARD_RESTART_ROUND": str(restarts)}  # the runtime's store prefix
     if restarts <= 0 or launch <= 0:
         return env
     return {**env, "TYARD_ATTEMPT": str(launch + restarts), "TYARD_LAUNCH_ATTEMPT": str(launch)}
@@ -151,14 +175,15 @@ def main(argv: list[str]) -> None:
     _redirect_output(log)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _note_signal)
-    env = _child_env(dict(os.environ))
+    env = _child_env(dict(os.environ), attempt_dir)
     done = attempt_dir / f"rank-{rank}.done"
     done.unlink(missing_ok=True)  # an in-place restart reuses the directory
     env[DONE_ENV] = str(done)  # the runtime writes it once training ended cleanly
     if "TYARD_LAUNCH_ATTEMPT" in env:
         print(
-            f"tensoryard: workers restarted in place by torchrun "
-            f"(restart {env.get('TORCHELASTIC_RESTART_COUNT')}): rank {rank} runs as attempt "
+            f"tensoryard: workers restarted in place by torchrun (restart "
+            f"{env.get('TYARD_RESTART_ROUND') or env.get('TORCHELASTIC_RESTART_COUNT')}): "
+            f"rank {rank} runs as attempt "
             f"{env['TYARD_ATTEMPT']}",
             flush=True,
         )
