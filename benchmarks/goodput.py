@@ -36,7 +36,6 @@ import os
 import secrets
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -332,9 +331,8 @@ def save_stall(work: Path, repeats: int) -> dict[str, Any]:
     import torch
 
     sys.path.insert(0, str(EXAMPLE))
+    from checkpoint_stall import _arm  # the same arms (median stall after the first save)
     from model import GPTConfig, TinyGPT
-
-    from tensoryard.runtime.checkpoint import Checkpointer
 
     torch.manual_seed(0)
     config = GPTConfig(seq_len=128, d_model=384, n_layers=6, n_heads=6, dropout=0.0)
@@ -347,18 +345,9 @@ def save_stall(work: Path, repeats: int) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     out: dict[str, Any] = {"params": params}
     for mode in ("sync", "async"):
-        ckpt = Checkpointer(work / f"stall-{mode}", keep=1, async_save=mode == "async")
-        stalls, totals = [], []
-        for step in range(1, repeats + 1):
-            ckpt.save(step, model, optimizer)
-            stalls.append(ckpt.last_stall_s or 0.0)
-            ckpt.wait()
-            totals.append(ckpt.last_save_s or 0.0)
-        out[mode] = {
-            "stall_s": round(statistics.median(stalls), 4),
-            "save_s": round(statistics.median(totals), 4),
-            "bytes": ckpt.checkpoints()[0].size_bytes,
-        }
+        out[mode] = _arm(
+            work, f"stall-{mode}", model, optimizer, None, repeats, async_save=mode == "async"
+        )
     out["async_over_sync_stall"] = round(out["async"]["stall_s"] / out["sync"]["stall_s"], 3)
     return out
 

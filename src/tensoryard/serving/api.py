@@ -341,19 +341,7 @@ def add_usage_routes(
         rows = store.serving_usage(
             by=groups, teams=teams, user=user, deployment=deployment, since=start, until=end
         )
-        out = [
-            UsageRowOut(
-                team=r.team,
-                user=r.user,
-                deployment=r.deployment,
-                period=r.period,
-                requests=r.requests,
-                prompt_tokens=r.prompt_tokens,
-                completion_tokens=r.completion_tokens,
-                total_tokens=r.total_tokens,
-            )
-            for r in rows
-        ]
+        out = [UsageRowOut.model_validate(r, from_attributes=True) for r in rows]
         total = UsageRowOut(
             requests=sum(r.requests for r in rows),
             prompt_tokens=sum(r.prompt_tokens for r in rows),
