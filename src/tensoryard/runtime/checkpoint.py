@@ -444,7 +444,7 @@ class Checkpointer:
         self._pending: _Save | None = None
         self._async_group: Any = None
         self._staging = _Staging(pin=pin_memory)
-        self._dcp_stager: Any = None  # DCP's stager for sharded GPU state, made on first use
+        self._dcp_stager: Any = None  # _ReusedStager of sharded saves, made on first use
         self._writer = _Writer()
 
     def should_save(self, step: int) -> bool:
