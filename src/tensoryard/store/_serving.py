@@ -223,29 +223,18 @@ class ServingMixin:
             raise ValueError(f"cannot group usage by {list(by)} (use some of {USAGE_GROUPS})")
         with self._tx("read serving usage", write=False) as s:
             rows = s.execute(_usage_query(by, teams, user, deployment, since, until)).all()
-        out = []
-        periods: dict[datetime, datetime] = {}
-        merged: dict[tuple[Any, ...], list[int]] = {}
+        merged: dict[tuple[Any, ...], list[int]] = {}  # several hours sum into one day
         for row in rows:
             m = row._mapping
-            period = None
-            if "hour" in by or "day" in by:
-                hour = m["hour"]
-                period = hour.replace(minute=0, second=0, microsecond=0)
-                if "day" in by:
-                    period = periods.setdefault(period, period.replace(hour=0))
-            key = (
-                m.get("team"),
-                m.get("user_name"),
-                m.get("deployment"),
-                period,
-            )
+            period = m["hour"] if "hour" in by or "day" in by else None
+            if period is not None and "day" in by:
+                period = period.replace(hour=0)
+            key = (m.get("team"), m.get("user_name"), m.get("deployment"), period)
             acc = merged.setdefault(key, [0, 0, 0])
             acc[0] += int(m["requests"] or 0)
             acc[1] += int(m["prompt_tokens"] or 0)
             acc[2] += int(m["completion_tokens"] or 0)
-        for (team, user_name, dep, period), (n, p, c) in merged.items():
-            out.append(UsageRow(team, user_name, dep, period, n, p, c))
+        out = [UsageRow(*key, *counts) for key, counts in merged.items()]
         if "hour" in by or "day" in by:
             out.sort(key=lambda r: (r.period, r.team or "", r.user or "", r.deployment or ""))
         else:
