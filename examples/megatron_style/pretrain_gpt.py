@@ -21,6 +21,15 @@ so the control plane meets it exactly as it meets ``pretrain_gpt.py`` of Megatro
 - progress: ``training_log``'s line every ``--log-interval`` iterations on the last rank, the
   ``save-checkpoint``/``load-checkpoint`` timers and the ``successfully saved/loaded`` lines.
 
+With ``--use-mcore-models`` (Megatron-LM's flag for Megatron-Core models) the model and the
+checkpoints are Megatron-Core's own (``pip install megatron-core``; it needs CUDA, so NCCL on
+GPUs): ``GPTModel`` with the local layer spec (no Transformer Engine), Megatron-Core's parallel
+state (``--tensor-model-parallel-size`` > 1 works; pipeline stays 1), its CUDA RNG tracker, and
+``megatron.core.dist_checkpointing`` writing and reading the ``torch_dist`` directory, with the
+optimizer state sharded like the model's (``optim_state_to_sharding_state``, as Megatron's
+FP32Optimizer does). Only the training loop around it is this script's (Megatron-LM's
+``megatron/training`` is not on PyPI).
+
 Each iteration's batch is drawn from a generator seeded with (seed, iteration, rank), so a run
 resumed from a checkpoint computes exactly the losses an uninterrupted run would.
 Fault injection for tests: ``--fail-at-iteration N --fail-rank R`` (SIGKILL, on tensoryard's
@@ -37,6 +46,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,12 +57,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 TRACKER = "latest_checkpointed_iteration.txt"
 VOCAB = 64
+DEVICE = torch.device("cpu")
+"""Where collectives' tensors live: the CPU for gloo, the rank's GPU for NCCL."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-attention-heads", type=int, default=4)
+    p.add_argument("--use-mcore-models", action="store_true", help="Megatron-Core's GPTModel")
     p.add_argument("--seq-length", type=int, default=32)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--global-batch-size", type=int, default=None)
@@ -74,8 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-at-iteration", type=int, default=None)
     p.add_argument("--fail-rank", type=int, default=0)
     args = p.parse_args(argv)
-    if args.tensor_model_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
-        p.error("this stand-in runs data parallel only (tensor/pipeline parallel size 1)")
+    if args.pipeline_model_parallel_size != 1:
+        p.error("--pipeline-model-parallel-size: this script runs pipeline parallel size 1 only")
+    if args.tensor_model_parallel_size != 1 and not args.use_mcore_models:
+        p.error(
+            "--tensor-model-parallel-size: the tiny model runs data parallel only; "
+            "add --use-mcore-models for Megatron-Core's tensor parallelism"
+        )
+    if args.use_mcore_models and not torch.cuda.is_available():
+        p.error("--use-mcore-models: Megatron-Core's attention allocates on CUDA; no GPU here")
     return args
 
 
@@ -114,7 +135,7 @@ def print_rank_last(message: str) -> None:
 
 
 def print_timer(name: str, seconds: float) -> None:
-    t = torch.tensor([seconds * 1000.0, -seconds * 1000.0], dtype=torch.float64)
+    t = torch.tensor([seconds * 1000.0, -seconds * 1000.0], dtype=torch.float64, device=DEVICE)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     lo, hi = -t[1].item(), t[0].item()
     print_rank_0("(min, max) time across ranks (ms):")
@@ -136,13 +157,16 @@ def save_checkpoint(
     save = Path(args.save)
     where = save / f"iter_{iteration:07d}"
     print_rank_0(f"saving checkpoint at iteration {iteration:7d} to {save} in torch_dist format")
-    model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(where))
-    if dist.get_rank() == 0:
-        torch.save({"iteration": iteration, "args": vars(args)}, where / "common.pt")
-        (where / "metadata.json").write_text(
-            json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1})
-        )
+    if args.use_mcore_models:
+        mcore_save(args, where, iteration, model, opt)
+    else:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(where))
+        if dist.get_rank() == 0:
+            torch.save({"iteration": iteration, "args": vars(args)}, where / "common.pt")
+            (where / "metadata.json").write_text(
+                json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1})
+            )
     dist.barrier()
     if dist.get_rank() == 0:  # the commit: only now does the checkpoint exist for a loader
         tmp = save / f".{TRACKER}.tmp"
@@ -166,19 +190,22 @@ def load_checkpoint(args: argparse.Namespace, model: nn.Module, opt: torch.optim
         return 0
     started = time.perf_counter()
     print_rank_0(f" loading distributed checkpoint from {load} at iteration {iteration}")
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = (
-        {"model": model_sd}
-        if args.no_load_optim or args.finetune
-        else {"model": model_sd, "optimizer": optim_sd}
-    )
-    dcp.load(state, checkpoint_id=str(load / f"iter_{iteration:07d}"))
-    set_state_dict(
-        model,
-        opt,
-        model_state_dict=state["model"],
-        optim_state_dict=state.get("optimizer", optim_sd),
-    )
+    where = load / f"iter_{iteration:07d}"
+    with_optim = not (args.no_load_optim or args.finetune)
+    if args.use_mcore_models:
+        mcore_load(where, model, opt, with_optim=with_optim)
+    else:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        state: dict[str, Any] = {"model": model_sd}
+        if with_optim:
+            state["optimizer"] = optim_sd
+        dcp.load(state, checkpoint_id=str(where))
+        set_state_dict(
+            model,
+            opt,
+            model_state_dict=state["model"],
+            optim_state_dict=state.get("optimizer", optim_sd),
+        )
     print_rank_0(
         f"  successfully loaded checkpoint from {load} [ t 1/1, p 1/1 ] at iteration {iteration}"
     )
@@ -186,18 +213,136 @@ def load_checkpoint(args: argparse.Namespace, model: nn.Module, opt: torch.optim
     return 0 if args.finetune else iteration
 
 
+# --- Megatron-Core (--use-mcore-models) ------------------------------------------------------
+
+
+def mcore_model(args: argparse.Namespace) -> tuple[nn.Module, int]:
+    """Megatron-Core's GPTModel (local layer spec) under its parallel state, wrapped in DDP over
+    the data-parallel group; returns (model, data-parallel rank). NCCL on the rank's GPU."""
+    global DEVICE
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    DEVICE = torch.device(torch.cuda.current_device())
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=1,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    config = TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,  # no dropout: a resumed run computes the losses of an
+        attention_dropout=0.0,  # uninterrupted one without the RNG states in the checkpoint
+    )
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=args.seq_length,
+    )
+    gpt.to(DEVICE)  # as Megatron-LM does: the torch LayerNorm fallback is built on the CPU
+    model = DistributedDataParallel(gpt, process_group=parallel_state.get_data_parallel_group())
+    return model, parallel_state.get_data_parallel_rank()
+
+
+def mcore_loss(
+    args: argparse.Namespace, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """The mean of GPTModel's per-token (vocab-parallel) cross entropy, causal attention."""
+    tokens, labels = tokens.to(DEVICE), labels.to(DEVICE)
+    positions = torch.arange(args.seq_length, device=DEVICE).unsqueeze(0).expand_as(tokens)
+    causal = torch.ones(args.seq_length, args.seq_length, dtype=torch.bool, device=DEVICE)
+    mask = causal.tril().logical_not().view(1, 1, args.seq_length, args.seq_length)
+    loss: torch.Tensor = model(tokens, positions, mask, labels=labels).float().mean()
+    return loss
+
+
+def mcore_sharded(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model's and the optimizer's sharded state dicts, as Megatron's FP32Optimizer builds
+    them: Adam's moments sharded like their parameters; the step count goes to common.pt."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    gpt: Any = model.module
+    model_sd = gpt.sharded_state_dict(prefix="")
+    params = [p for group in opt.param_groups for p in group["params"]]
+    optim_sd = opt.state_dict()
+    steps = [float(state["step"]) for state in optim_sd["state"].values() if "step" in state]
+    optim_state_to_sharding_state(
+        optim_sd, get_param_id_to_sharded_param_map(model_sd, params), exclude_keys=("step",)
+    )
+    return {"model": model_sd, "optimizer": optim_sd, "optimizer_step": max(steps, default=0.0)}
+
+
+def mcore_save(
+    args: argparse.Namespace,
+    where: Path,
+    iteration: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+) -> None:
+    from megatron.core import dist_checkpointing
+
+    if dist.get_rank() == 0:
+        where.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = mcore_sharded(model, opt) | {"iteration": iteration, "args": vars(args)}
+    dist_checkpointing.save(state, str(where))  # torch_dist: .metadata, *.distcp, common.pt
+
+
+def mcore_load(
+    where: Path, model: nn.Module, opt: torch.optim.Optimizer, *, with_optim: bool
+) -> None:
+    from megatron.core import dist_checkpointing
+
+    if with_optim:  # Adam's state must exist to describe what to load (its init_state_fn)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if not opt.state[p]:
+                    opt.state[p].update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    template = mcore_sharded(model, opt)
+    if not with_optim:
+        template.pop("optimizer")
+    loaded = dist_checkpointing.load(template, str(where))
+    gpt: Any = model.module
+    gpt.load_state_dict(loaded["model"])
+    if with_optim:
+        optim_sd = loaded["optimizer"]
+        for state in optim_sd["state"].values():
+            state["step"] = torch.tensor(float(loaded["optimizer_step"]))
+        opt.load_state_dict(optim_sd)
+
+
 def main() -> int:
     args = parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(TinyLM(args.hidden_size, args.num_layers))
+    if args.use_mcore_models:
+        model, dp_rank = mcore_model(args)
+    else:
+        dist.init_process_group("gloo")
+        model, dp_rank = (
+            DistributedDataParallel(TinyLM(args.hidden_size, args.num_layers)),
+            dist.get_rank(),
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     iteration = load_checkpoint(args, model, opt)
     received: list[int] = []
     if args.exit_signal_handler:
         signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    gbs = args.global_batch_size or args.micro_batch_size * world
+    data_parallel = world // args.tensor_model_parallel_size
+    gbs = args.global_batch_size or args.micro_batch_size * data_parallel
     print_rank_0("training ...")
     total, count, interval_start = 0.0, 0, time.perf_counter()
     while iteration < args.train_iters:
@@ -206,9 +351,12 @@ def main() -> int:
         if args.fail_at_iteration == iteration and rank == args.fail_rank and first_attempt:
             print(f"fault injection: killing rank {rank} at iteration {iteration}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        tokens, labels = batch(args, iteration, rank)
-        logits = model(tokens)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+        tokens, labels = batch(args, iteration, dp_rank)  # tensor-parallel peers: same data
+        if args.use_mcore_models:
+            loss = mcore_loss(args, model, tokens, labels)
+        else:
+            logits = model(tokens)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
         opt.zero_grad()
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()
@@ -234,7 +382,7 @@ def main() -> int:
             line += f" number of nan iterations: {0:3d} |"
             print_rank_last(line)
             total, count, interval_start = 0.0, 0, time.perf_counter()
-        stop = torch.tensor([1 if received else 0])
+        stop = torch.tensor([1 if received else 0], device=DEVICE)
         if args.exit_signal_handler:
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         due = bool(args.save_interval) and iteration % args.save_interval == 0
@@ -243,6 +391,9 @@ def main() -> int:
         if stop.item():
             print_rank_0(f"exiting program after receiving SIGTERM at iteration {iteration}")
             break
+    if args.use_mcore_models:  # a normal exit: Megatron-Core's writer started a Manager process
+        dist.destroy_process_group()  # that only its exit handlers stop (os._exit would orphan it)
+        return 0
     leave(0)
     return 0
 

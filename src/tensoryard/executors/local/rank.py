@@ -116,7 +116,8 @@ def _end_like(code: int) -> None:
     """Exit with `code`, or die of the same signal when `code` < 0."""
     if code < 0:
         sig = -code
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # their disposition cannot be set
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         time.sleep(1.0)  # the signal is delivered before this returns; belt and braces
         os._exit(128 + sig)
