@@ -11,13 +11,16 @@ Needs root and iproute2 (skipped otherwise, naming why)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tensoryard.agent.chaos import find_rank
 from tensoryard.executors.local.netns import NetnsNodes, netns_unavailable
 from tests.e2e.conftest import ServerProcess, _kill_leftovers, free_port
 from tests.e2e.test_e2e_jobs import TERMINAL, processes_of, tiny_job, wait_for
@@ -240,4 +243,49 @@ def test_a_killed_rank_restarts_the_whole_gang_in_place_across_nodes(
     rounds = sorted(p.name for p in (attempt_dir / "rounds").iterdir())
     assert rounds == ["n1-0", "n2-0"]  # both nodes' ranks started twice: rounds 0 and 1
     assert all(sorted(os.listdir(attempt_dir / "rounds" / r)) == ["0", "1"] for r in rounds)
+    assert not processes_of(netns_nodes.home)
+
+
+def test_a_hung_rank_of_a_gang_is_detected_and_both_nodes_restart_in_place(
+    netns_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    """The hang path on a 2-node gang with restart.in_place: rank 1 (node n2) is stopped, rank
+    0 (n1) waits for it in the all-reduce; the control plane sees no step, asks the ranks where
+    they wait, and kills the workers of both nodes (not the torchruns), which restart them in
+    the same launch from the last checkpoint."""
+    client = netns_nodes.start()
+    spec = _two_node_job(
+        tmp_path, "--steps", "300",
+        restart={"max_restarts": 2, "in_place": 1, "backoff": "1s"},
+        health={"min_stall": "8s", "stall_factor": 10},
+    )  # fmt: skip
+    job_id = client.submit(spec)["id"]
+    run_dir = client.job(job_id)["run_dir"]
+    deadline = time.monotonic() + 180
+    while not client.checkpoints(job_id):
+        assert time.monotonic() < deadline, client.events(job_id)
+        time.sleep(0.3)
+    pid = find_rank(run_dir, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.time()
+
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    first, second = client.attempts(job_id)
+    assert first["state"] == "failed" and first["reason"].startswith("hung: no step for")
+    assert (second["state"], second["launch_attempt"]) == ("succeeded", 1)
+    assert second["nodes"] == NODES and second["resumed_from_step"] is not None
+    messages = [(e["ts"], e["message"]) for e in client.events(job_id)]
+    killed = [ts for ts, m in messages if "for torchrun to restart them in place" in m]
+    assert len(killed) == 1, messages
+    assert datetime.fromisoformat(killed[0]).timestamp() - stopped_at < 60
+    assert sum("-> STARTING" in m for _, m in messages) == 1  # one launch
+    (where,) = [m for _, m in messages if "where the ranks are" in m]
+    assert "rank 0 at train.py:" in where and "is stopped: SIGSTOP" in where, where
+    attempt_dir = Path(job["run_dir"]) / "attempt-1"
+    rounds = sorted(p.name for p in (attempt_dir / "rounds").iterdir())
+    assert rounds == ["n1-0", "n2-0"]  # both nodes started their rank again: rounds 0 and 1
+    assert all(sorted(os.listdir(attempt_dir / "rounds" / r)) == ["0", "1"] for r in rounds)
+    assert client.summary(job_id)["steps"] == 300
     assert not processes_of(netns_nodes.home)

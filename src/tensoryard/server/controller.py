@@ -98,9 +98,8 @@ _NODES_READ_EVERY_S = 1.0  # cordon/drain changes come from the API; read them t
 def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
     """How many times torchrun may restart a launch's workers itself, for a job that had
     `restarts` before it: restart.in_place, within what is left of max_restarts (each in-place
-    restart counts). torchrun jobs; a multi-node gang restarts together on the local executor
-    (c10d rendezvous, executors/local/gang.py), while the Kubernetes executor grants them to
-    single-node jobs only (each pod's torchrun would restart alone)."""
+    restart counts). torchrun jobs; a multi-node gang restarts together through the c10d
+    rendezvous (local executor: executors/local/gang.py; Kubernetes: runtime/gang.py)."""
     if spec.launcher != "torchrun":
         return 0
     if recognise(spec.command, spec.framework) is not None:

@@ -79,19 +79,34 @@ def test_the_validator_does_catch_a_misspelt_field() -> None:
         validate(job)
 
 
-def test_granted_in_place_restarts_reach_a_single_node_pods_torchrun_only() -> None:
-    def command(nodes: int) -> list[str]:
+def test_granted_in_place_restarts_reach_the_pods_torchrun() -> None:
+    def command(nodes: int, in_place: int = 2) -> list[str]:
         base = request(resources={"nodes": nodes, "gpus_per_node": 8})
         placement = {f"gpu-{i}": [] for i in range(nodes)}
-        req = LaunchRequest(**{**base.__dict__, "in_place_restarts": 2, "placement": placement})
+        req = LaunchRequest(
+            **{**base.__dict__, "in_place_restarts": in_place, "placement": placement}
+        )
         _, job, _ = render_attempt(workload_for(req, CONFIG), "Job")
         validate(job)
         (container,) = job["spec"]["template"]["spec"]["containers"]
         return list(container["command"])
 
-    assert "--max-restarts=2" in command(1)
-    # a multi-node gang's agents would have to restart together: the control plane relaunches
-    assert "--max-restarts=0" in command(2)
+    single = command(1)
+    assert "--max-restarts=2" in single and "--master-addr=$(MASTER_ADDR)" in single
+    assert "tensoryard.runtime.gang" not in single
+    # A gang: the c10d rendezvous (a static one has no second round), hosted by node 0 (the
+    # gang launcher sets is_host from NODE_RANK), each worker numbered by its round.
+    gang = command(2)
+    torchrun = gang.index("torchrun")
+    assert gang[:torchrun] == ["python", "-m", "tensoryard.runtime.gang", "launch", "--"]
+    assert "--rdzv-backend=c10d" in gang and "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)" in gang
+    assert "--max-restarts=2" in gang and not any(a.startswith("--node-rank") for a in gang)
+    worker = gang.index("--no-python") + 1
+    assert gang[worker : worker + 5] == ["python", "-m", "tensoryard.runtime.gang", "round", "--"]
+    # without a grant a gang keeps the static rendezvous and needs nothing from the image
+    static = command(2, in_place=0)
+    assert "--max-restarts=0" in static and "--node-rank=$(NODE_RANK)" in static
+    assert "tensoryard.runtime.gang" not in static
 
 
 def test_a_megatron_jobs_pod_runs_torchrun_under_the_runtimes_follower() -> None:

@@ -132,7 +132,7 @@ def workload_for(
         env=env,
         token_secret=f"ty-{_slug(request.job_id)}-{request.attempt}-token",
         nodes=spec.resources.nodes,
-        in_place_restarts=request.in_place_restarts if spec.resources.nodes == 1 else 0,
+        in_place_restarts=request.in_place_restarts,
         gpus_per_node=spec.resources.gpus_per_node,
         node_names=sorted(request.placement),
         tolerations=tuple(config.tolerations),

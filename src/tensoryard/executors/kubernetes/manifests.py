@@ -120,7 +120,8 @@ class AttemptWorkload:
     `kueue.x-k8s.io/podset-<required|preferred>-topology`. None: no request."""
     in_place_restarts: int = 0
     """torchrun's --max-restarts inside each pod: worker restarts the control plane granted
-    this launch (restart.in_place; single-node jobs), each reported as the next attempt."""
+    this launch (restart.in_place), each reported as the next attempt; on a multi-node gang
+    with the c10d rendezvous (see `_torchrun`)."""
     name: str = ""
     """Object name; default `ty-<job id>-<attempt>` (a DNS label of at most 40 characters)."""
 
@@ -223,18 +224,38 @@ def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
 def _torchrun(w: AttemptWorkload) -> list[str]:
     """Static rendezvous on rank 0; Kubernetes expands $(VAR) from the container's env. A
     Megatron job's torchrun runs under the runtime's follower, which reports its progress and
-    checkpoints from its output (tensoryard.runtime.megatron)."""
+    checkpoints from its output (tensoryard.runtime.megatron).
+
+    A multi-node gang granted in-place restarts uses the c10d rendezvous instead (a static one
+    has no second round), hosted by node 0's torchrun (tensoryard.runtime.gang ``launch``
+    tells each pod whether it hosts), and each worker runs under ``gang round``, which numbers
+    the restart rounds alike on every node."""
     follow = ["python", "-m", "tensoryard.runtime.megatron", "follow", "--"]
+    gang = ["python", "-m", "tensoryard.runtime.gang"]
+    elastic = w.nodes > 1 and w.in_place_restarts > 0
+    rendezvous = (
+        [
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)",
+            f"--rdzv-id={w.attempt_key}",
+        ]
+        if elastic
+        else [
+            "--node-rank=$(NODE_RANK)",
+            "--master-addr=$(MASTER_ADDR)",
+            "--master-port=$(MASTER_PORT)",
+        ]
+    )
     return [
         *(follow if MEGATRON_SAVE_ENV in w.env else []),
+        *([*gang, "launch", "--"] if elastic else []),
         "torchrun",
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
-        "--node-rank=$(NODE_RANK)",
-        "--master-addr=$(MASTER_ADDR)",
-        "--master-port=$(MASTER_PORT)",
+        *rendezvous,
         f"--max-restarts={w.in_place_restarts}",
         "--no-python",
+        *([*gang, "round", "--"] if elastic else []),
         *w.command,
     ]
 
