@@ -36,6 +36,11 @@ from tensoryard.serving.engine import engine_available
 from tensoryard.serving.source import ensure_smollm2
 
 NAME = "serving"
+PRESSURE_CACHE_BYTES = 60_000_000
+"""The memory-pressure arm's prompt cache per replica: room for two ~1,040-token SmolLM2
+states (24.0 MB each, measured). llama-cpp-python keeps one state per prompt (prefix +
+question + completion), not one per shared prefix as a paged KV cache does, so two entries can
+be two questions of one group: a replica holds one or two of the four prefixes."""
 WORDS = [
     "alpha",
     "bravo",
@@ -237,6 +242,37 @@ async def _run_named(
     return await _run(targets, prompts, concurrency, max_tokens, name)
 
 
+async def _shared_prefix(
+    plane: Plane, rng: random.Random, rr_name: str, pa_name: str, pers: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """One data set per entry of `pers` (questions per group): 4 groups of ~1,000-token system
+    prompts (570 words: ~1,015 SmolLM2 tokens), the questions shuffled; round-robin first, then
+    prefix-aware, same prompts, 2 at a time."""
+    sets = []
+    for set_no, per in enumerate(pers):
+        groups = [
+            f"System: you are assistant {g}. Knowledge base: " + _words(rng, 570) for g in range(4)
+        ]
+        shared = [
+            groups[g] + f"\nQuestion {q}: {_words(rng, 8)}?\nAnswer:"
+            for q in range(per)
+            for g in range(4)
+        ]
+        rng.shuffle(shared)
+        rr = await _run_named(plane, rr_name, shared, 2, 4)
+        pa = await _run_named(plane, pa_name, shared, 2, 4)
+        sets.append(
+            {
+                "set": set_no,
+                "requests": len(shared),
+                "round_robin": rr,
+                "prefix_aware": pa,
+                "mean_ttft_ratio": round(pa["mean_ttft_s"] / rr["mean_ttft_s"], 4),
+            }
+        )
+    return sets
+
+
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -394,29 +430,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         # 3. shared prefix: 4 groups of ~1,000-token system prompts (570 words: ~1,015 SmolLM2
         # tokens), questions interleaved. Two data sets (other words, other question counts and
         # order); the goal must hold on both.
-        res["shared_prefix_sets"] = []
-        for set_no, per in enumerate((2, 2) if quick else (3, 4)):
-            groups = [
-                f"System: you are assistant {g}. Knowledge base: " + _words(rng, 570)
-                for g in range(4)
-            ]
-            shared = [
-                groups[g] + f"\nQuestion {q}: {_words(rng, 8)}?\nAnswer:"
-                for q in range(per)
-                for g in range(4)
-            ]
-            rng.shuffle(shared)
-            rr = await _run_named(plane, "bench-rr", shared, 2, 4)
-            pa = await _run_named(plane, "bench-prefix", shared, 2, 4)
-            res["shared_prefix_sets"].append(
-                {
-                    "set": set_no,
-                    "requests": len(shared),
-                    "round_robin": rr,
-                    "prefix_aware": pa,
-                    "mean_ttft_ratio": round(pa["mean_ttft_s"] / rr["mean_ttft_s"], 4),
-                }
-            )
+        pers = (2, 2) if quick else (3, 4)
+        res["shared_prefix_sets"] = await _shared_prefix(
+            plane, rng, "bench-rr", "bench-prefix", pers
+        )
         sets = res["shared_prefix_sets"]
         res["shared_prefix"] = {
             "round_robin": sets[0]["round_robin"],
@@ -450,6 +467,26 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         )
         res["low_load_round_ratios"] = [round(x, 4) for x in per_round]
 
+        # 4b. shared prefix under memory pressure: each replica's prompt cache holds two prompt
+        # states (as a GPU engine's KV cache holds a fraction of a large prefix working set),
+        # new data sets, new deployments of both routers.
+        for name in ("bench-prefix", "bench-rr"):
+            plane.delete(name)
+        small = {**opts, "cache_size": PRESSURE_CACHE_BYTES}
+        plane.deploy(model=str(gguf), name="bench-prefix-small", replicas=2, options=small)
+        plane.deploy(
+            model=str(gguf), name="bench-rr-small", replicas=2, options=small, router="round-robin"
+        )
+        plane.wait_ready("bench-prefix-small", 2)
+        plane.wait_ready("bench-rr-small", 2)
+        pressure = await _shared_prefix(plane, rng, "bench-rr-small", "bench-prefix-small", pers)
+        res["memory_pressure"] = {"cache_size_bytes": PRESSURE_CACHE_BYTES, "sets": pressure}
+        res["prefix_vs_rr_mean_ttft_ratio_memory_pressure"] = [
+            x["mean_ttft_ratio"] for x in pressure
+        ]
+        for name in ("bench-prefix-small", "bench-rr-small"):
+            plane.delete(name)
+
         # 5. scale from zero: idle deployment, a burst of requests held until ready
         plane.deploy(
             model=str(gguf), name="bench-zero", replicas=1, options=opts, idle_timeout_s=2.0
@@ -468,8 +505,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         # 6. router latency at 200 req/s against the mock engine, with the llama.cpp
         # deployments gone first: their replicas hold ~4 GiB of memory each on this machine
         # and, idle as they are, 4 of them doubled the direct arm's p99 too
-        for name in ("bench-prefix", "bench-rr", "bench-zero"):
-            plane.delete(name)
+        plane.delete("bench-zero")
         deadline = time.monotonic() + 60
         while any(plane.describe_all()) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
@@ -500,7 +536,10 @@ def main() -> None:
         f"{res['prefix_vs_rr_mean_ttft_ratio_all_sets'][-1]:.3f}); low-load prefix/RR "
         f"throughput {res['low_load_throughput_ratio']:.3f} (per round "
         f"{min(res['low_load_round_ratios']):.3f}-{max(res['low_load_round_ratios']):.3f}, "
-        f"ABBA); cold start "
+        f"ABBA); under memory pressure (a cache of 2 prompt states per replica) prefix/RR "
+        f"mean TTFT "
+        f"{' / '.join(f'{x:.3f}' for x in res['prefix_vs_rr_mean_ttft_ratio_memory_pressure'])};"
+        f" cold start "
         f"{res['cold_start_s']:.1f} s; scale-from-zero failures "
         f"{res['scale_from_zero']['failed']}; router p99 "
         f"{rl['gateway']['p99_ms']} ms vs direct {rl['direct']['p99_ms']} ms at "
@@ -517,6 +556,10 @@ def main() -> None:
         for k, ok in (
             ("gw", res["gateway_throughput_ratio"] >= 0.95),
             ("prefix", max(res["prefix_vs_rr_mean_ttft_ratio_all_sets"]) <= 0.6),
+            (
+                "prefix under memory pressure",
+                max(res["prefix_vs_rr_mean_ttft_ratio_memory_pressure"]) <= 0.6,
+            ),
             ("low-load", res["low_load_throughput_ratio"] >= 0.98),
             ("cold", res["cold_start_s"] <= 10),
             ("router", (rl.get("router_overhead_p99_ms") or 1e9) < 10),
