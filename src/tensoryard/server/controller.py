@@ -1275,6 +1275,9 @@ class Controller:
     def _dispatch(self, job: JobRecord, attempt: AttemptRecord) -> None:
         """Hand a recorded attempt to the executor, in the background when configured."""
         key = (job.id, attempt.number)
+        if self._stop.is_set():
+            return  # stopping (the pool may be shut down): the recorded attempt is launched
+            # by whoever leads next (a launch is idempotent by its key)
         with self._flight_lock:
             if key in self._in_flight:
                 return

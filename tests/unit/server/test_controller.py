@@ -563,3 +563,20 @@ def test_a_hung_attempt_is_asked_where_its_ranks_wait_once_before_it_is_stopped(
         event
     )
     assert "rank 1: no stack dump" in event
+
+
+def test_a_stopping_controller_launches_nothing_and_the_next_leader_launches_it(
+    world: World,
+) -> None:
+    # Seen at the end of a benchmark: a cycle still running when stop() had shut the launch
+    # pool down raised "cannot schedule new futures after shutdown" for a job it admitted.
+    job_id = world.submit()
+    world.controller._stop.set()
+    world.cycle()
+    assert world.executor.requests == []  # nothing handed over while stopping
+    attempt = world.store.get_attempt(job_id, 1)
+    assert attempt.state == "launching"  # the intent stays on record
+    world.new_controller()
+    assert world.controller.lead()
+    world.cycle(2)
+    assert [r.job_id for r in world.executor.requests] == [str(job_id)]
