@@ -285,24 +285,33 @@ def test_a_hung_rank_is_detected_and_the_workers_restarted_in_place(
     while not any(m["step"] >= 12 for m in client.metrics(job_id)):
         assert time.monotonic() < deadline, client.events(job_id)
         time.sleep(0.3)
+    hang_rank_1_and_see_it_restarted_in_place(client, job_id, run_dir, timeout=240)
+    assert not processes_of(control_plane.home)
+
+
+def hang_rank_1_and_see_it_restarted_in_place(
+    client: Any, job_id: int, run_dir: str, *, timeout: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stop rank 1 (SIGSTOP: rank 0 waits for it in the all-reduce) and check the hang path
+    with in-place restarts: detected within 60 s, the ranks asked where they wait (rank 0 from
+    inside the all-reduce, rank 1 named as stopped), the workers killed once and restarted by
+    torchrun in the same launch, the job succeeded. Returns the two attempts."""
     pid = find_rank(run_dir, 1)
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # rank 1 hangs; rank 0 waits for it in the all-reduce
+    os.kill(pid, signal.SIGSTOP)
     stopped_at = time.time()
 
-    job = wait_for(client, job_id, TERMINAL, timeout=240)
+    job = wait_for(client, job_id, TERMINAL, timeout=timeout)
     assert job["state"] == "SUCCEEDED", job["reason"]
     first, second = client.attempts(job_id)
     assert first["state"] == "failed" and first["reason"].startswith("hung: no step for")
     assert (second["state"], second["launch_attempt"]) == ("succeeded", 1)
     messages = [(e["ts"], e["message"]) for e in client.events(job_id)]
     killed = [ts for ts, m in messages if "for torchrun to restart them in place" in m]
-    assert len(killed) == 1
+    assert len(killed) == 1, messages
     detected_after = datetime.fromisoformat(killed[0]).timestamp() - stopped_at
     assert detected_after < 60  # the issue's bound for detecting a hang
     assert sum("-> STARTING" in m for _, m in messages) == 1  # no new launch
-    # Before the kill, each rank was asked where it waits: rank 0 answered from inside the
-    # all-reduce it shares with the stopped rank 1, which is named as stopped.
     (where,) = [m for _, m in messages if "where the ranks are" in m]
     assert "rank 0 at train.py:" in where and "is stopped: SIGSTOP" in where, where
-    assert not processes_of(control_plane.home)
+    return first, second

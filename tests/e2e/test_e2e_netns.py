@@ -11,19 +11,22 @@ Needs root and iproute2 (skipped otherwise, naming why)."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tensoryard.agent.chaos import find_rank
 from tensoryard.executors.local.netns import NetnsNodes, netns_unavailable
 from tests.e2e.conftest import ServerProcess, _kill_leftovers, free_port
-from tests.e2e.test_e2e_jobs import TERMINAL, processes_of, tiny_job, wait_for
+from tests.e2e.test_e2e_jobs import (
+    TERMINAL,
+    hang_rank_1_and_see_it_restarted_in_place,
+    processes_of,
+    tiny_job,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -265,25 +268,9 @@ def test_a_hung_rank_of_a_gang_is_detected_and_both_nodes_restart_in_place(
     while not client.checkpoints(job_id):
         assert time.monotonic() < deadline, client.events(job_id)
         time.sleep(0.3)
-    pid = find_rank(run_dir, 1)
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    stopped_at = time.time()
-
-    job = wait_for(client, job_id, TERMINAL, timeout=300)
-    assert job["state"] == "SUCCEEDED", job["reason"]
-    first, second = client.attempts(job_id)
-    assert first["state"] == "failed" and first["reason"].startswith("hung: no step for")
-    assert (second["state"], second["launch_attempt"]) == ("succeeded", 1)
+    _, second = hang_rank_1_and_see_it_restarted_in_place(client, job_id, run_dir, timeout=300)
     assert second["nodes"] == NODES and second["resumed_from_step"] is not None
-    messages = [(e["ts"], e["message"]) for e in client.events(job_id)]
-    killed = [ts for ts, m in messages if "for torchrun to restart them in place" in m]
-    assert len(killed) == 1, messages
-    assert datetime.fromisoformat(killed[0]).timestamp() - stopped_at < 60
-    assert sum("-> STARTING" in m for _, m in messages) == 1  # one launch
-    (where,) = [m for _, m in messages if "where the ranks are" in m]
-    assert "rank 0 at train.py:" in where and "is stopped: SIGSTOP" in where, where
-    attempt_dir = Path(job["run_dir"]) / "attempt-1"
+    attempt_dir = Path(run_dir) / "attempt-1"
     rounds = sorted(p.name for p in (attempt_dir / "rounds").iterdir())
     assert rounds == ["n1-0", "n2-0"]  # both nodes started their rank again: rounds 0 and 1
     assert all(sorted(os.listdir(attempt_dir / "rounds" / r)) == ["0", "1"] for r in rounds)
