@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_results_line
 
-from tensoryard.executors.kubernetes.watch import _raw_watch
+from tensoryard.executors.kubernetes.watch import raw_watch
 
 NAME = "k8s_watch_events"
 
@@ -111,7 +111,7 @@ def main() -> None:
     from kubernetes import client, watch
 
     lines = pod_events(args.events)
-    stock, raw = watch.Watch(), _raw_watch()
+    stock, raw = watch.Watch(), raw_watch()
     pod_type = stock.get_return_type(client.CoreV1Api().list_namespaced_pod)
     stock_s: list[float] = []
     raw_s: list[float] = []

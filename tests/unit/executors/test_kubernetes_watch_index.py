@@ -46,15 +46,15 @@ def test_the_index_follows_relists_adds_relabels_and_deletes() -> None:
 def test_lists_and_events_are_taken_as_json_without_client_models() -> None:
     import json
 
-    from tensoryard.executors.kubernetes.watch import _json_of, _raw_watch
+    from tensoryard.executors.kubernetes.watch import _json_of, raw_watch
 
     listing = {"items": [pod("a-0", "a", 1)], "metadata": {"resourceVersion": "1"}}
     raw_response = SimpleNamespace(data=json.dumps(listing).encode())
     assert _json_of(raw_response, kube=None) == listing  # _preload_content=False: the body
     line = json.dumps({"type": "MODIFIED", "object": pod("a-0", "a", 2)})
-    event = _raw_watch().unmarshal_event(line, None)
+    event = raw_watch().unmarshal_event(line, None)
     assert event["raw_object"] == pod("a-0", "a", 2)
     assert event["object"] is event["raw_object"]  # no V1Pod built from it
     from kubernetes import client
 
-    assert _raw_watch().get_return_type(client.CoreV1Api().list_namespaced_pod) is None
+    assert raw_watch().get_return_type(client.CoreV1Api().list_namespaced_pod) is None

@@ -22,7 +22,7 @@ from typing import Any
 from tensoryard.executors.kubernetes.client import Kube
 from tensoryard.executors.kubernetes.status import Obj, get
 
-__all__ = ["WatchCache"]
+__all__ = ["WatchCache", "raw_watch"]
 
 log = logging.getLogger("tensoryard.executors.kubernetes")
 
@@ -166,7 +166,7 @@ class WatchCache:
         self.synced.set()
 
     def _watch_once(self) -> None:
-        self._watch = _raw_watch()
+        self._watch = raw_watch()
         self.healthy = True
         read_timeout = self.watch_timeout_s + self.kube.config.request_timeout_s
         stream = self._watch.stream(
@@ -216,7 +216,7 @@ def _json_of(result: Any, kube: Any) -> Obj:
     return plain
 
 
-def _raw_watch() -> Any:
+def raw_watch() -> Any:
     """A kubernetes Watch whose events carry only the JSON (``raw_object``, all this cache
     uses). The stock Watch also builds the client's model object of every event (a V1Pod from
     ``json.dumps`` of the JSON just parsed): profiled in the 2,000-job Kueue benchmark, those
