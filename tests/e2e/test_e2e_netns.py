@@ -203,7 +203,14 @@ def test_a_gang_node_that_failed_twice_is_replaced_by_a_spare(
     job_id = client.submit(spec)["id"]
     job = wait_for(client, job_id, TERMINAL, timeout=240)
     assert job["state"] == "SUCCEEDED", job["reason"]
-    first, second, third = client.attempts(job_id)
+    attempts = client.attempts(job_id)
+    runs = three_netns_nodes.home / "runs" / f"job-{job_id}"
+    assert len(attempts) == 3, "\n".join(
+        f"{a['state']} on {a['nodes']}: {a['reason']}\n"
+        + (runs / f"attempt-{a['number']}" / "launcher.log").read_text(errors="replace")[-3000:]
+        for a in attempts
+    )
+    first, second, third = attempts
     assert first["nodes"] == second["nodes"]
     # the root cause comes first: "rank 1 exited with code 3 on node nX; rank 0 ... on node nY"
     bad = first["reason"].split("on node ", 1)[1].split(";")[0]
