@@ -188,11 +188,15 @@ def add_gateway_routes(
     async def _proxy(
         req: ParsedRequest, path: str, who: Principal, team: str, received: float
     ) -> Response:
+        not_ours = 0.0  # waiting for a replica and for the engine: not the gateway's overhead
         for attempt in (1, 2):
             replica, route = await _acquire(manager, req)
+            not_ours += route.queued_s
+            sent = time.perf_counter()
             try:
                 upstream = await client().post(replica.url + path, json=req.body)
             except aiohttp.ClientConnectorError as exc:  # not sent: the replica died; one retry
+                not_ours += time.perf_counter() - sent
                 manager.release(replica, failed=True, route=route)
                 if attempt == 2:
                     raise OpenAIError(
@@ -223,11 +227,21 @@ def add_gateway_routes(
                 metrics.requests.labels(req.model, str(upstream.status)).inc()
                 return Response(body, status_code=upstream.status, media_type="application/json")
             if req.stream:
+                # the relay is interleaved with generation: overhead up to the headers only
+                not_ours += time.perf_counter() - sent
+                metrics.overhead.labels(req.model).observe(
+                    max(0.0, time.perf_counter() - received - not_ours)
+                )
                 return StreamingResponse(
                     _relay(req, upstream, replica, route, who, team, received),
                     media_type="text/event-stream",
                 )
-            return await _whole(req, upstream, replica, route, who, team, received)
+            response, read = await _whole(req, upstream, replica, route, who, team, received)
+            not_ours += read - sent
+            metrics.overhead.labels(req.model).observe(
+                max(0.0, time.perf_counter() - received - not_ours)
+            )
+            return response
         raise AssertionError("unreachable")
 
     async def _whole(
@@ -238,7 +252,8 @@ def add_gateway_routes(
         who: Principal,
         team: str,
         received: float,
-    ) -> Response:
+    ) -> tuple[Response, float]:
+        """The engine's whole answer relayed, and when it had been read (perf_counter)."""
         failed = False
         try:
             body = await upstream.read()
@@ -256,7 +271,8 @@ def add_gateway_routes(
             else:
                 upstream.release()
             manager.release(replica, failed=failed, route=route)
-        elapsed = time.perf_counter() - received
+        read = time.perf_counter()
+        elapsed = read - received
         metrics.ttft.labels(req.model).observe(elapsed)
         manager.observe_ttft(req.model, elapsed)
         metrics.e2e.labels(req.model).observe(elapsed)
@@ -269,7 +285,7 @@ def add_gateway_routes(
             usage.get("prompt_tokens", 0),
             usage.get("completion_tokens", 0),
         )
-        return Response(body, media_type="application/json")
+        return Response(body, media_type="application/json"), read
 
     async def _relay(
         req: ParsedRequest,

@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -265,11 +265,13 @@ class ReplicaManager:
         """A ready replica for this prompt, chosen by the router; waits (does not fail) while
         the deployment scales from zero or its replicas start. Call :meth:`release` after."""
         start = self.clock()
+        waited_from: float | None = None  # when it first found no replica to route to
         while True:  # a deployment created a moment ago: wait for the supervisor to adopt it
             with self._lock:
                 found = self._deps.get(name)
             if found is not None:
                 break
+            waited_from = start if waited_from is None else waited_from
             self.store.get_deployment(name)  # NotFound when it does not exist at all
             self._wake.set()
             if self.clock() - start > min(timeout_s, ADOPT_TIMEOUT_S):
@@ -312,6 +314,7 @@ class ReplicaManager:
                         break
                     if name not in self._deps:
                         raise NotFound(f"deployment {name!r} was deleted")
+                    waited_from = self.clock() if waited_from is None else waited_from
                 if self.clock() - start > timeout_s:
                     raise TimeoutError(
                         f"no replica of {name!r} became ready within {timeout_s:.0f} s"
@@ -324,6 +327,8 @@ class ReplicaManager:
         self.metrics.queue.labels(name).observe(self.clock() - start)
         self.metrics.running.labels(name).inc()
         self.metrics.routed(name, route.matched_chars, route.prompt_chars)
+        if waited_from is not None:
+            route = replace(route, queued_s=max(0.0, self.clock() - waited_from))
         return chosen, route
 
     def observe_ttft(self, name: str, seconds: float) -> None:

@@ -51,6 +51,7 @@ class Route:
     replica: str
     matched_chars: int
     prompt_chars: int
+    queued_s: float = 0.0  # waited for a ready replica before this (0: one was ready at once)
 
     @property
     def uncached_chars(self) -> int:

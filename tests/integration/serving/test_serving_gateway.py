@@ -142,6 +142,34 @@ def test_idle_deployments_scale_to_zero_and_the_next_request_is_held_not_failed(
         assert woke.status_code == 200, woke.text
         metrics = c.get("/metrics").text
     assert 'tyard_serving_queue_seconds_count{deployment="echo"} 1.0' in metrics
+    # the wait for the replica to start is queue time, not the gateway's overhead
+    assert _sample(metrics, "tyard_serving_gateway_overhead_seconds_sum") < 0.5 * _sample(
+        metrics, "tyard_serving_queue_seconds_sum"
+    )
+
+
+def _sample(metrics: str, name: str, deployment: str = "echo") -> float:
+    prefix = f'{name}{{deployment="{deployment}"}} '
+    [line] = [x for x in metrics.splitlines() if x.startswith(prefix)]
+    return float(line[len(prefix) :])
+
+
+def test_the_gateway_overhead_is_its_own_time_without_the_engines(
+    serving_plane: Callable[..., Any],
+) -> None:
+    """The engine takes 4 x 100 ms: end to end counts it, the overhead histogram does not
+    (streamed: up to the response's headers, which the mock engine sends at once)."""
+    s = serving_plane()
+    _deploy(s, options={"tokens": 4, "token_ms": 100})
+    s.wait_ready("echo", 1)
+    with s.http() as c:
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
+        with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as resp:
+            assert len([e for e in _events(resp) if isinstance(e, dict) and e.get("choices")]) == 4
+        metrics = c.get("/metrics").text
+    assert _sample(metrics, "tyard_serving_gateway_overhead_seconds_count") == 2
+    assert _sample(metrics, "tyard_serving_e2e_seconds_sum") >= 0.8
+    assert 0 < _sample(metrics, "tyard_serving_gateway_overhead_seconds_sum") < 0.3
 
 
 def test_a_restarted_control_plane_reattaches_to_running_replicas(
