@@ -1123,12 +1123,7 @@ class Controller:
                 )
 
     def _checkpoint_times(self, running: tuple[JobRecord, ...]) -> dict[int, float]:
-        times = {}
-        for job in running:
-            latest = self.store.latest_checkpoint(job.id)
-            if latest is not None:
-                times[job.id] = latest.ts
-        return times
+        return self.store.latest_checkpoint_times([job.id for job in running])
 
     def _terminating(self, job: JobRecord, attempt: AttemptRecord | None) -> bool:
         """Cancelled or being stopped: still holds its resources during the grace period."""

@@ -1205,6 +1205,30 @@ class Store(
             row = s.scalars(query).first()
             return None if row is None else _rows.checkpoint_record(row)
 
+    def latest_checkpoint_times(self, job_ids: Collection[int]) -> dict[int, float]:
+        """Job id -> the time of its :meth:`latest_checkpoint` (highest step, newest report on
+        a tie), for those of ``job_ids`` that have one: one query per 500 jobs, not one each
+        (the scheduler asks for every running job every pass)."""
+        ids = sorted(set(job_ids))
+        order = (Checkpoint.step.desc(), Checkpoint.ts.desc(), Checkpoint.id.desc())
+        out: dict[int, float] = {}
+        with self._tx("read the latest checkpoints of running jobs", write=False) as s:
+            for start in range(0, len(ids), 500):
+                ranked = (
+                    select(
+                        Checkpoint.job_id,
+                        Checkpoint.ts,
+                        func.row_number()
+                        .over(partition_by=Checkpoint.job_id, order_by=order)
+                        .label("rank"),
+                    )
+                    .where(Checkpoint.job_id.in_(ids[start : start + 500]))
+                    .subquery()
+                )
+                query = select(ranked.c.job_id, ranked.c.ts).where(ranked.c.rank == 1)
+                out.update({int(job): float(ts) for job, ts in s.execute(query)})
+        return out
+
     def list_checkpoints(self, job_id: int) -> list[CheckpointRecord]:
         """A job's checkpoints by step."""
         query = (

@@ -286,6 +286,22 @@ def test_an_admitted_workload_is_starting_not_queued_and_says_how_it_was_admitte
     assert ("get", *KUEUE, "clusterqueues", "nlp") in kube.custom.calls
 
 
+def test_polls_of_held_attempts_read_a_cluster_queues_borrowing_once_a_while() -> None:
+    """Every poll of an admitted, still suspended attempt describes its admission; the
+    ClusterQueue's borrowing behind that message is read once per few seconds, not once per
+    attempt and poll. The message of a running attempt (once per attempt) reads it anew."""
+    wl = workload_object(cond("QuotaReserved", True), cond("Admitted", True), admission=ADMISSION)
+    kube = kube_with(wl, cluster_queues={"nlp": cluster_queue("8")})
+    kueue = admission(kube)
+    get_cq = ("get", *KUEUE, "clusterqueues", "nlp")
+    for _ in range(20):
+        held = kueue.held("k", owner())
+        assert held is not None and "borrows 8 nvidia.com/gpu" in held.reason
+    assert kube.custom.calls.count(get_cq) == 1
+    kueue.admitted("k", owner(suspended=False))
+    assert kube.custom.calls.count(get_cq) == 2
+
+
 def test_the_admission_time_is_kueues_quota_reservation_for_the_goodput_account() -> None:
     reserved = {**cond("QuotaReserved", True), "lastTransitionTime": "2026-12-03T03:20:10Z"}
     wl = workload_object(reserved, cond("Admitted", True), admission=ADMISSION)

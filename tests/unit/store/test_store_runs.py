@@ -172,6 +172,25 @@ def test_checkpoints_are_idempotent_and_the_latest_is_the_highest_step(
     assert [c.step for c in sqlite_store.list_checkpoints(job.id)] == [50, 75, 100]
 
 
+def test_the_latest_checkpoint_times_of_many_jobs_are_those_of_latest_checkpoint(
+    store: Store,
+) -> None:
+    """One query for many jobs (the scheduler's every pass) agrees with the one-job read:
+    the highest step wins, the newest report breaks a tie, jobs without one are absent."""
+    jobs = [submit(store, name=f"ckpt-{i}") for i in range(3)]
+    a, b, none = (j.id for j in jobs)
+    store.add_checkpoint(a, 1, step=100, path="/a/100", ts=5.0)
+    store.add_checkpoint(a, 1, step=50, path="/a/50", ts=9.0)  # later, lower step
+    store.add_checkpoint(b, 1, step=20, path="/b/20-x", ts=3.0)
+    store.add_checkpoint(b, 2, step=20, path="/b/20-y", ts=4.0)  # same step, newer
+    many = [a, b, none, *range(10_000, 10_700)]  # more than one chunk of ids
+    assert store.latest_checkpoint_times(many) == {a: 5.0, b: 4.0}
+    for job in (a, b):
+        latest = store.latest_checkpoint(job)
+        assert latest is not None and latest.ts == store.latest_checkpoint_times([job])[job]
+    assert store.latest_checkpoint_times([]) == {}
+
+
 # -- job tokens --------------------------------------------------------------------------------
 
 

@@ -33,6 +33,10 @@ __all__ = ["KUEUE", "KueueAdmission"]
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 PREEMPTED_BY_KUEUE = "preempted by Kueue"
 _QUEUES_TTL_S = 10.0
+# A ClusterQueue's borrowed GPUs, for messages only: read at most this often per queue (every
+# admitted attempt's message asked for it, one GET each per control cycle: 2,000 jobs in
+# benchmarks/k8s_admission.py made that a steady stream of reads on a busy API server)
+_BORROWED_TTL_S = 5.0
 log = logging.getLogger("tensoryard.executor.kubernetes")
 _NO_WORKLOAD_HINT_S = 30.0  # a JobSet this old without a Workload: say Kueue may be down
 
@@ -105,6 +109,7 @@ class KueueAdmission:
         self._admitted_at: dict[str, float | None] = {}  # attempt key -> QuotaReserved time
         self._queues: tuple[float, set[str]] = (float("-inf"), set())  # (read at, names)
         self._classes: tuple[float, list[tuple[str, int]]] = (float("-inf"), [])
+        self._borrowed: dict[str, tuple[float, int]] = {}  # ClusterQueue -> (read at, GPUs)
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -296,7 +301,7 @@ class KueueAdmission:
         if known is not None:
             return known
         wl = self.workload_of(owner)
-        text = self._describe_admission(wl) if wl is not None else ""
+        text = self._describe_admission(wl, fresh=True) if wl is not None else ""
         self._admitted[attempt_key] = text
         self._admitted_at[attempt_key] = _reserved_at(_conditions(wl)) if wl is not None else None
         return text
@@ -309,7 +314,9 @@ class KueueAdmission:
         self._admitted.pop(attempt_key, None)
         self._admitted_at.pop(attempt_key, None)
 
-    def _describe_admission(self, wl: Obj) -> str:
+    def _describe_admission(self, wl: Obj, *, fresh: bool = False) -> str:
+        """'ClusterQueue nlp, flavor gpu-h100, ...'; the borrowing read anew when ``fresh`` (once
+        per attempt, when it runs), else at most every _BORROWED_TTL_S (each poll held)."""
         admission = get(wl, "status", "admission") or {}
         cq = str(admission.get("clusterQueue", "?"))
         flavors = sorted(
@@ -320,12 +327,21 @@ class KueueAdmission:
             }
         )
         parts = [f"ClusterQueue {cq}"] + ([f"flavor {', '.join(flavors)}"] if flavors else [])
-        borrowed = self._borrowed_gpus(cq)
+        borrowed = self._borrowed_gpus(cq, fresh=fresh)
         if borrowed:
             parts.append(f"the ClusterQueue borrows {borrowed} {GPU_RESOURCE} from its cohort")
         return ", ".join(parts)
 
-    def _borrowed_gpus(self, cluster_queue: str) -> int:
+    def _borrowed_gpus(self, cluster_queue: str, *, fresh: bool = False) -> int:
+        known = self._borrowed.get(cluster_queue)
+        now = time.monotonic()
+        if not fresh and known is not None and now - known[0] < _BORROWED_TTL_S:
+            return known[1]
+        total = self._read_borrowed_gpus(cluster_queue)
+        self._borrowed[cluster_queue] = (now, total)
+        return total
+
+    def _read_borrowed_gpus(self, cluster_queue: str) -> int:
         try:
             cq = self.kube.call(
                 f"get clusterqueue {cluster_queue}",
