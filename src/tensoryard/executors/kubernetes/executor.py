@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from tensoryard.executors.kubernetes.watch import WatchCache
 __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
 
 _HANDLE_VERSION = 1
+_LOG_READERS = 8  # concurrent reads of a gang's pod logs when an attempt ends
 _JOBSET_API = f"{JOBSET[0]}/{JOBSET[1]}"
 
 
@@ -516,25 +518,38 @@ class KubernetesExecutor:
         return down
 
     def _keep_logs(self, h: KubernetesHandle, pods: list[Obj]) -> None:
-        """The last lines of each pod's log into attempt-N/rank-K.log (never overwritten)."""
+        """The last lines of each pod's log into attempt-N/rank-K.log (never overwritten).
+
+        A gang's pods are read concurrently (up to _LOG_READERS at once): one API round trip
+        each, on the control loop's thread, made a busy API server's latency times the gang's
+        size per ended attempt."""
+        todo = []
         for pod in pods:
             rank = pod_rank(pod)
             path = Path(h.attempt_dir) / f"rank-{rank}.log"
-            if rank < 0 or path.exists():
-                continue
-            name = str(get(pod, "metadata", "name"))
-            try:
-                text = self.kube.call(
-                    f"get pods/log in namespace {h.namespace}",
-                    self.kube.core.read_namespaced_pod_log,
-                    name,
-                    h.namespace,
-                    tail_lines=self.config.log_tail_lines,
-                )
-            except ExecutorError as exc:
-                text = f"[tensoryard] the log of pod {name} could not be read: {exc}\n"
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path.write_text(str(text), encoding="utf-8")
+            if rank >= 0 and not path.exists():
+                todo.append((str(get(pod, "metadata", "name")), path))
+        if len(todo) <= 1:
+            for name, path in todo:
+                self._keep_log(h, name, path)
+            return
+        with ThreadPoolExecutor(max_workers=min(_LOG_READERS, len(todo))) as pool:
+            for done in [pool.submit(self._keep_log, h, name, path) for name, path in todo]:
+                done.result()
+
+    def _keep_log(self, h: KubernetesHandle, name: str, path: Path) -> None:
+        try:
+            text = self.kube.call(
+                f"get pods/log in namespace {h.namespace}",
+                self.kube.core.read_namespaced_pod_log,
+                name,
+                h.namespace,
+                tail_lines=self.config.log_tail_lines,
+            )
+        except ExecutorError as exc:
+            text = f"[tensoryard] the log of pod {name} could not be read: {exc}\n"
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(str(text), encoding="utf-8")
 
     # -- the outcome record (attempt-N/exit.json) ---------------------------------------------
 
