@@ -425,7 +425,8 @@ def main() -> None:
     parser.add_argument(
         "--order",
         default="tensoryard,kueue",
-        help="Arms in run order (the second sees a warmer API server; swap to check).",
+        help="Arms in run order (the second sees a warmer API server; swap to check); one "
+        "arm alone reports its numbers without a ratio.",
     )
     parser.add_argument("--kubeconfig", type=Path, help="A running test cluster with Kueue.")
     parser.add_argument("--timeout", type=float, default=3600, help="Seconds per arm.")
@@ -433,6 +434,9 @@ def main() -> None:
         "--no-results-line", action="store_true", help="Do not write benchmarks/RESULTS.md."
     )
     args = parser.parse_args()
+    unknown = set(args.order.split(",")) - {"tensoryard", "kueue"}
+    if unknown or not args.order:
+        parser.error(f"--order: unknown arm(s) {sorted(unknown)}; use tensoryard, kueue or both")
 
     from kubernetes import client, config
 
@@ -458,6 +462,11 @@ def main() -> None:
             core = client.CoreV1Api(api)
             for name in nodes:
                 core.delete_node(name)
+    if len(arms) == 1:  # one arm (--order kueue): its numbers, no ratio, no RESULTS line
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"nodes": args.nodes, "jobs": args.jobs, **arms}) + "\n")
+        print(f"one arm only ({args.order}): no ratio; numbers in {args.json}")
+        return
     ty, kq = arms["tensoryard"], arms["kueue"]
     # over the whole burst only when both drained it (an arm cut off at --timeout did less
     # work); the first wave is compared either way
