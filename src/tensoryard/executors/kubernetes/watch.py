@@ -12,6 +12,7 @@ JobSets or Jobs), so a poll costs no API call while the watches are healthy.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -219,15 +220,20 @@ def _json_of(result: Any, kube: Any) -> Obj:
 def raw_watch() -> Any:
     """A kubernetes Watch whose events carry only the JSON (``raw_object``, all this cache
     uses). The stock Watch also builds the client's model object of every event (a V1Pod from
-    ``json.dumps`` of the JSON just parsed): profiled in the 2,000-job Kueue benchmark, those
-    threads took most of the control plane's CPU and its reconcile cycles grew past 100 s."""
-    from kubernetes import watch
+    ``json.dumps`` of the JSON just parsed): 11-19x the CPU per pod event
+    (benchmarks/k8s_watch_events.py), found profiling the Kueue benchmark."""
+    return _raw_watch_class()()
+
+
+@functools.cache
+def _raw_watch_class() -> Any:
+    from kubernetes import watch  # imported on first use: the client is an optional extra
 
     class RawWatch(watch.Watch):  # type: ignore[misc]
         def get_return_type(self, func: Any) -> None:
             return None  # unmarshal_event then keeps the parsed JSON only
 
-    return RawWatch()  # type: ignore[no-untyped-call]
+    return RawWatch
 
 
 def _labels(obj: Obj) -> dict[str, str]:
