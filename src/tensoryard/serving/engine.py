@@ -35,6 +35,7 @@ _OPTION_TYPES: dict[str, type] = {
     "cache": bool,
     "cache_size": int,
     "seed": int,
+    "logprobs": bool,
 }
 
 
@@ -46,7 +47,11 @@ class EngineOptions:
     ``n_threads``: CPU threads per replica (1 on a shared 2-core machine).
     ``n_batch``: prompt tokens evaluated per batch.
     ``cache``: keep KV states of earlier prompts in RAM and reuse the longest matching prefix
-    (what prefix-aware routing exploits). ``cache_size``: bytes for that cache."""
+    (what prefix-aware routing exploits). ``cache_size``: bytes for that cache.
+    ``logprobs``: keep every prompt position's logits so requests may ask for ``logprobs``
+    (llama.cpp's ``logits_all``). Off by default: it makes each prefill compute and copy the
+    logits of every token (49,152 floats each for SmolLM2) and each cached state carry them;
+    requests asking for logprobs then get a 400 that names this option."""
 
     n_ctx: int = 2048
     n_threads: int = 1
@@ -54,6 +59,7 @@ class EngineOptions:
     cache: bool = True
     cache_size: int = 1 << 30
     seed: int = 0
+    logprobs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,7 +124,7 @@ def engine_command(
     return [
         sys.executable,
         "-m",
-        "llama_cpp.server",
+        "tensoryard.serving.llama_replica",  # llama_cpp.server, with a routing-fit prompt cache
         "--model",
         str(model),
         "--model_alias",
@@ -143,6 +149,8 @@ def engine_command(
         str(o.cache_size),
         "--seed",
         str(o.seed),
+        "--logits_all",
+        str(o.logprobs),
         # llama-cpp-python's server ends a stream early (a bare [DONE]) as soon as another
         # request waits for the model, by default: a second request routed to a busy replica,
         # or the gateway's prompt-token count, would silently truncate the first completion.

@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 
-from tensoryard.errors import AccessError, Forbidden, NotFound, RateLimited
+from tensoryard.errors import AccessError, Forbidden, NotFound, RateLimited, SpecError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Credentials, Guard
+from tensoryard.serving.engine import parse_engine_options
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request
 from tensoryard.serving.replicas import Replica, ReplicaManager
@@ -171,7 +172,12 @@ def add_gateway_routes(
             dep = None
             if isinstance(raw, dict) and isinstance(raw.get("model"), str) and raw["model"]:
                 dep = _deployment(manager, raw["model"])  # its engine's parameters apply
-            req = parse_request(raw, chat=chat, engine=dep.engine if dep else "llama.cpp")
+            req = parse_request(
+                raw,
+                chat=chat,
+                engine=dep.engine if dep else "llama.cpp",
+                logprobs=_keeps_logprobs(dep),
+            )
             dep = dep or _deployment(manager, req.model)  # (parse_request refused no model)
             try:  # pure unless it refuses (then it writes the audit line)
                 guard.check(
@@ -420,6 +426,17 @@ def _has_token(chunk: dict[str, Any]) -> bool:
         if choice.get("text") or (choice.get("delta") or {}).get("content"):
             return True
     return False
+
+
+def _keeps_logprobs(dep: Any) -> bool:
+    """Whether a llama.cpp deployment's replicas keep the logits `logprobs` needs (unknown
+    deployment: True, so that the 404 for its name comes first)."""
+    if dep is None or dep.engine != "llama.cpp":
+        return True
+    try:
+        return parse_engine_options(dict(dep.options or {})).logprobs
+    except SpecError:  # options its replicas could not start with either
+        return False
 
 
 def _deployment(manager: ReplicaManager, name: str) -> Any:

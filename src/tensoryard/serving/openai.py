@@ -196,13 +196,26 @@ def _check_int(body: dict[str, Any], key: str, low: int, high: int) -> None:
         raise _bad(f"'{key}' must be an integer from {low} to {high}, got {value!r}", key)
 
 
-def parse_request(raw: Any, *, chat: bool, engine: str = "llama.cpp") -> ParsedRequest:
+def parse_request(
+    raw: Any, *, chat: bool, engine: str = "llama.cpp", logprobs: bool = True
+) -> ParsedRequest:
     """Check an OpenAI completions or chat request for a deployment of ``engine``;
-    OpenAIError(400) names the parameter."""
+    OpenAIError(400) names the parameter. ``logprobs``: whether the deployment can answer them
+    (a llama.cpp deployment only with its ``logprobs`` engine option)."""
     if not isinstance(raw, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_request")
     if engine in _ENGINE_EXTRA:
         return _parse_gpu(raw, chat=chat, engine=engine)
+    # completions: any value (0 included) makes llama.cpp read the logits; chat: true
+    asked = bool(raw.get("logprobs")) if chat else raw.get("logprobs") is not None
+    if asked and not logprobs:
+        raise _bad(
+            "'logprobs' is not available on this deployment: it was started without the "
+            "`logprobs` engine option (keeping every position's logits slows each prompt); "
+            "remove 'logprobs', or redeploy with `tyard serve ... -o logprobs=true`",
+            "logprobs",
+            "unsupported_parameter",
+        )
     allowed = CHAT_PARAMS if chat else COMPLETION_PARAMS
     for key in raw:
         if key in _DROPPED:

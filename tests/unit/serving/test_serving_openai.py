@@ -53,6 +53,29 @@ def test_a_body_that_is_not_an_object_is_a_400() -> None:
         parse_request(["not", "an", "object"], chat=True)
 
 
+@pytest.mark.parametrize(
+    ("body", "chat"),
+    [
+        ({"model": "m", "prompt": "x", "logprobs": 2}, False),
+        ({"model": "m", "prompt": "x", "logprobs": 0}, False),
+        ({**CHAT, "logprobs": True, "top_logprobs": 2}, True),
+    ],
+)
+def test_logprobs_from_a_deployment_that_keeps_no_logits_is_a_400_naming_the_option(
+    body: dict[str, Any], chat: bool
+) -> None:
+    with pytest.raises(OpenAIError) as info:
+        parse_request(body, chat=chat, logprobs=False)
+    assert info.value.status == 400 and info.value.param == "logprobs"
+    assert "-o logprobs=true" in info.value.message
+    assert parse_request(body, chat=chat, logprobs=True).body["logprobs"] == body["logprobs"]
+    # not asking is fine either way
+    plain = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    assert "logprobs" not in parse_request(plain, chat=chat, logprobs=False).body
+    if chat:
+        assert parse_request({**CHAT, "logprobs": False}, chat=True, logprobs=False)
+
+
 def test_stream_options_are_handled_by_the_gateway_not_forwarded() -> None:
     req = parse_request(
         {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "n": 1}, chat=True
