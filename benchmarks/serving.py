@@ -38,9 +38,9 @@ from tensoryard.serving.source import ensure_smollm2
 NAME = "serving"
 PRESSURE_CACHE_BYTES = 60_000_000
 """The memory-pressure arm's prompt cache per replica: room for two ~1,040-token SmolLM2
-states (24.0 MB each, measured). llama-cpp-python keeps one state per prompt (prefix +
-question + completion), not one per shared prefix as a paged KV cache does, so two entries can
-be two questions of one group: a replica holds one or two of the four prefixes."""
+states (24.0 MB each, measured) of the four prompt groups. The replica's cache keeps one state
+per prompt branch (`tensoryard.serving.llama_replica`: a new question of a group supersedes the
+group's last state), so a replica holding two groups keeps both; round-robin sends it all four."""
 WORDS = [
     "alpha",
     "bravo",
@@ -272,6 +272,16 @@ async def _shared_prefix(
     return sets
 
 
+def _rss_mb(pid: int | None) -> float | None:
+    """A process's resident memory in MB (None when it is gone or unreadable)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (OSError, TypeError):
+        return None
+    kb = next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")), None)
+    return None if kb is None else round(kb / 1024, 1)
+
+
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -481,6 +491,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         }
         res["prefix_vs_rr_mean_ttft_ratio"] = sets[0]["mean_ttft_ratio"]
         res["prefix_vs_rr_mean_ttft_ratio_all_sets"] = [x["mean_ttft_ratio"] for x in sets]
+        # resident memory of each replica after the shared-prefix sets (its prompt cache full)
+        res["replica_rss_mb_after_shared_prefix"] = {
+            name: [_rss_mb(r["pid"]) for r in plane.describe(name)["replica_states"]]
+            for name in ("bench-rr", "bench-prefix")
+        }
         metrics = httpx.get(plane.url + "/metrics", headers=plane.headers, timeout=30).text
         res["prefix_hit_ratio"] = {
             line.split("{")[1].split('"')[1]: float(line.rsplit(" ", 1)[1])
@@ -555,6 +570,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _max_rss(res: dict[str, Any]) -> float | None:
+    values = [x for xs in res["replica_rss_mb_after_shared_prefix"].values() for x in xs if x]
+    return max(values) if values else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="Write results here.")
@@ -586,7 +606,8 @@ def main() -> None:
         f"{rl['gateway']['achieved_rps']} req/s "
         f"(overhead p99 {rl.get('router_overhead_p99_ms')} ms); the gateway's own time per "
         f"request (its histogram, engine time excluded) p50 {rl['gateway_self']['p50_ms']} "
-        f"ms, p99 {rl['gateway_self']['p99_ms']} ms"
+        f"ms, p99 {rl['gateway_self']['p99_ms']} ms; replica memory after the shared-prefix "
+        f"sets at most {_max_rss(res)} MB"
     )
     print(text)
     goal = (
