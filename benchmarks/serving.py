@@ -32,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_results_line
 
-from tensoryard.serving.engine import engine_available
+from tensoryard.serving.engine import engine_available, prompt_reuse
 from tensoryard.serving.source import ensure_smollm2
 
 NAME = "serving"
@@ -79,6 +79,7 @@ class Plane:
     """`tyard server` in its own process, with an admin token."""
 
     def __init__(self, home: Path) -> None:
+        self.home = home
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "TYARD_HOME": str(home)}
@@ -258,8 +259,15 @@ async def _shared_prefix(
             for g in range(4)
         ]
         rng.shuffle(shared)
+        before = {name: _reuse(plane, name) for name in (rr_name, pa_name)}
         rr = await _run_named(plane, rr_name, shared, 2, 4)
         pa = await _run_named(plane, pa_name, shared, 2, 4)
+        reuse = {}
+        for key, name in (("round_robin", rr_name), ("prefix_aware", pa_name)):
+            after = _reuse(plane, name)
+            prompt = sum(after[p][0] - before[name].get(p, (0, 0))[0] for p in after)
+            reused = sum(after[p][1] - before[name].get(p, (0, 0))[1] for p in after)
+            reuse[key] = round(reused / prompt, 4) if prompt else None
         sets.append(
             {
                 "set": set_no,
@@ -267,9 +275,26 @@ async def _shared_prefix(
                 "round_robin": rr,
                 "prefix_aware": pa,
                 "mean_ttft_ratio": round(pa["mean_ttft_s"] / rr["mean_ttft_s"], 4),
+                # prompt tokens the engines reused (their context or prompt cache), from the
+                # replicas' own logs: the measured prefix reuse of both routers
+                "engine_prefix_reuse": reuse,
+                "engine_prefix_reuse_ratio": (
+                    round(reuse["prefix_aware"] / reuse["round_robin"], 3)
+                    if reuse["round_robin"] and reuse["prefix_aware"] is not None
+                    else None
+                ),
             }
         )
     return sets
+
+
+def _reuse(plane: Plane, name: str) -> dict[Path, tuple[int, int]]:
+    """(prompt tokens, reused tokens) so far per replica log of a deployment."""
+    out = {}
+    for log in sorted((plane.home / "serving" / name).glob("replica-*.log")):
+        prompt, reused, _ = prompt_reuse(log)
+        out[log] = (prompt, reused)
+    return out
 
 
 def _rss_mb(pid: int | None) -> float | None:
@@ -570,6 +595,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _reuse_text(sets: list[dict[str, Any]]) -> str:
+    parts = []
+    for x in sets:
+        r = x["engine_prefix_reuse"]
+        parts.append(
+            f"{r['prefix_aware']:.2f}/{r['round_robin']:.2f} = {x['engine_prefix_reuse_ratio']}x"
+            if r["prefix_aware"] is not None and r["round_robin"] is not None
+            else "n/a"
+        )
+    return " and ".join(parts)
+
+
+def _reuse_ratios(res: dict[str, Any]) -> list[float]:
+    sets = res["shared_prefix_sets"] + res["memory_pressure"]["sets"]
+    return [x["engine_prefix_reuse_ratio"] or 0.0 for x in sets]
+
+
 def _max_rss(res: dict[str, Any]) -> float | None:
     values = [x for xs in res["replica_rss_mb_after_shared_prefix"].values() for x in xs if x]
     return max(values) if values else None
@@ -599,6 +641,9 @@ def main() -> None:
         f"ABBA); under memory pressure (a cache of 2 prompt states per replica) prefix/RR "
         f"mean TTFT "
         f"{' / '.join(f'{x:.3f}' for x in res['prefix_vs_rr_mean_ttft_ratio_memory_pressure'])};"
+        f" prompt tokens the engines reused (their logs), prefix-aware / round-robin: "
+        f"{_reuse_text(res['shared_prefix_sets'])} with the 1 GiB cache, "
+        f"{_reuse_text(res['memory_pressure']['sets'])} under memory pressure;"
         f" cold start "
         f"{res['cold_start_s']:.1f} s; scale-from-zero failures "
         f"{res['scale_from_zero']['failed']}; router p99 "
@@ -611,7 +656,8 @@ def main() -> None:
     )
     print(text)
     goal = (
-        "gw >= 0.95, TTFT < +10 ms; prefix/RR TTFT <= 0.6; low-load >= 0.98; cold start "
+        "gw >= 0.95, TTFT < +10 ms; prefix/RR TTFT <= 0.6; prefix reuse >= 2x; low-load >= 0.98; "
+        "cold start "
         "<= 10 s; router p99 < 10 ms @200 req/s"
     )
     met = ", ".join(
@@ -623,6 +669,7 @@ def main() -> None:
                 "prefix under memory pressure",
                 max(res["prefix_vs_rr_mean_ttft_ratio_memory_pressure"]) <= 0.6,
             ),
+            ("prefix reuse >= 2x (every set)", min(_reuse_ratios(res)) >= 2),
             ("low-load", res["low_load_throughput_ratio"] >= 0.98),
             ("cold", res["cold_start_s"] <= 10),
             ("router", (rl.get("router_overhead_p99_ms") or 1e9) < 10),

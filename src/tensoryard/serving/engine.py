@@ -8,6 +8,7 @@ module only builds the command line and checks the engine is installed; processe
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,26 @@ def engine_available() -> str | None:
                 "building it once)"
             )
     return None
+
+
+_REUSE_LINE = re.compile(r"tyard-replica: prompt of (\d+) tokens, (\d+) reused")
+
+
+def prompt_reuse(log: Path, *, start: int = 0) -> tuple[int, int, int]:
+    """(prompt tokens, of them reused from the replica's context or prompt cache, end offset)
+    over a llama.cpp replica's log from byte ``start`` on (``llama_replica`` writes a line per
+    prompt); (0, 0, start) when there is no log yet."""
+    try:
+        with log.open("rb") as f:
+            f.seek(start)
+            data = f.read()
+    except FileNotFoundError:
+        return 0, 0, start
+    prompt = reused = 0
+    for m in _REUSE_LINE.finditer(data.decode("utf-8", "replace")):
+        prompt += int(m.group(1))
+        reused += int(m.group(2))
+    return prompt, reused, start + len(data)
 
 
 def engine_command(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 import llama_cpp.llama_cache
@@ -88,7 +89,18 @@ class PrefixStateCache(llama_cpp.llama_cache.LlamaRAMCache):
 class _Llama(llama_cpp.Llama):
     """The stock model; without ``logits_all`` its saved states leave out the logits rows (read
     only for ``logprobs``, which such a model refuses anyway) instead of copying them to and
-    from every cache entry."""
+    from every cache entry. Each prompt's reuse is logged: ``prompt of N tokens, R reused``."""
+
+    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        prompt = list(tokens)
+        reused = 0
+        if self.n_tokens > 0 and kwargs.get("reset", True):
+            # what the stock generate keeps of the context (a cached state already restored)
+            reused = _common(self._input_ids.tolist(), prompt)
+            if reused == len(prompt):  # one token is decoded again to refresh the logits
+                reused -= 1
+        _say(f"prompt of {len(prompt)} tokens, {reused} reused")
+        return super().generate(prompt, *args, **kwargs)
 
     def save_state(self) -> llama_cpp.llama.LlamaState:
         if self._logits_all:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tensoryard.errors import ConfigError
-from tensoryard.serving.engine import engine_available
+from tensoryard.serving.engine import engine_available, prompt_reuse
 from tensoryard.serving.source import ensure_smollm2
 
 WORDS = [
@@ -103,3 +103,8 @@ def test_cached_prefixes_give_the_uncached_answers_and_logprobs_need_the_option(
     assert log.count("prompt cache: restoring a state") >= 3, log
     assert "superseding 1" in log, log
     assert "restoring" not in (logs / "plain" / "replica-0.log").read_text()
+    # each prompt's reuse is logged: the plain replica reused only the few tokens the groups
+    # share ("System"), the cached one most of every prompt after the first of its group
+    reuse = {name: prompt_reuse(logs / name / "replica-0.log") for name in deployments}
+    assert reuse["plain"][1] < 0.05 * reuse["plain"][0], reuse
+    assert reuse["cached"][1] > 0.4 * reuse["cached"][0], reuse
