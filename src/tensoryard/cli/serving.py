@@ -72,7 +72,7 @@ def serve(
         typer.Option(
             "--option",
             "-o",
-            help="Engine option KEY=VALUE. llama.cpp: n_ctx, n_threads, n_batch, cache, "
+            help="Engine option KEY=VALUE. llama.cpp: n_ctx, n_threads, n_batch, cache, logprobs, "
             "cache_size, seed. vllm/sglang: tensor_parallel_size, pipeline_parallel_size, "
             "data_parallel_size, nodes, prefix_caching, chunked_prefill, quantization, "
             "kv_cache_dtype, speculative_method, ... (docs/serving.md).",
