@@ -227,6 +227,37 @@ class Watches:
         self._stop.set()
 
 
+def _wait_namespace_gone(core: Any, ns: str, limit_s: float = 1800) -> float | None:
+    """Wait until an arm's namespace (its JobSets, Jobs, pods and Workloads) is deleted, so that
+    the next arm does not share the API server and controllers with thousands of deletions:
+    a second arm started right after the first ran 10x slower while the first's 2,000 JobSets
+    were still being collected. Seconds it took (None: still there after `limit_s`)."""
+    from kubernetes.client.rest import ApiException
+
+    t0 = time.monotonic()
+    last = 0.0
+    while time.monotonic() - t0 < limit_s:
+        try:
+            core.read_namespace(ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return round(time.monotonic() - t0, 1)
+            raise
+        if time.monotonic() - last > 30:
+            last = time.monotonic()
+            pods = len(core.list_namespaced_pod(ns, limit=500).items)
+            left = f"{pods}+" if pods == 500 else str(pods)
+            print(
+                f"  waiting for namespace {ns} to be deleted ({left} pods left, "
+                f"{time.monotonic() - t0:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        time.sleep(2)
+    print(f"  namespace {ns} still there after {limit_s:.0f}s; going on", file=sys.stderr)
+    return None
+
+
 def run_arm(
     api: Any,
     kubeconfig: Path,
@@ -361,7 +392,9 @@ def run_arm(
              "--ignore-not-found", "-f", str(kueue_file)],
             capture_output=True,
         )  # fmt: skip
+    cleanup_s = _wait_namespace_gone(core, ns)
     return {
+        "cleanup_s": cleanup_s,
         "jobs": len(ids),
         "admitted_seen": len(ids) - len(missing),
         "admissions_per_s": round((len(ids) - len(missing)) / max(last_admission - start, 1e-9), 2),
