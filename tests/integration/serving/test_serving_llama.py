@@ -16,20 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from tensoryard.cli.main import app as cli
-from tensoryard.errors import ConfigError
-from tensoryard.serving.engine import engine_available
-from tensoryard.serving.source import ensure_smollm2
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    missing = engine_available()
-    if missing:
-        pytest.skip(missing)
-    try:
-        return ensure_smollm2()
-    except ConfigError as exc:
-        pytest.skip(f"SmolLM2 GGUF unavailable: {exc}")
 
 
 def test_smollm2_answers_streams_with_usage_and_refuses_an_overlong_prompt(

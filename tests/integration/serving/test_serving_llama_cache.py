@@ -13,37 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tensoryard.serving.engine import prompt_reuse
 
-from tensoryard.errors import ConfigError
-from tensoryard.serving.engine import engine_available, prompt_reuse
-from tensoryard.serving.source import ensure_smollm2
-
-WORDS = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-]
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    missing = engine_available()
-    if missing:
-        pytest.skip(missing)
-    try:
-        return ensure_smollm2()
-    except ConfigError as exc:
-        pytest.skip(f"SmolLM2 GGUF unavailable: {exc}")
+WORDS = ("red", "green", "blue", "amber", "violet", "teal", "gold", "silver", "olive")
 
 
 def test_cached_prefixes_give_the_uncached_answers_and_logprobs_need_the_option(
