@@ -139,7 +139,7 @@ def test_bad_deploy_steps_name_the_field_and_the_fix(
             deploy(options={"n_gpu_layers": 10}),
             "steps.0.deploy.options.n_gpu_layers",
             "is not a llama.cpp option tensoryard knows",
-            "use one of cache, cache_size, n_batch, n_ctx, n_threads, seed",
+            "use one of cache, cache_size, logprobs, n_batch, n_ctx, n_threads, seed",
         ),
         (
             deploy(options={"n_ctx": "lots"}),
