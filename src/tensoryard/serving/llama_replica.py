@@ -43,13 +43,7 @@ REFRESH_FRACTION = 0.5
 """A lookup marks the matched state as recently used only when it shares this much of it."""
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+_common = llama_cpp.llama.Llama.longest_token_prefix  # tokens two sequences share from the start
 
 
 class PrefixStateCache(llama_cpp.llama_cache.LlamaRAMCache):
