@@ -268,6 +268,7 @@ def run_arm(
     pool: str,
     total_gpus: int,
     timeout: float,
+    last: bool = False,
 ) -> dict[str, Any]:
     from fastapi.testclient import TestClient
     from kubernetes import client
@@ -392,7 +393,8 @@ def run_arm(
              "--ignore-not-found", "-f", str(kueue_file)],
             capture_output=True,
         )  # fmt: skip
-    cleanup_s = _wait_namespace_gone(core, ns)
+    # the next arm starts on a quiet cluster; after the last one the cluster is torn down
+    cleanup_s = None if last else _wait_namespace_gone(core, ns)
     return {
         "cleanup_s": cleanup_s,
         "jobs": len(ids),
@@ -484,13 +486,17 @@ def main() -> None:
             node["name"] = f"adm-{pool}-{node['name'].split('-')[1]}"
         nodes = make_nodes(api, kubeconfig, inv, pool)
         try:
-            for mode in args.order.split(","):
+            order = args.order.split(",")
+            for i, mode in enumerate(order):
+                last = i == len(order) - 1
                 print(f"{mode}: {args.jobs} jobs on {args.nodes}x8 GPUs", file=sys.stderr)
                 arms[mode] = run_arm(
-                    api, kubeconfig, mode, sizes, teams, inv, pool, args.nodes * 8, args.timeout
-                )
+                    api, kubeconfig, mode, sizes, teams, inv, pool, args.nodes * 8, args.timeout,
+                    last=last,
+                )  # fmt: skip
                 print(f"{mode}: {json.dumps(arms[mode])}", file=sys.stderr, flush=True)
-                wait_pods_gone(api, pool)
+                if not last:
+                    wait_pods_gone(api, pool)
         finally:
             core = client.CoreV1Api(api)
             for name in nodes:

@@ -34,6 +34,13 @@ class SchedulerConfig:
             so a newcomer of any team goes before a long-runner of another (Tiresias-like).
         reclaim: a queue below its nominal quota may preempt workloads of cohort queues that
             borrow, to get its quota back.
+        reclaim_min_run_s: least run time of a borrower's attempt before reclaim may stop it
+            (Slurm's PreemptExemptTime, for reclaim only). A job admitted into idle cohort room
+            is not taken back before it has got going: a restart costs the job its start-up
+            (image, data, distributed init) besides the work since its checkpoint, and
+            reclaiming fresh borrowers at once turns a burst into a churn of admissions and
+            preemptions. The lender waits at most this long plus the victim's grace; its
+            pending reason says when the borrowed GPUs become reclaimable. 0: at once.
         preempt_lower_priority: a workload may preempt lower-priority workloads of its queue.
         preempt_by_service: a pending workload may preempt a running one of its own queue with
             the same priority and a higher service level, once the victim ran at least
@@ -87,6 +94,7 @@ class SchedulerConfig:
     service_level_across_queues: bool = True
     nominal_first: bool = True
     reclaim: bool = True
+    reclaim_min_run_s: float = 60.0
     preempt_lower_priority: bool = True
     preempt_by_service: bool = True
     service_preemption_min_run_s: float = 600.0
@@ -116,6 +124,7 @@ class SchedulerConfig:
                 and all(t > 0 for t in self.service_levels_gpu_s),
                 "service_levels_gpu_s must be positive and strictly increasing",
             ),
+            (self.reclaim_min_run_s >= 0, "reclaim_min_run_s must be >= 0"),
             (self.service_preemption_min_run_s >= 0, "service_preemption_min_run_s must be >= 0"),
             (self.preemption_grace_s >= 0, "preemption_grace_s must be >= 0"),
             (self.defrag_min_run_s >= 0, "defrag_min_run_s must be >= 0"),

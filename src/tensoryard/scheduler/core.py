@@ -110,11 +110,20 @@ def _visit(st: CycleState, w: Workload, line: QueueLine, position: int) -> bool:
         st.outcomes[w.id] = Outcome("preempting", st.last_preempt_details, position)
         return False
     if capacity and reservation.try_reserve(st, w, fail.model or ""):
-        st.outcomes[w.id] = Outcome("reserved", st.last_reserve_details, position)
+        details = _with_reclaim(st, w, st.last_reserve_details)
+        st.outcomes[w.id] = Outcome("reserved", details, position)
         return False
-    st.outcomes[w.id] = Outcome(fail.code, fail.details, position)
+    st.outcomes[w.id] = Outcome(fail.code, _with_reclaim(st, w, fail.details), position)
     _maybe_close(st, line, w)
     return False
+
+
+def _with_reclaim(st: CycleState, w: Workload, details: dict[str, object]) -> dict[str, object]:
+    """`details`, plus when borrowed GPUs `w` could reclaim become reclaimable (if any)."""
+    at = st.reclaim_at.get(w.id)
+    if at is None:
+        return details
+    return {**details, "reclaim_at": at, "reclaim_min_run_s": st.cfg.reclaim_min_run_s}
 
 
 def _try_admit(st: CycleState, w: Workload, model: str) -> Fail | None:
@@ -207,6 +216,7 @@ def _decisions(st: CycleState) -> Decisions:
         pending=pending,
         usage_history=st.history,
         reservations={**st.reservations, **st.claims},
+        wake_at=min(st.reclaim_at.values(), default=None),
     )
 
 

@@ -118,6 +118,9 @@ class CycleState:
     last_preempt_details: dict[str, object] = field(default_factory=dict)
     last_reserve_details: dict[str, object] = field(default_factory=dict)
     final_quota: dict[tuple[str, str], dict[str, object]] = field(default_factory=dict)
+    # pending workload id -> when the first borrower it could reclaim, but that has run less
+    # than reclaim_min_run_s, becomes reclaimable (for its pending reason and the next wake)
+    reclaim_at: dict[str, float] = field(default_factory=dict)
 
     # --- quota usage -----------------------------------------------------------------------
 

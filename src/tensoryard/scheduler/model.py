@@ -269,6 +269,9 @@ class Decisions:
             running usage added; feed it into the next snapshot.
         reservations: workload id -> node names held for it this cycle: head-of-line
             reservations, and the nodes a preemptor waits on while its victims checkpoint.
+        wake_at: when this cycle's answer changes with time alone (a borrower that a pending
+            workload could reclaim passes ``reclaim_min_run_s``); None: only on events. A
+            caller that schedules on events should also schedule then.
     """
 
     admissions: tuple[Admission, ...] = ()
@@ -276,6 +279,7 @@ class Decisions:
     pending: Mapping[str, PendingInfo] = field(default_factory=_EmptyPending)
     usage_history: Mapping[str, DecayedUsage] = field(default_factory=dict)
     reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    wake_at: float | None = None
 
     @property
     def admitted(self) -> dict[str, Placement]:

@@ -258,6 +258,18 @@ def _ahead(position: int, queue: str) -> str:
 
 def render_reason(outcome: Outcome, w: Workload | None, now: float) -> str:
     """One sentence a person can act on, from an outcome's structured details."""
+    text = _render(outcome, w, now)
+    at = outcome.details.get("reclaim_at")
+    if isinstance(at, int | float) and outcome.code in ("quota", "capacity", "reserved"):
+        text += (
+            f"; GPUs other queues borrow become reclaimable in {max(0.0, at - now):.0f} s "
+            f"(a borrower runs at least {_n(outcome.details.get('reclaim_min_run_s'))} s "
+            "before reclaim stops it)"
+        )
+    return text
+
+
+def _render(outcome: Outcome, w: Workload | None, now: float) -> str:
     d = outcome.details
     queue = w.queue if w is not None else str(d.get("queue", "?"))
     if outcome.code == "quota":

@@ -4,12 +4,14 @@ A victim is charged the work it loses (GPU-seconds since its last checkpoint); t
 eligible victims go first. Rules (see the package docstring for the ranking they respect):
 lower priority in the same queue; the same priority and a higher attained-service level
 (``attained-service``, and ``borrowed-service`` for another queue's long runner on borrowed
-quota); reclaim of quota a cohort queue borrows with running work (``reclaim``).
+quota); reclaim of quota a cohort queue borrows with running work (``reclaim``), from
+attempts that ran at least ``reclaim_min_run_s``.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator
 from operator import itemgetter
 
@@ -92,6 +94,11 @@ def victim_reason(st: CycleState, w: Workload, v: Workload, within_nominal: bool
         and st.tree.same_tree(w.queue, v.queue)
         and borrows_running(st, v.queue, resource)
     ):
+        if v.start_time is not None and st.now - v.start_time < cfg.reclaim_min_run_s:
+            at = v.start_time + cfg.reclaim_min_run_s
+            if at < st.reclaim_at.get(w.id, math.inf):
+                st.reclaim_at[w.id] = at
+            return None
         return "reclaim"
     return None
 

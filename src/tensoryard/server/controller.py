@@ -253,6 +253,7 @@ class Controller:
         self._urgent = False
         self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
+        self._wake_at: float | None = None  # the last pass's Decisions.wake_at
         self._last_full_check = 0.0
         self._pending_info: dict[int, tuple[str, datetime | None]] = {}
         self._last_state_save = 0.0
@@ -964,9 +965,12 @@ class Controller:
         """At once when capacity came free; after other changes (new submissions) at most
         every few times the last pass's duration, so a stream of submissions to a deep
         backlog cannot keep the scheduler (and the GIL) busy; and every
-        `reschedule_interval_s` regardless (ETAs, aging)."""
+        `reschedule_interval_s` regardless (ETAs, aging); and when the last pass said its
+        answer changes with time alone (a borrower became reclaimable)."""
         since = now - self._last_schedule
         if self._urgent or since >= self.config.reschedule_interval_s:
+            return True
+        if self._wake_at is not None and now >= self._wake_at:
             return True
         gap = min(max(4 * self._schedule_cost_s, 0.25), 5.0)
         return self._dirty and since >= gap
@@ -1041,6 +1045,7 @@ class Controller:
     def _schedule_pass(self, now: float) -> None:
         self._dirty = self._urgent = False
         self._last_schedule = now
+        self._wake_at = None
         pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
         pending = [j for j in pending if self._spec_or_quarantine(j) is not None]
         if not pending:
@@ -1073,6 +1078,7 @@ class Controller:
             avoid_nodes=self._avoid_nodes(pending, capacity),
         )
         decisions = self.policy.decide(view)
+        self._wake_at = decisions.wake_at
         by_id = {j.id: j for j in pending}
         for admission in decisions.admissions:
             job = by_id[admission.job_id]

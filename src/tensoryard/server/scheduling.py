@@ -125,6 +125,8 @@ class Decisions:
     admissions: list[Admission] = field(default_factory=list)
     pending: dict[int, PendingInfo] = field(default_factory=dict)
     preemptions: list[Preemption] = field(default_factory=list)
+    # when the answer changes with time alone (a borrower becomes reclaimable): schedule then
+    wake_at: float | None = None
 
 
 class CorePolicy:
@@ -235,6 +237,7 @@ class CorePolicy:
             out.preemptions.append(
                 Preemption(int(p.workload_id), int(p.preemptor_id), p.grace_s, p.message)
             )
+        out.wake_at = core.wake_at
         return out
 
     def _pending(self, job: JobRecord, view: ClusterView) -> Workload:

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from sched_builders import apply, make_nodes, make_quotas, make_workload, schedule
 
+from tensoryard.errors import ConfigError
 from tensoryard.scheduler import SchedulerConfig
 
 PRIORITY_ONLY = SchedulerConfig(reclaim=False, preempt_by_service=False)
@@ -242,3 +243,65 @@ def test_the_room_made_by_a_reclaim_goes_to_the_workload_it_was_made_for(
         assert "b-small" in admitted and not {"a-big", "b-big"} & admitted
     else:
         assert "b-small" not in admitted and len(admitted) == 1
+
+
+def _borrowers(start: float, checkpoint: float | None, first_gpu: int = 0) -> list:
+    """Four 1-GPU jobs of queue b on n0, from GPU `first_gpu` on."""
+    return [
+        make_workload(f"b{first_gpu + i}", "b")
+        .gpus(1)
+        .running_on({"n0": (first_gpu + i,)}, start=start, checkpoint=checkpoint)
+        .obj()
+        for i in range(4)
+    ]
+
+
+def test_reclaim_waits_until_the_borrowers_ran_their_least_run_time() -> None:
+    """Queues a and b own 4 GPUs each of one 8-GPU node; b borrows all 8, every job started
+    20 s ago. a's 4-GPU job may reclaim, but not before the borrowers ran 60 s: no preemption
+    now, a reason that says when, a wake-up then; at that time the reclaim happens."""
+    quotas = make_quotas({"a": {"H100": 4}, "b": {"H100": 4}})
+    running = _borrowers(980, None) + _borrowers(980, None, first_gpu=4)
+    mine = make_workload("mine", "a").gpus(4).submitted(990).obj()
+    config = SchedulerConfig(preempt_by_service=False, reclaim_min_run_s=60)
+    early = schedule(make_nodes(1), quotas, [mine], running, now=1000, config=config)
+    assert early.preemptions == ()
+    assert early.wake_at == 1040
+    info = early.pending["mine"]
+    assert info.details["reclaim_at"] == 1040
+    assert "borrow become reclaimable in 40 s" in info.reason
+    assert "runs at least 60 s" in info.reason
+    later = schedule(make_nodes(1), quotas, [mine], running, now=1040, config=config)
+    assert len(later.preemptions) == 4
+    assert all(p.reason == "reclaim" for p in later.preemptions)
+    assert later.wake_at is None
+
+
+@pytest.mark.parametrize(
+    ("min_run", "victims"),
+    [(0.0, {"b4", "b5", "b6", "b7"}), (60.0, {"b0", "b1", "b2", "b3"})],
+    ids=[
+        "without a least run time the fresh borrowers go (least work lost)",
+        "with one the borrowers that ran long enough go, though they lose more",
+    ],
+)
+def test_reclaim_takes_borrowers_past_their_least_run_time(
+    min_run: float, victims: set[str]
+) -> None:
+    """b borrows 4 GPUs twice over: b0-b3 started at 0 (checkpoint at 900: 100 s lost each),
+    b4-b7 10 s ago (10 s lost each). The cheapest victims are the fresh ones, but with a
+    least run time of 60 s the reclaim takes the older ones and a does not wait."""
+    quotas = make_quotas({"a": {"H100": 4}, "b": {"H100": 4}})
+    running = _borrowers(0, 900) + _borrowers(990, None, first_gpu=4)
+    mine = make_workload("mine", "a").gpus(4).submitted(995).obj()
+    config = SchedulerConfig(preempt_by_service=False, reclaim_min_run_s=min_run)
+    decisions = schedule(make_nodes(1), quotas, [mine], running, now=1000, config=config)
+    assert {p.workload_id for p in decisions.preemptions} == victims
+    assert all(p.reason == "reclaim" for p in decisions.preemptions)
+    assert decisions.pending["mine"].code == "preempting"
+    assert "reclaimable" not in decisions.pending["mine"].reason
+
+
+def test_the_least_run_time_before_reclaim_is_checked() -> None:
+    with pytest.raises(ConfigError, match="reclaim_min_run_s must be >= 0"):
+        SchedulerConfig(reclaim_min_run_s=-1)

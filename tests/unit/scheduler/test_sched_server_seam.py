@@ -113,3 +113,24 @@ def test_a_job_preemptions_were_made_for_goes_first_until_it_is_admitted() -> No
     later = replace(view, running=(), now=now + 901, nodes=())
     policy.decide(later)
     assert not policy._pending(urgent, later).reclaiming
+
+
+def test_reclaim_waits_for_a_borrowers_least_run_time_and_says_when() -> None:
+    """nlp and cv own 4 GPUs each of the 8-GPU node; nlp's job 1 borrows cv's half since T0.
+    cv's 4-GPU job 2 may reclaim it only once job 1 ran 60 s: at T0 + 20 the seam reports no
+    preemption, a reason that says when, and a wake-up time for the control loop; at T0 + 60
+    job 1 is preempted for job 2."""
+    teams = (TeamRecord("nlp", T0, 4, None, ""), TeamRecord("cv", T0, 4, None, ""))
+    borrower = _job(1, JobState.RUNNING, placement={"n0": list(range(8))})
+    lender = _job(2, JobState.PENDING)
+    lender = replace(
+        lender, team="cv", spec={**lender.spec, "team": "cv", "resources": {"gpus_per_node": 4}}
+    )
+    view = replace(_view(T0.timestamp() + 20), teams=teams, pending=(lender,), running=(borrower,))
+    policy = CorePolicy()
+    early = policy.decide(view)
+    assert early.preemptions == []
+    assert early.wake_at == T0.timestamp() + 60
+    assert "become reclaimable in 40 s" in early.pending[2].reason
+    later = policy.decide(replace(view, now=T0.timestamp() + 60))
+    assert [(p.job_id, p.for_job_id) for p in later.preemptions] == [(1, 2)]

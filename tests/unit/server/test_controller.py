@@ -580,3 +580,29 @@ def test_a_stopping_controller_launches_nothing_and_the_next_leader_launches_it(
     assert world.controller.lead()
     world.cycle(2)
     assert [r.job_id for r in world.executor.requests] == [str(job_id)]
+
+
+def test_the_loop_schedules_again_when_a_borrower_becomes_reclaimable(world: World) -> None:
+    """Teams a and b own 4 of the node's 8 GPUs each; a's job borrows b's half. b's job
+    submitted 20 s later waits (a borrower runs 60 s before reclaim stops it) and says so;
+    the loop then schedules at that moment, not at its next 30 s pass, and the borrower is
+    asked to stop for b."""
+    world.store.ensure_team("a", gpu_quota=4)
+    world.store.ensure_team("b", gpu_quota=4)
+    world.controller.capacity = lambda: (
+        NodeCapacity("n1", 32.0, 64 * 2**30, tuple(range(8)), "H100"),
+    )
+    borrower = world.submit("big", team="a", launcher="torchrun", resources={"gpus_per_node": 8})
+    world.cycle(2)
+    assert world.state(borrower) is JobState.RUNNING
+    started = world.clock.t
+    world.clock.t = started + 20
+    lender = world.submit("small", team="b", launcher="torchrun", resources={"gpus_per_node": 4})
+    world.cycle(advance=0.01)
+    assert "become reclaimable in 40 s" in world.store.get_job(lender).pending_reason
+    world.clock.t = started + 51  # a regular pass (30 s after the last one)
+    world.cycle()
+    assert world.executor.cancels == []
+    world.clock.t = started + 60.5  # 9.5 s later: only the wake-up makes this a pass
+    world.cycle()
+    assert [key for key, _ in world.executor.cancels] == [world.key(borrower)]

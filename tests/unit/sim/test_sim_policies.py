@@ -155,17 +155,25 @@ def test_tiresias_las_starvation_guard_promotes_a_waiting_job(
     assert finishes_after <= a.finish_time <= finishes_by
 
 
-def test_the_default_policy_reclaims_a_lenders_quota_through_the_core() -> None:
+@pytest.mark.parametrize(
+    ("min_run", "y_start", "below"),
+    [(0.0, 35, 30), (60.0, 90, 85)],
+    ids=["reclaim at once", "reclaim once the borrower ran 60 s (the simulator wakes then)"],
+)
+def test_the_default_policy_reclaims_a_lenders_quota_through_the_core(
+    min_run: float, y_start: float, below: float
+) -> None:
     """x borrows y's half (4 GPUs, 0-100). y's 1-GPU job arrives at 5: the core preempts x
-    (reclaim, 30 s grace), y starts at 35. x restarts at 35 after losing 35 s x 4 GPUs."""
+    (reclaim, 30 s grace) at once, or at 60 when x must run 60 s first; y starts 30 s later.
+    x restarts then, having lost all its work (it never checkpointed)."""
     jobs = [TraceJob("x1", 0, 100, 4, "x"), TraceJob("y1", 5, 10, 1, "y")]
-    policy = DefaultPolicy(SchedulerConfig(preemption_grace_s=30))
+    policy = DefaultPolicy(SchedulerConfig(preemption_grace_s=30, reclaim_min_run_s=min_run))
     result = _run(jobs, "1x4", policy, grace_s=30, checkpoint_interval_s=600)
     x, y = result.jobs
-    assert y.first_start == 35
-    assert x.preemptions == 1 and x.lost_gpu_s == 4 * 35
+    assert y.first_start == y_start
+    assert x.preemptions == 1 and x.lost_gpu_s == 4 * y_start
     m = result.metrics()
-    assert m["teams"]["y"]["max_below_entitlement_s"] == 30
+    assert m["teams"]["y"]["max_below_entitlement_s"] == below
     assert m["preemptions"] == 1
 
 

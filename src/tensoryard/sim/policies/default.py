@@ -118,7 +118,10 @@ class DefaultPolicy:
         self._remember_reclaims(decisions, snapshot, now)
         self._usage = dict(decisions.usage_history)
         self._apply(ctx, decisions, {j.index: j for j in pending}, {j.index: j for j in holding})
-        return self._next_change(ctx, now)
+        wake = self._next_change(ctx, now)
+        if decisions.wake_at is not None and decisions.wake_at > now:
+            wake = decisions.wake_at if wake is None else min(wake, decisions.wake_at)
+        return wake
 
     # snapshot ------------------------------------------------------------------------------
 
