@@ -219,6 +219,25 @@ def server(
             "multi-node torchrun jobs run across them over a real (virtual) network.",
         ),
     ] = False,
+    scheduler_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--scheduler-config",
+            envvar="TYARD_SCHEDULER_CONFIG",
+            help="YAML file of scheduler settings (fair share, reclaim, preemption, backfill), "
+            "e.g. 'reclaim_min_run_s: 120'; every setting and its default: docs/scheduling.md.",
+            show_default=False,
+        ),
+    ] = None,
+    scheduler_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scheduler",
+            help="KEY=VALUE scheduler setting, over --scheduler-config (repeatable), e.g. "
+            "--scheduler reclaim_min_run_s=120 --scheduler defragment=false.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane here: REST API, scheduler loop, and the local executor (jobs on
     this machine) or the Kubernetes executor (`--executor kubernetes`: JobSets on a cluster).
@@ -227,6 +246,7 @@ def server(
     executor's run directories and job-token key): all serve the API, one leads the loop."""
     from tensoryard.cli.k8s import kubernetes_config
     from tensoryard.registry.webhooks import load_webhooks_file
+    from tensoryard.scheduler.config import SchedulerConfig, load_scheduler_config
     from tensoryard.server.config import ServerConfig, default_home
     from tensoryard.server.main import run_server
 
@@ -234,7 +254,14 @@ def server(
         die(f"--executor {executor!r}: use 'local' or 'kubernetes'")
     if admission != "tensoryard" and executor != "kubernetes":
         die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
+    if admission == "kueue" and (scheduler_config is not None or scheduler_set):
+        die(
+            "--scheduler/--scheduler-config: with --admission kueue Kueue admits jobs and "
+            "tensoryard's scheduler does not run (fix: set Kueue's ClusterQueues, or drop "
+            "--admission kueue)"
+        )
     with user_errors():
+        scheduler = load_scheduler_config(scheduler_config, scheduler_set or ())
         hooks = load_webhooks_file(webhooks) if webhooks is not None else ()
         k8s = kubernetes_config(
             kubeconfig=kubeconfig,
@@ -270,6 +297,7 @@ def server(
         webhook_keep_s=webhook_keep_days * 86400 if webhook_keep_days else None,
         local_nodes=tuple(n.strip() for n in (local_nodes or "").split(",") if n.strip()),
         node_netns=node_netns,
+        scheduler=scheduler,
     )
     with user_errors():
         console.print(
@@ -277,7 +305,21 @@ def server(
             f"admin token in {config.token_path})",
             highlight=False,
         )
+        changed = _changed_settings(scheduler, SchedulerConfig())
+        if changed:
+            console.print(f"scheduler settings (not the defaults): {changed}", highlight=False)
         run_server(config, log_level=log_level)
+
+
+def _changed_settings(config: Any, default: Any) -> str:
+    """`key=value` for each setting of a dataclass that differs from its default."""
+    import dataclasses
+
+    return ", ".join(
+        f"{f.name}={getattr(config, f.name)!r}"
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(default, f.name)
+    )
 
 
 def submit(

@@ -56,6 +56,15 @@ def sim(
         30.0, "--grace-s", min=0, help="Seconds a preempted job keeps its GPUs."
     ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table."),
+    scheduler_config: Path | None = typer.Option(
+        None,
+        "--scheduler-config",
+        help="Policy default: scheduler settings YAML, the file `tyard server --scheduler-config` "
+        "reads (try a setting here before the cluster runs it); --grace-s sets the grace.",
+    ),
+    scheduler_set: list[str] | None = typer.Option(
+        None, "--scheduler", help="Policy default: KEY=VALUE scheduler setting (repeatable)."
+    ),
 ) -> None:
     """Replay a trace under one policy (see the command help)."""
     from tensoryard.sim import (
@@ -86,7 +95,10 @@ def sim(
             window=bounds,
             config=SimConfig(checkpoint_interval_s=checkpoint_min * 60, grace_s=grace_s),
         )
-        chosen = make_policy(policy)
+        if scheduler_config is not None or scheduler_set:
+            chosen = _configured_default(policy, scheduler_config, scheduler_set or [], grace_s)
+        else:
+            chosen = make_policy(policy)
         result = _run(request, functools.partial(run_request, policy=chosen), quiet)
         metrics = result.metrics()
         accuracy = getattr(chosen, "accuracy", None)
@@ -101,6 +113,25 @@ def sim(
         raise _fail(err, str(exc)) from None
     if not quiet:
         out.print(_table(result.policy, metrics))
+
+
+def _configured_default(
+    policy: str, path: Path | None, overrides: list[str], grace_s: float
+) -> Any:
+    """The default policy with scheduler settings; the simulator's grace is --grace-s."""
+    import dataclasses
+
+    from tensoryard.errors import ConfigError
+    from tensoryard.scheduler.config import load_scheduler_config
+    from tensoryard.sim.policies.default import DefaultPolicy
+
+    if policy != "default":
+        raise ConfigError(
+            f"--scheduler/--scheduler-config: policy {policy!r} has no scheduler settings "
+            "(fix: --policy default, or drop them)"
+        )
+    config = load_scheduler_config(path, overrides)
+    return DefaultPolicy(dataclasses.replace(config, preemption_grace_s=grace_s))
 
 
 def _run(request: Any, run_request: Any, quiet: bool) -> Any:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tensoryard.errors import ConfigError
 
-__all__ = ["SchedulerConfig"]
+__all__ = ["SchedulerConfig", "load_scheduler_config", "scheduler_config_from"]
 
 
 # How long a pending workload that preemptions were made for keeps first pick of the room
@@ -159,3 +166,101 @@ class SchedulerConfig:
                 break
             level += 1
         return level
+
+
+def _coerce(key: str, kind: Any, value: Any, source: str) -> Any:
+    """`value` as the type of field `key`, or a ConfigError naming the field and the fix."""
+    kind = str(kind)
+    wrong = f"{source}: {key} = {value!r}"
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{wrong} is not a boolean (fix: true or false)")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{wrong} is not a whole number (fix: e.g. {key} = 4)")
+    if kind == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{wrong} is not a number (fix: seconds or a ratio, e.g. 60)")
+    # tuple[float, ...]: the service-level thresholds
+    items = [value] if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(items, list | tuple) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in items
+    ):
+        raise ConfigError(
+            f"{wrong} is not a list of numbers (fix: e.g. [3600, 28800]; [] for none)"
+        )
+    return tuple(float(v) for v in items)
+
+
+def scheduler_config_from(
+    values: Mapping[str, Any] | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    source: str = "scheduler settings",
+) -> SchedulerConfig:
+    """A :class:`SchedulerConfig` from a mapping (a YAML file's) and then ``KEY=VALUE``
+    overrides (values parsed as JSON, else taken as text: ``reclaim_min_run_s=120``,
+    ``service_levels_gpu_s=[3600,28800]``, ``defragment=false``). Unknown keys, wrong types
+    and out-of-range values raise a ConfigError that names the setting and the fix."""
+    fields = {f.name: f.type for f in dataclasses.fields(SchedulerConfig)}
+    merged: dict[str, tuple[Any, str]] = {}
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError(
+            f"{source}: expected a mapping of setting: value, got {type(values).__name__} "
+            "(fix: e.g. 'reclaim_min_run_s: 120')"
+        )
+    for key, value in (values or {}).items():
+        merged[str(key)] = (value, source)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"--scheduler {item!r}: use KEY=VALUE (fix: e.g. reclaim_min_run_s=120)"
+            )
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw.strip()
+        merged[key] = (value, f"--scheduler {item!r}")
+    unknown = sorted(k for k in merged if k not in fields)
+    if unknown:
+        raise ConfigError(
+            f"{merged[unknown[0]][1]}: unknown scheduler setting {unknown[0]!r} "
+            f"(fix: one of {', '.join(sorted(fields))})"
+        )
+    kwargs = {k: _coerce(k, fields[k], v, where) for k, (v, where) in merged.items()}
+    try:
+        return SchedulerConfig(**kwargs)
+    except ConfigError as exc:
+        where = sorted({w for _, w in merged.values()})
+        raise ConfigError(f"{', '.join(where) or source}: {exc}") from None
+
+
+def load_scheduler_config(path: Path | None, overrides: Iterable[str] = ()) -> SchedulerConfig:
+    """``tyard server --scheduler-config FILE --scheduler KEY=VALUE``: a YAML mapping of
+    settings (an optional top-level ``scheduler:`` key holds them), then the overrides."""
+    values: Any = None
+    if path is not None:
+        try:
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read scheduler settings {path}: {exc.strerror or exc} (fix: pass an "
+                "existing YAML file to --scheduler-config)"
+            ) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"{path}: not valid YAML: {exc} (fix: a mapping such as 'reclaim_min_run_s: 120')"
+            ) from exc
+        if isinstance(values, Mapping) and set(values) == {"scheduler"}:
+            values = values["scheduler"]
+        values = values or {}
+    return scheduler_config_from(values, overrides, source=str(path) if path else "settings")

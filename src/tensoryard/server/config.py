@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tensoryard.executors.kubernetes.config import KubernetesConfig
+from tensoryard.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from tensoryard.registry.webhooks import WebhookConfig
@@ -94,6 +95,11 @@ class ServerConfig:
 
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """The cluster, namespace and pod settings of the Kubernetes executor."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """The scheduling core's policy knobs (fair share, reclaim, preemption, backfill; see
+    `SchedulerConfig`). Only the leader schedules, so replicas should share one setting.
+    Not used when Kueue admits (`kubernetes.admission == "kueue"`)."""
 
     admin_user: str = "admin"
     """The platform admin made on first start; its token is written to `home/admin.token`."""

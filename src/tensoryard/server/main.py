@@ -207,7 +207,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller = Controller(
         store=store,
         executor=executor,
-        policy=KueuePolicy() if _kueue_admits(config) else CorePolicy(),
+        policy=KueuePolicy() if _kueue_admits(config) else CorePolicy(config.scheduler),
         capacity=capacity,
         config=config,
         job_key=job_key,

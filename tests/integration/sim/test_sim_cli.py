@@ -136,3 +136,31 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_scheduler_settings_change_the_default_policys_replay(tmp_path: Path) -> None:
+    # team a borrows team b's half of 2x8 with a 16-GPU job; b's 8-GPU job arrives 10 s later.
+    # Reclaim at once preempts a; a least run time of 600 s lets a finish (300 s) instead.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("submit_time_s,duration_s,num_gpus,team\n0,300,16,a\n10,100,8,b\n")
+    settings = tmp_path / "scheduler.yaml"
+    settings.write_text("scheduler:\n  reclaim_min_run_s: 600\n")
+    metrics = {}
+    for name, extra in {
+        "at once": ["--scheduler", "reclaim_min_run_s=0"],
+        "after 600 s": ["--scheduler-config", str(settings)],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        argv = ["sim", "--trace", str(trace), "--cluster", "2x8", "--nodes-per-switch", "2"]
+        result = CliRunner().invoke(_app(), [*argv, *extra, "--json", str(out), "--quiet"])
+        assert result.exit_code == 0, result.output
+        metrics[name] = json.loads(out.read_text())["metrics"]
+    assert metrics["at once"]["preemptions"] == 1
+    assert metrics["after 600 s"]["preemptions"] == 0
+    assert metrics["after 600 s"]["avg_jct_s"] > metrics["at once"]["avg_jct_s"]
+    # settings belong to the default policy; a bad one names itself
+    result = CliRunner().invoke(_app(), ["sim", "--trace", str(trace), "--policy", "fifo",
+                                         "--scheduler", "reclaim_min_run_s=0"])  # fmt: skip
+    assert result.exit_code == 2 and "has no scheduler settings" in result.output
+    result = CliRunner().invoke(_app(), ["sim", "--trace", str(trace), "--scheduler", "grace=1"])
+    assert result.exit_code == 2 and "unknown scheduler setting 'grace'" in result.output

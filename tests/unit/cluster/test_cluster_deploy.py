@@ -33,6 +33,16 @@ def test_the_dev_overlay_runs_one_replica_with_a_generated_database_secret(tmp_p
     )
     binding = next(o for o in objects if o["kind"] == "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "tensoryard"
+    # scheduler settings: a generated ConfigMap (hashed name, so an edit rolls the pods),
+    # mounted where --scheduler-config reads it
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    assert config_map["metadata"]["name"].startswith("tensoryard-scheduler-")
+    assert "scheduler.yaml" in config_map["data"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "scheduler")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "scheduler")
+    arg = "--scheduler-config=" + mount["mountPath"] + "/scheduler.yaml"
+    assert arg in pod["containers"][0]["args"]
 
 
 def test_the_production_overlay_adds_replicas_and_prometheus_operator_objects(

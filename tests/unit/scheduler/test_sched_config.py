@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from tensoryard.cli.main import app as cli
 from tensoryard.errors import ConfigError, SpecError
 from tensoryard.scheduler import SchedulerConfig, nodes_from_cluster, workload_from_job
+from tensoryard.scheduler.config import load_scheduler_config
 from tensoryard.spec import (
     CohortSpec,
     QueueSpec,
@@ -205,3 +209,102 @@ def test_a_job_spec_becomes_a_pending_workload() -> None:
     w = workload_from_job("17", spec, submit_time=5.0)
     assert (w.queue, w.nodes, w.gpus_per_node, w.cpu_per_node) == ("nlp", 2, 8, 16.0)
     assert (w.priority, w.topology, w.runtime_estimate_s) == (3, "required", 7200.0)
+
+
+def test_scheduler_settings_come_from_a_yaml_file_then_key_value_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.yaml"
+    path.write_text("scheduler:\n  reclaim_min_run_s: 120\n  defragment: false\n")
+    config = load_scheduler_config(
+        path, ["reclaim_min_run_s=30", "service_levels_gpu_s=[600, 7200]", "max_reservations=2"]
+    )
+    assert config.reclaim_min_run_s == 30.0  # the override wins over the file
+    assert config.defragment is False
+    assert config.service_levels_gpu_s == (600.0, 7200.0)
+    assert config.max_reservations == 2
+    assert config.preemption_grace_s == SchedulerConfig().preemption_grace_s  # unset: default
+    # a bare mapping (no `scheduler:` key), an empty file and one of only comments work too
+    path.write_text("preemption_grace_s: 45\n")
+    assert load_scheduler_config(path).preemption_grace_s == 45.0
+    for text in ("", "# nothing set\n", "scheduler:\n  # reclaim_min_run_s: 60\n"):
+        path.write_text(text)
+        assert load_scheduler_config(path) == SchedulerConfig()
+    assert load_scheduler_config(None) == SchedulerConfig()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["reclaim_min_run_s"], ["use KEY=VALUE", "reclaim_min_run_s=120"]),
+        (
+            ["reclaim_min_run=60"],
+            ["unknown scheduler setting 'reclaim_min_run'", "reclaim_min_run_s"],
+        ),
+        (["reclaim_min_run_s=soon"], ["reclaim_min_run_s = 'soon' is not a number"]),
+        (["reclaim_min_run_s=-5"], ["--scheduler 'reclaim_min_run_s=-5'", "must be >= 0"]),
+        (["defragment=maybe"], ["defragment = 'maybe' is not a boolean", "true or false"]),
+        (["max_reservations=1.5"], ["max_reservations = 1.5 is not a whole number"]),
+        (['service_levels_gpu_s=[10, "x"]'], ["not a list of numbers", "[3600, 28800]"]),
+        (["service_levels_gpu_s=[20, 10]"], ["strictly increasing"]),
+        (["history_weight=2"], ["history_weight must be between 0 and 1"]),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) and v and "=" in v[0] else None,
+)
+def test_bad_scheduler_settings_name_the_setting_and_the_fix(
+    overrides: list[str], fragments: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_scheduler_config(None, overrides)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_a_bad_settings_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.yaml"
+    with pytest.raises(ConfigError, match=r"cannot read scheduler settings .*--scheduler-config"):
+        load_scheduler_config(path)
+    path.write_text("reclaim_min_run_s: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_scheduler_config(path)
+    path.write_text("- reclaim_min_run_s\n")
+    with pytest.raises(ConfigError, match="expected a mapping of setting: value, got list"):
+        load_scheduler_config(path)
+    path.write_text("scheduler:\n  fair_share: 3\n")
+    with pytest.raises(ConfigError, match=rf"{path}: unknown scheduler setting 'fair_share'"):
+        load_scheduler_config(path)
+
+
+def test_the_server_refuses_bad_scheduler_settings_before_it_creates_anything(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    result = CliRunner().invoke(
+        cli, ["server", "--home", str(home), "--port", "1", "--scheduler", "reclaim_min_run_s=-1"]
+    )
+    assert result.exit_code == 1
+    assert "reclaim_min_run_s must be >= 0" in result.output
+    assert "Traceback" not in result.output
+    assert not home.exists()
+    result = CliRunner().invoke(
+        cli,
+        ["server", "--home", str(home), "--executor", "kubernetes", "--admission", "kueue",
+         "--scheduler", "reclaim_min_run_s=10"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "Kueue admits jobs" in " ".join(result.output.split())
+    assert not home.exists()
+
+
+def test_docs_list_every_scheduler_setting_with_its_default() -> None:
+    docs = Path(__file__).resolve().parents[3] / "docs" / "scheduling.md"
+    rows = {}
+    for line in docs.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1]
+    default = SchedulerConfig()
+    for f in dataclasses.fields(SchedulerConfig):
+        assert f.name in rows, f"docs/scheduling.md does not document {f.name}"
+        # the documented default, read back as a setting, is the code's default
+        read = load_scheduler_config(None, [f"{f.name}={rows[f.name]}"])
+        assert getattr(read, f.name) == getattr(default, f.name), f.name
+    assert set(rows) == {f.name for f in dataclasses.fields(SchedulerConfig)}
