@@ -13,6 +13,13 @@ an in-process control plane with the Kubernetes executor:
   once; Kueue's ClusterQueues (written by `tyard cluster plan` for the same inventory and
   quotas) admit them, and kube-scheduler places the pods.
 
+- limit (`--order tensoryard,kueue,limit`): the physical limit of this cluster on this machine,
+  an admission engine that costs nothing: the benchmark launches each job through tensoryard's
+  Kubernetes executor (the tensoryard arm's launch path) the moment enough GPUs are free by its
+  own count, first fit, no quotas; kube-scheduler places the pods. No admission engine can
+  admit faster here, so limit/Kueue is the largest admissions/s ratio over Kueue the machine
+  allows, and each arm is reported as a share of the limit.
+
 Each job runs 1-5 s (kwok) and the burst drains completely, so every job is admitted once.
 Measured per arm: admissions per second over the burst (jobs / time from the first submission to
 the last admission; tensoryard: the job's ADMITTED time, Kueue: the Workload first seen
@@ -223,6 +230,11 @@ class Watches:
             times = [self.bound[p] for p in pods if p in self.bound]
         return max(times) if len(times) >= nodes else None
 
+    def all_done(self, job: str, nodes: int) -> bool:
+        with self._lock:
+            pods = self.pods_of.get(job, set())
+            return len(pods) >= nodes and all(p in self.done for p in pods)
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -418,6 +430,168 @@ def run_arm(
     }
 
 
+def run_limit_arm(
+    api: Any,
+    kubeconfig: Path,
+    sizes: list[int],
+    teams: list[str],
+    pool: str,
+    total_gpus: int,
+    timeout: float,
+    last: bool = False,
+) -> dict[str, Any]:
+    """The physical limit of this machine's cluster for the burst: an admission engine that
+    costs nothing. The benchmark itself launches each job through tensoryard's Kubernetes
+    executor (the same Secret + JobSet + owner patch as the tensoryard arm, 4 launch threads
+    as the control plane has) the moment enough GPUs are free by its own count (first fit
+    over the queue in submission order, no quotas, no topology; kube-scheduler places the
+    pods), and counts a job's GPUs free again when all its pods ended. No scheduler, no
+    control loop, no store: what is left is the API server, the JobSet, Job and
+    kube-scheduler controllers and kwok on the same cores. No admission engine can admit
+    faster than this here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client
+
+    from tensoryard.executors.base import LaunchRequest
+    from tensoryard.executors.kubernetes.client import connect
+    from tensoryard.executors.kubernetes.config import KubernetesConfig
+    from tensoryard.executors.kubernetes.executor import KubernetesExecutor
+    from tensoryard.spec.job import parse_job_spec
+
+    core = client.CoreV1Api(api)
+    ns = f"adm-limit-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": ns}})
+    time.sleep(2)  # the namespace's default ServiceAccount
+    kube = connect(
+        KubernetesConfig(
+            kubeconfig=kubeconfig, namespace=ns, node_selector={POOL: pool}, default_image=IMAGE
+        )
+    )
+    executor = KubernetesExecutor(kube, grace_s=0)
+    run_dir = Path(tempfile.mkdtemp(prefix="tyard-adm-limit-"))
+    specs = [
+        parse_job_spec(
+            {
+                "name": f"adm-{i}",
+                "team": teams[i % len(teams)],
+                "command": ["python", "train.py"],
+                "resources": {"nodes": n, "gpus_per_node": 8},
+                "image": IMAGE,
+            }
+        )
+        for i, n in enumerate(sizes)
+    ]
+    watches = Watches(api, ns)
+    pool_threads = ThreadPoolExecutor(4)
+    time.sleep(1)
+    start = time.time()
+    admitted: dict[int, float] = {}
+    waiting = list(range(len(sizes)))
+    running: set[int] = set()
+    finished: set[int] = set()
+    free = total_gpus
+    timed_out = False
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+
+    def launch(i: int) -> None:
+        executor.launch(
+            LaunchRequest(
+                job_id=str(i), attempt=1, spec=specs[i], run_dir=run_dir / str(i),
+                env={"TYARD_JOB_TOKEN": "bench"}, attempt_key=f"limit-{i}",
+            )
+        )  # fmt: skip
+
+    futures = []
+    try:
+        while len(finished) < len(sizes):
+            for i in [j for j in running if watches.all_done(str(j), sizes[j])]:
+                running.discard(i)
+                finished.add(i)
+                free += sizes[i] * 8
+            kept = []
+            for i in waiting:  # first fit in submission order
+                if sizes[i] * 8 <= free:
+                    free -= sizes[i] * 8
+                    admitted[i] = time.time()
+                    running.add(i)
+                    futures.append(pool_threads.submit(launch, i))
+                else:
+                    kept.append(i)
+            waiting = kept
+            for f in [f for f in futures if f.done()]:
+                f.result()  # a failed launch stops the arm
+                futures.remove(f)
+            if time.monotonic() > deadline:
+                print(f"  limit: only {len(finished)} of {len(sizes)} done in {timeout}s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                timed_out = True
+                break
+            if time.monotonic() - last_report > 15:
+                last_report = time.monotonic()
+                print(f"  limit: {len(finished)}/{len(sizes)} done after "
+                      f"{time.time() - start:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(0.2)
+        makespan = None if timed_out else time.time() - start
+    finally:
+        pool_threads.shutdown(wait=True, cancel_futures=True)
+        watches.stop()
+        executor.close()
+    bound = {i: watches.all_bound(str(i), sizes[i]) for i in range(len(sizes))}
+    latencies = sorted(b - start for b in bound.values() if b is not None)
+    last_admission = max(admitted.values())
+    window = [h for t, h in watches.samples if start <= t <= last_admission]
+    peak = max((h for t, h in watches.samples if t >= start), default=0)
+    target = 0.9 * min(total_gpus, peak)
+    fill_t = next((t for t, h in watches.samples if t >= start and h >= target > 0), None)
+    wave = [t for t in admitted.values() if fill_t and t <= fill_t]
+    core.delete_namespace(ns, propagation_policy="Background")
+    cleanup_s = None if last else _wait_namespace_gone(core, ns)
+    return {
+        "cleanup_s": cleanup_s,
+        "jobs": len(sizes),
+        "admitted_seen": len(admitted),
+        "admissions_per_s": round(len(admitted) / max(last_admission - start, 1e-9), 2),
+        "last_admission_s": round(last_admission - start, 1),
+        "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
+        "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
+        "makespan_s": round(makespan, 1) if makespan is not None else None,
+        "succeeded": len(finished),
+        "timed_out": timed_out,
+        "restarted_attempts": 0,
+        "fill_90pct_s": round(fill_t - start, 1) if fill_t else None,
+        "first_wave_jobs": len(wave),
+        "first_wave_admissions_per_s": round(len(wave) / (fill_t - start), 2) if fill_t else None,
+        "gpu_allocation_while_waiting": round(statistics.mean(window) / total_gpus, 3)
+        if window
+        else None,
+    }
+
+
+def limit_ratios(arms: dict[str, Any]) -> dict[str, float | None]:
+    """Each arm against the physical limit (the `limit` arm), where both drained the burst:
+    admissions/s as a share of the limit's, the limit's makespan over the arm's, and the
+    largest admissions/s ratio over Kueue this machine allows (limit / Kueue)."""
+    lim = arms.get("limit")
+    if lim is None or lim["timed_out"]:
+        return {}
+    out: dict[str, float | None] = {}
+    for name in ("tensoryard", "kueue"):
+        arm = arms.get(name)
+        if arm is None or arm["timed_out"]:
+            continue
+        out[f"{name}_of_limit_admissions_per_s"] = round(
+            arm["admissions_per_s"] / lim["admissions_per_s"], 3
+        )
+        out[f"limit_over_{name}_makespan"] = round(lim["makespan_s"] / arm["makespan_s"], 3)
+    if "kueue_of_limit_admissions_per_s" in out:
+        out["limit_over_kueue_admissions_per_s"] = round(
+            lim["admissions_per_s"] / arms["kueue"]["admissions_per_s"], 2
+        )
+    return out
+
+
 def _all_jobs(store: Any) -> dict[int, Any]:
     out: dict[int, Any] = {}
     cursor = None
@@ -469,9 +643,11 @@ def main() -> None:
         "--no-results-line", action="store_true", help="Do not write benchmarks/RESULTS.md."
     )
     args = parser.parse_args()
-    unknown = set(args.order.split(",")) - {"tensoryard", "kueue"}
+    unknown = set(args.order.split(",")) - {"tensoryard", "kueue", "limit"}
     if unknown or not args.order:
-        parser.error(f"--order: unknown arm(s) {sorted(unknown)}; use tensoryard, kueue or both")
+        parser.error(
+            f"--order: unknown arm(s) {sorted(unknown)}; use tensoryard, kueue and/or limit"
+        )
 
     from kubernetes import client, config
 
@@ -490,10 +666,16 @@ def main() -> None:
             for i, mode in enumerate(order):
                 last = i == len(order) - 1
                 print(f"{mode}: {args.jobs} jobs on {args.nodes}x8 GPUs", file=sys.stderr)
-                arms[mode] = run_arm(
-                    api, kubeconfig, mode, sizes, teams, inv, pool, args.nodes * 8, args.timeout,
-                    last=last,
-                )  # fmt: skip
+                if mode == "limit":
+                    arms[mode] = run_limit_arm(
+                        api, kubeconfig, sizes, teams, pool, args.nodes * 8, args.timeout,
+                        last=last,
+                    )  # fmt: skip
+                else:
+                    arms[mode] = run_arm(
+                        api, kubeconfig, mode, sizes, teams, inv, pool, args.nodes * 8,
+                        args.timeout, last=last,
+                    )  # fmt: skip
                 print(f"{mode}: {json.dumps(arms[mode])}", file=sys.stderr, flush=True)
                 if not last:
                     wait_pods_gone(api, pool)
@@ -501,10 +683,13 @@ def main() -> None:
             core = client.CoreV1Api(api)
             for name in nodes:
                 core.delete_node(name)
-    if len(arms) == 1:  # one arm (--order kueue): its numbers, no ratio, no RESULTS line
+    limit = limit_ratios(arms)
+    if "tensoryard" not in arms or "kueue" not in arms:  # its numbers, no RESULTS line
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"nodes": args.nodes, "jobs": args.jobs, **arms}) + "\n")
-        print(f"one arm only ({args.order}): no ratio; numbers in {args.json}")
+        args.json.write_text(
+            json.dumps({"nodes": args.nodes, "jobs": args.jobs, **arms, **limit}, indent=2) + "\n"
+        )
+        print(f"arms {args.order}: no tensoryard/Kueue ratio; {limit}; numbers in {args.json}")
         return
     ty, kq = arms["tensoryard"], arms["kueue"]
     # over the whole burst only when both drained it (an arm cut off at --timeout did less
@@ -536,6 +721,8 @@ def main() -> None:
         "makespan_ratio_kueue_over_tensoryard": round(kq["makespan_s"] / ty["makespan_s"], 2)
         if complete
         else None,
+        **({"limit": arms["limit"]} if "limit" in arms else {}),
+        **limit,
         "goal": f"admissions/s >= {GOAL_RATIO}x Kueue, allocation no worse",
         "met": ratio is not None and min(ratio, wave_ratio) >= GOAL_RATIO and alloc_ok,
     }
@@ -572,6 +759,18 @@ def main() -> None:
         f"jobs waited "
         f"{ty['gpu_allocation_while_waiting']} vs {kq['gpu_allocation_while_waiting']}"
     )
+    if "limit" in arms:
+        lim = arms["limit"]
+        text += (
+            f"; the physical limit (an admission engine that costs nothing, same launch path): "
+            f"{lim['admissions_per_s']} admissions/s, all done after {lim['makespan_s']} s, "
+            f"so at most {limit.get('limit_over_kueue_admissions_per_s')}x Kueue's admissions/s "
+            f"is attainable here; tensoryard reached "
+            f"{limit.get('tensoryard_of_limit_admissions_per_s')} of the limit's admissions/s and "
+            f"Kueue {limit.get('kueue_of_limit_admissions_per_s')}; makespan limit/tensoryard "
+            f"{limit.get('limit_over_tensoryard_makespan')}, limit/Kueue "
+            f"{limit.get('limit_over_kueue_makespan')}"
+        )
     if args.no_results_line:
         return
     write_results_line(
