@@ -386,17 +386,9 @@ def run_arm(
         admitted = {
             i: jobs[i].admitted_at.timestamp() if jobs[i].admitted_at else None for i in ids
         }
-    missing = [i for i, t in admitted.items() if t is None]
     bound = {i: watches.all_bound(str(i), nodes_of[i]) for i in ids}
-    latencies = sorted(b - submitted[i] for i, b in bound.items() if b is not None)
-    last_admission = max(t for t in admitted.values() if t is not None)
-    window = [h for t, h in watches.samples if start <= t <= last_admission]
-    # The first wave: from the submission until the empty cluster is 90% allocated (or 90% of
-    # the most it ever held), the admission engine and the launch path alone set the pace.
-    peak = max((h for t, h in watches.samples if t >= start), default=0)
-    target = 0.9 * min(total_gpus, peak)
-    fill_t = next((t for t, h in watches.samples if t >= start and h >= target > 0), None)
-    wave = [t for t in admitted.values() if t is not None and fill_t and t <= fill_t]
+    latencies = [b - submitted[i] for i, b in bound.items() if b is not None]
+    measured = _measures(watches, start, admitted, latencies, total_gpus)
     plane.store.close()
     core.delete_namespace(ns, propagation_policy="Background")
     if kueue_file is not None:
@@ -410,23 +402,13 @@ def run_arm(
     return {
         "cleanup_s": cleanup_s,
         "jobs": len(ids),
-        "admitted_seen": len(ids) - len(missing),
-        "admissions_per_s": round((len(ids) - len(missing)) / max(last_admission - start, 1e-9), 2),
-        "last_admission_s": round(last_admission - start, 1),
-        "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
-        "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
+        **measured,
         "makespan_s": round(makespan, 1) if makespan is not None else None,
         "succeeded": finished,
         "timed_out": timed_out,
         # attempts beyond the first: every one is a preemption (tensoryard's reclaim, or a
         # Kueue eviction), since no job fails here
         "restarted_attempts": sum(max(jobs[i].attempts - 1, 0) for i in ids),
-        "fill_90pct_s": round(fill_t - start, 1) if fill_t else None,
-        "first_wave_jobs": len(wave),
-        "first_wave_admissions_per_s": round(len(wave) / (fill_t - start), 2) if fill_t else None,
-        "gpu_allocation_while_waiting": round(statistics.mean(window) / total_gpus, 3)
-        if window
-        else None,
     }
 
 
@@ -539,27 +521,45 @@ def run_limit_arm(
         watches.stop()
         executor.close()
     bound = {i: watches.all_bound(str(i), sizes[i]) for i in range(len(sizes))}
-    latencies = sorted(b - start for b in bound.values() if b is not None)
-    last_admission = max(admitted.values())
-    window = [h for t, h in watches.samples if start <= t <= last_admission]
-    peak = max((h for t, h in watches.samples if t >= start), default=0)
-    target = 0.9 * min(total_gpus, peak)
-    fill_t = next((t for t, h in watches.samples if t >= start and h >= target > 0), None)
-    wave = [t for t in admitted.values() if fill_t and t <= fill_t]
+    latencies = [b - start for b in bound.values() if b is not None]
+    measured = _measures(watches, start, dict(admitted), latencies, total_gpus)
     core.delete_namespace(ns, propagation_policy="Background")
     cleanup_s = None if last else _wait_namespace_gone(core, ns)
     return {
         "cleanup_s": cleanup_s,
         "jobs": len(sizes),
-        "admitted_seen": len(admitted),
-        "admissions_per_s": round(len(admitted) / max(last_admission - start, 1e-9), 2),
-        "last_admission_s": round(last_admission - start, 1),
-        "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
-        "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
+        **measured,
         "makespan_s": round(makespan, 1) if makespan is not None else None,
         "succeeded": len(finished),
         "timed_out": timed_out,
         "restarted_attempts": 0,
+    }
+
+
+def _measures(
+    watches: Watches,
+    start: float,
+    admitted: dict[int, float | None],
+    latencies: list[float],
+    total_gpus: int,
+) -> dict[str, Any]:
+    """An arm's admission rate, submit-to-bound percentiles, first wave and allocation."""
+    seen = [t for t in admitted.values() if t is not None]
+    last_admission = max(seen)
+    latencies = sorted(latencies)
+    window = [h for t, h in watches.samples if start <= t <= last_admission]
+    # The first wave: from the submission until the empty cluster is 90% allocated (or 90% of
+    # the most it ever held), the admission engine and the launch path alone set the pace.
+    peak = max((h for t, h in watches.samples if t >= start), default=0)
+    target = 0.9 * min(total_gpus, peak)
+    fill_t = next((t for t, h in watches.samples if t >= start and h >= target > 0), None)
+    wave = [t for t in seen if fill_t and t <= fill_t]
+    return {
+        "admitted_seen": len(seen),
+        "admissions_per_s": round(len(seen) / max(last_admission - start, 1e-9), 2),
+        "last_admission_s": round(last_admission - start, 1),
+        "submit_to_bound_p50_s": round(_pct(latencies, 50), 2),
+        "submit_to_bound_p99_s": round(_pct(latencies, 99), 2),
         "fill_90pct_s": round(fill_t - start, 1) if fill_t else None,
         "first_wave_jobs": len(wave),
         "first_wave_admissions_per_s": round(len(wave) / (fill_t - start), 2) if fill_t else None,
