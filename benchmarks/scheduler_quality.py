@@ -39,6 +39,7 @@ from rich.table import Table
 
 from tensoryard.errors import TensoryardError
 from tensoryard.scheduler import SchedulerConfig
+from tensoryard.scheduler.config import scheduler_config_from
 from tensoryard.sim import POLICY_NAMES, SimConfig, SimRequest, find_shared_dir, run_request
 from tensoryard.sim.policies.default import DefaultPolicy
 from tensoryard.sim.trace import load_trace, select_window
@@ -77,16 +78,13 @@ ENTITLEMENT_LIMIT_S = 600.0
 
 
 def parse_core(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs into SchedulerConfig overrides (values parsed as JSON)."""
-    fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in fields:
-            raise SystemExit(f"--core {item!r}: use KEY=VALUE with KEY one of {sorted(fields)}")
-        value = json.loads(raw)
-        out[key] = tuple(value) if isinstance(value, list) else value
-    return out
+    """``KEY=VALUE`` pairs into SchedulerConfig overrides, read and checked as
+    ``tyard server --scheduler KEY=VALUE`` reads them."""
+    try:
+        config = scheduler_config_from(overrides=items, option="--core")
+    except TensoryardError as exc:
+        raise SystemExit(str(exc)) from None
+    return {key: getattr(config, key) for key in (i.partition("=")[0].strip() for i in items)}
 
 
 Task = tuple[str, dict[str, Any], dict[str, Any], str, tuple[int, int], str]

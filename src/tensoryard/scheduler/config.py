@@ -204,6 +204,7 @@ def scheduler_config_from(
     overrides: Iterable[str] = (),
     *,
     source: str = "scheduler settings",
+    option: str = "--scheduler",
 ) -> SchedulerConfig:
     """A :class:`SchedulerConfig` from a mapping (a YAML file's) and then ``KEY=VALUE``
     overrides (values parsed as JSON, else taken as text: ``reclaim_min_run_s=120``,
@@ -222,14 +223,12 @@ def scheduler_config_from(
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(
-                f"--scheduler {item!r}: use KEY=VALUE (fix: e.g. reclaim_min_run_s=120)"
-            )
+            raise ConfigError(f"{option} {item!r}: use KEY=VALUE (fix: e.g. reclaim_min_run_s=120)")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw.strip()
-        merged[key] = (value, f"--scheduler {item!r}")
+        merged[key] = (value, f"{option} {item!r}")
     unknown = sorted(k for k in merged if k not in fields)
     if unknown:
         raise ConfigError(
