@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tensoryard.registry.paths import JobPaths
 from tensoryard.registry.retention import RetentionPlan, RetentionPolicy, plan_retention
 from tensoryard.spec.job import CheckpointSpec, JobSpec
 from tensoryard.store import CheckpointRemovalRecord, JobRecord, Retirement, Store
@@ -68,6 +69,18 @@ def job_checkpoint_root(run_dir: str | Path, spec: JobSpec) -> Path:
         return default
     cwd = Path(spec.workdir) if spec.workdir else Path(run_dir)
     return save_dir_of(args, cwd=cwd, default=default)
+
+
+def job_paths(job: JobRecord, protected: Sequence[Path] = ()) -> JobPaths:
+    """The trust boundary of `job`'s files (registry/paths.py): its run directory and its
+    checkpoint root, never the control plane's `protected` state directory."""
+    checkpoint = CheckpointSpec.model_validate(job.spec.get("checkpoint") or {})
+    try:
+        root = job_checkpoint_root(job.run_dir, JobSpec.model_validate(job.spec))
+    except ValueError:  # a spec stored by an older version: its checkpoint section counts
+        root = checkpoint_root(job.run_dir, checkpoint.dir)
+    roots = tuple(dict.fromkeys((Path(job.run_dir), Path(root))))
+    return JobPaths(job.id, Path(job.run_dir), roots, tuple(protected))
 
 
 def describe_policy(policy: RetentionPolicy) -> str:

@@ -8,6 +8,7 @@ and all together, so a version is never half-registered.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from blake3 import blake3
 
 from tensoryard.errors import DataError, FieldIssue, NotFound, SpecError
 from tensoryard.registry.artifacts import ArtifactStore, GcResult
-from tensoryard.registry.pruning import CheckpointPruner
+from tensoryard.registry.pruning import CheckpointPruner, job_paths
 from tensoryard.registry.retention import RetentionPlan, RetentionPolicy
+from tensoryard.spec.redact import redact_spec
 from tensoryard.store import AuditContext, ModelVersionRecord, Store
 
 __all__ = ["ModelRegistry", "data_manifest_hash", "detect_format", "lineage_from_spec"]
@@ -72,9 +74,13 @@ def lineage_from_spec(spec: dict[str, Any]) -> dict[str, str]:
 class ModelRegistry:
     """Registers versions from pushed artifacts or from a job's checkpoints."""
 
-    def __init__(self, store: Store, artifacts: ArtifactStore) -> None:
+    def __init__(
+        self, store: Store, artifacts: ArtifactStore, *, protected: Sequence[Path] = ()
+    ) -> None:
         self.store = store
         self.artifacts = artifacts
+        # The control plane's own state directory: no checkpoint is ever read from there.
+        self.protected = tuple(protected)
 
     def register_artifact(
         self, team: str, model: str, artifact: str, *, created_by: str, **fields: Any
@@ -118,7 +124,8 @@ class ModelRegistry:
                 ]
             )
         ckpt = self._checkpoint(job_id, step)
-        path = Path(ckpt.path)
+        # Checked again here (the report checked it too): a symlink may have appeared since.
+        path = job_paths(job, self.protected).check(ckpt.path)
         if not path.exists():
             raise NotFound(
                 f"checkpoint of step {ckpt.step} of job {job_id} is gone from {path} "
@@ -136,7 +143,7 @@ class ModelRegistry:
             source="checkpoint",
             job_id=job_id,
             checkpoint_step=ckpt.step,
-            spec=job.spec,
+            spec=redact_spec(job.spec),  # the registry keeps no secret (issue: lineage)
             metrics={**self._metrics_at(job_id, ckpt.step), **(metrics or {})},
             audit=audit,
             **{k: v for k, v in lineage.items() if k != "format"},

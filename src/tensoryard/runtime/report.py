@@ -178,6 +178,7 @@ class Reporter:
         self._queue: deque[dict[str, Any]] = deque()
         self._pending = _Pending()
         self._dropped = 0
+        self._warned_nonfinite: set[str] = set()
         self._dropped_reported = 0
         self._inflight = False
         self._wake = threading.Event()
@@ -228,16 +229,19 @@ class Reporter:
         if step_time_s is None:
             step_time_s = now - self._last_report
         self._last_report = now
+        numbers = {key: _number(key, value) for key, value in values.items()}
         row = {
             "step": int(step),
             "ts": time.time(),
             "step_time_s": float(step_time_s),
-            "values": {key: _number(key, value) for key, value in values.items()},
+            "values": numbers,
         }
         if self._file is not None:
-            self._append(row)
+            self._append(row)  # the durable record keeps NaN and inf as they were
         if self._thread is None:
             return
+        if not all(math.isfinite(v) for v in numbers.values()):
+            row = {**row, "values": self._finite(int(step), numbers)}
         with self._lock:
             if len(self._queue) >= self.config.max_queue:
                 self._queue.popleft()  # keep the newest; the row stays in metrics.jsonl
@@ -248,6 +252,19 @@ class Reporter:
         # or fills up; in between, appending is all a call costs.
         if size == 1 or size >= self.config.max_batch:
             self._wake.set()
+
+    def _finite(self, step: int, numbers: dict[str, float]) -> dict[str, float]:
+        """The finite values of a row (the control plane takes numbers only); each metric that
+        turns NaN or infinite is named once in a warning event."""
+        for key, value in numbers.items():
+            if not math.isfinite(value) and key not in self._warned_nonfinite:
+                self._warned_nonfinite.add(key)
+                self.event(
+                    f"metric {key} is {value} at step {step} (the training may have diverged); "
+                    "its non-finite values are kept in metrics.jsonl, not sent",
+                    kind="warning",
+                )
+        return {k: v for k, v in numbers.items() if math.isfinite(v)}
 
     def checkpoint(
         self,

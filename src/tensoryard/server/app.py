@@ -16,6 +16,8 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensoryard import __version__
 from tensoryard.errors import (
@@ -33,7 +35,8 @@ from tensoryard.errors import (
 )
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactStore, open_blobs
-from tensoryard.registry.pruning import CheckpointPruner
+from tensoryard.registry.paths import protected_overlap
+from tensoryard.registry.pruning import CheckpointPruner, job_paths
 from tensoryard.registry.service import ModelRegistry, detect_format
 from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
@@ -88,6 +91,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such object."),
         (409, "The object's state does not allow this now."),
         (413, "The request body is over the server's limit."),
+        (416, "A log offset past the end of the log; X-Next-Offset has its size."),
         (422, "Invalid input; `detail` lists each field with a fix."),
         (429, "Too many requests for this token; see Retry-After."),
     )
@@ -125,11 +129,14 @@ def create_app(
         description="Submit, watch and control training jobs on a shared GPU cluster.",
         responses=_ERRORS,
     )
+    # The control plane's state directory (tokens, keys, secrets, database): no path that comes
+    # from a job or a spec may point into it, but for the jobs' own run directories.
+    protected = (runs_dir.parent,)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     guard = Guard(
         store, RateLimiter(rate_per_s=rate_limit_per_s, burst=rate_limit_burst, clock=clock)
     )
-    _add_error_handlers(app)
+    _add_error_handlers(app, guard)
 
     def visible_job(request: Request, who: Principal, job_id: int) -> JobRecord:
         job = store.get_job(job_id)
@@ -156,6 +163,7 @@ def create_app(
         time instead of storing a copy (the CLI and the Python client always send one)."""
         key = _idempotency_key(idempotency_key)
         spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
+        _check_paths(spec, protected)
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
         fits(spec)
@@ -189,6 +197,16 @@ def create_app(
         for i, spec in enumerate(specs):
             try:
                 fits(spec)
+            except SpecError as exc:
+                issues += [
+                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
+                    for x in exc.issues
+                ]
+        if issues:
+            raise SpecError(issues, source="request")
+        for i, spec in enumerate(specs):
+            try:
+                _check_paths(spec, protected)
             except SpecError as exc:
                 issues += [
                     FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
@@ -323,14 +341,28 @@ def create_app(
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         attempt: Annotated[int | None, Query(ge=1, le=INT32)] = None,
         follow: bool = False,
-        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        offset: Annotated[
+            int,
+            Query(ge=0, le=2**53 - 1, description="Byte offset: 0, or a previous X-Next-Offset."),
+        ] = 0,
     ) -> Any:
-        """One rank's log of an attempt (default: the latest); 409 if it never started."""
+        """One rank's log of an attempt (default: the latest); 409 if it never started, 416
+        for an offset past the end of the log."""
         job = visible_job(request, who, job_id)
         number = attempt or job.attempts
         if number < 1:
             return PlainTextResponse("", headers={"X-Next-Offset": "0"})
         path = _log_path(executor, job, store.get_attempt(job_id, number), rank)
+        size = _size_of(path)
+        if offset > size:
+            return JSONResponse(
+                status_code=416,
+                content={
+                    "message": f"offset {offset} is past the end of the log ({size} bytes); "
+                    "fix: pass 0 or the X-Next-Offset of your previous read"
+                },
+                headers={"X-Next-Offset": str(size)},
+            )
         if not follow:
             data = _read_from(path, offset)
             return PlainTextResponse(
@@ -353,6 +385,10 @@ def create_app(
         if body.metrics:
             store.add_metrics(job_id, body.attempt, [m.model_dump() for m in body.metrics])
         known = _known_checkpoints(store, job_id, body) if body.checkpoints else set()
+        if body.checkpoints:
+            boundary = job_paths(job, protected)
+            for c in body.checkpoints:  # all checked before any is stored
+                boundary.check(c.path)
         added = 0
         for c in body.checkpoints:
             if (c.step, c.path) in known:  # a re-sent report: stored (or retired) already
@@ -465,7 +501,9 @@ def create_app(
     add_model_routes(
         app,
         registry=ModelRegistry(
-            store, artifacts or ArtifactStore(open_blobs(str(runs_dir.parent / "artifacts")))
+            store,
+            artifacts or ArtifactStore(open_blobs(str(runs_dir.parent / "artifacts"))),
+            protected=protected,
         ),
         guard=guard,
         prefix=API,
@@ -483,7 +521,7 @@ def create_app(
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, guard: Guard) -> None:
     @app.exception_handler(SpecError)
     async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
         return JSONResponse(
@@ -512,8 +550,28 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(Forbidden)
-    async def _forbidden(_: Request, exc: Forbidden) -> JSONResponse:
+    async def _forbidden(request: Request, exc: Forbidden) -> JSONResponse:
+        try:  # every refusal is audited, once (Guard.audit_refusal)
+            await run_in_threadpool(guard.audit_refusal, request, exc)
+        except TensoryardError as audit_exc:
+            log.error("could not audit a refusal (%s): %s", exc, audit_exc)
         return JSONResponse(status_code=403, content={"message": str(exc)})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The framework's own errors (an unparsable body, a method not allowed, an unknown
+        # path) in the documented shape, not its default {"detail": ...}.
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400:
+            message = (
+                f"the request body could not be read ({message}); "
+                "fix: send a JSON object with Content-Type: application/json"
+            )
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"message": message},
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(RateLimited)
     async def _rate_limited(_: Request, exc: RateLimited) -> JSONResponse:
@@ -574,6 +632,25 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
             f"a job may not post events of kind {', '.join(bad)}; allowed: "
             f"{', '.join(sorted(JOB_EVENT_KINDS))} (the control plane writes the others)"
         )
+
+
+def _check_paths(spec: JobSpec, protected: tuple[Path, ...]) -> None:
+    """422 for a spec whose checkpoint directory lies in the control plane's own state
+    directory (registry/paths.py); checkpoints reported from there would be refused anyway."""
+    issues = []
+    value = spec.checkpoint.dir
+    if value:
+        guarded = protected_overlap(value, protected)
+        if guarded is not None:
+            issues.append(
+                FieldIssue(
+                    "checkpoint.dir",
+                    f"{value!r} lies in the control plane's state directory {guarded}",
+                    "use a directory of your own (default: the job's run directory)",
+                )
+            )
+    if issues:
+        raise SpecError(issues, source="request")
 
 
 def _visible_format(path: str) -> str | None:
@@ -665,12 +742,19 @@ def _parse_states(values: list[str] | None) -> list[JobState] | None:
     return states
 
 
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _read_from(path: Path, offset: int, limit: int = 8 * 1024 * 1024) -> bytes:
     try:
         with path.open("rb") as fh:
             fh.seek(offset)
             return fh.read(limit)
-    except FileNotFoundError:
+    except OSError:  # gone, or truncated below the offset by its writer: nothing to read now
         return b""
 
 

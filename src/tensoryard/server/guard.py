@@ -153,6 +153,7 @@ class Guard:
                 f"invalid token for job {job_id} (a job token works only "
                 "for its own job's current attempt)"
             )
+        request.state.actor = f"job/{job_id}/attempt/{grant.attempt}"  # for refusal audits
         return Reporter(job_id=job_id, attempt=grant.attempt, principal=None)
 
     # -- checks ----------------------------------------------------------------------------
@@ -170,14 +171,29 @@ class Guard:
         try:
             authorize(who, action, team)
         except Forbidden as exc:
-            self.store.record_audit(
-                self.context(request, who),
-                str(action),
-                obj or f"team/{team or '-'}",
-                outcome="denied",
-                detail=str(exc),
-            )
+            self.audit_refusal(request, exc, action=str(action), obj=obj or f"team/{team or '-'}")
             raise
+
+    def audit_refusal(
+        self, request: Request, exc: Forbidden, *, action: str = "", obj: str = ""
+    ) -> None:
+        """Write the `denied` audit line of a 403, once per refusal. Every Forbidden raised
+        while serving a request comes through here: from :meth:`check`, or from the app's
+        error handler for refusals raised elsewhere (a scope a token lacks, a job path outside
+        the job's files), so no refusal goes unaudited."""
+        if getattr(exc, "audited", False):
+            return
+        who: Principal | None = getattr(request.state, "principal", None)
+        actor = who.name if who is not None else getattr(request.state, "actor", "anonymous")
+        route = request.scope.get("route")
+        self.store.record_audit(
+            AuditContext(actor=actor, source_ip=_ip(request)),
+            action or f"{request.method} {getattr(route, 'path', request.url.path)}",
+            obj or request.url.path,
+            outcome="denied",
+            detail=str(exc),
+        )
+        exc.audited = True  # type: ignore[attr-defined]
 
     @staticmethod
     def context(request: Request, who: Principal) -> AuditContext:

@@ -20,6 +20,7 @@ from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard
+from tensoryard.server.schemas import RedactedSpec
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.store import ModelRecord, ModelVersionRecord
 
@@ -45,11 +46,15 @@ class VersionOut(BaseModel):
     source: str
     job_id: int | None
     checkpoint_step: int | None
-    spec: dict[str, Any] | None
+    spec: RedactedSpec | None = Field(
+        description="The training job's spec at promotion; env values are shown as ***."
+    )
     code_revision: str
     data_manifest: str
     parent: str | None
-    metrics: dict[str, Any]
+    metrics: dict[str, Any] = Field(
+        json_schema_extra={"x-not-secret": "numbers the job reported at the checkpoint's step"}
+    )
     description: str
     created_at: datetime
     created_by: str

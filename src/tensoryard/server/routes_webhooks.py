@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard
+from tensoryard.server.schemas import RedactedSpec
 from tensoryard.store import Store
 
 __all__ = ["DeliveryOut", "add_webhook_routes"]
@@ -31,7 +32,7 @@ class DeliveryOut(BaseModel):
     event_id: str = Field(description="Shared by the deliveries of one event to several hooks.")
     event: str
     hook_url: str
-    payload: dict[str, Any]
+    payload: RedactedSpec = Field(description="The event's data (env values, if any, as ***).")
     status: str = Field(description="pending | delivered | failed (gave up: redeliver it)")
     attempts: int
     next_attempt_at: datetime

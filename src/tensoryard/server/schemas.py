@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tensoryard.spec.job import NAME_PATTERN
+from tensoryard.spec.redact import REDACTED, redact_spec
 from tensoryard.store._identity import USER_PATTERN
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "MetricOut",
     "PipelineIn",
     "PipelineOut",
+    "RedactedSpec",
     "ReportIn",
     "ReportOut",
     "StepOut",
@@ -44,7 +46,6 @@ __all__ = [
     "redact_spec",
 ]
 
-REDACTED = "***"
 INT32 = 2**31 - 1  # the database's INTEGER
 INT64 = 2**63 - 1
 # Unix seconds between 1970 and 5138: anything else is a bug, and would overflow datetimes.
@@ -54,12 +55,15 @@ Role = Literal["viewer", "member", "team-admin"]
 Scope = Literal["read", "write", "admin"]
 
 
-def redact_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec with every ``env`` value replaced by ``***`` (keys stay visible)."""
-    env = spec.get("env")
-    if not isinstance(env, dict) or not env:
-        return spec
-    return {**spec, "env": dict.fromkeys(env, REDACTED)}
+REDACTED_MARK = {"x-redacted": True}
+"""Marks a free-form response field as passed through :func:`redact_spec` (OpenAPI)."""
+
+RedactedSpec = Annotated[
+    dict[str, Any],
+    AfterValidator(redact_spec),
+    Field(json_schema_extra=REDACTED_MARK),
+]
+"""A spec in a response: env values shown as ``***``."""
 
 
 class ErrorOut(BaseModel):
@@ -119,14 +123,9 @@ class JobOut(_FromRecord):
     placement: dict[str, list[int]]
     run_dir: str
     last_heartbeat: datetime | None
-    spec: dict[str, Any] = Field(
+    spec: RedactedSpec = Field(
         ..., description="The JobSpec as stored; env values are always shown as ***."
     )
-
-    @field_validator("spec", mode="after")
-    @classmethod
-    def _redact(cls, spec: dict[str, Any]) -> dict[str, Any]:
-        return redact_spec(spec)
 
 
 class JobListOut(BaseModel):
@@ -158,6 +157,10 @@ class EventOut(_FromRecord):
     kind: str
     message: str
     attempt: int | None
+    replica: str = Field("", description="The control plane replica that wrote it.")
+    epoch: int | None = Field(
+        None, description="The leader epoch it was written under (null: not by the loop)."
+    )
 
 
 class MetricOut(_FromRecord):
@@ -223,7 +226,11 @@ class MetricIn(BaseModel):
     step: Count
     ts: UnixTime
     step_time_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)
-    values: dict[str, Annotated[float, Field(allow_inf_nan=True)]] = Field(default_factory=dict)
+    values: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        description="Finite numbers only: the runtime reports a NaN or infinite value (a "
+        "diverged loss) as a warning event instead.",
+    )
 
 
 CheckpointFormat = Literal["state-dict", "dcp", "megatron-dist", "safetensors", "hf", "files"]
@@ -425,7 +432,12 @@ class StepOut(BaseModel):
     job_ids: list[int]
     input_hash: str
     cached_from: str
-    outputs: dict[str, Any]
+    outputs: dict[str, Any] = Field(
+        json_schema_extra={
+            "x-not-secret": "what the step's job published for later steps "
+            "(its outputs file); no spec and no env"
+        }
+    )
     reason: str
     started_at: datetime | None
     finished_at: datetime | None
@@ -441,25 +453,16 @@ class PipelineOut(BaseModel):
     team: str
     user: str
     state: str
-    spec: dict[str, Any]
-    params: dict[str, Any]
+    spec: RedactedSpec
+    params: dict[str, Any] = Field(
+        json_schema_extra={
+            "x-not-secret": "pipeline parameters are plain values; secrets go "
+            "in team secrets, referenced from a step's env"
+        }
+    )
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
     cancel_requested: bool
     reason: str
     steps: list[StepOut]
-
-    @field_validator("spec")
-    @classmethod
-    def _redact(cls, spec: dict[str, Any]) -> dict[str, Any]:
-        steps = spec.get("steps")
-        if not isinstance(steps, list):
-            return spec
-        redacted = [
-            {**s, "job": redact_spec(s["job"])}
-            if isinstance(s, dict) and isinstance(s.get("job"), dict)
-            else s
-            for s in steps
-        ]
-        return {**spec, "steps": redacted}

@@ -75,10 +75,14 @@ class DeploymentOut(BaseModel):
     engine: str
     replicas: int
     ready_replicas: int
-    options: dict[str, Any]
+    options: dict[str, Any] = Field(
+        json_schema_extra={"x-not-secret": "engine settings (context size, cache, autoscale)"}
+    )
     idle_timeout_s: float | None
     autoscale: dict[str, Any] | None = Field(
-        None, description="The autoscaling settings (also under options), or null."
+        None,
+        description="The autoscaling settings (also under options), or null.",
+        json_schema_extra={"x-not-secret": "autoscaling settings"},
     )
     desired_replicas: int = Field(description="What the supervisor aims for now.")
     autoscale_reason: str = Field("", description="Why the last autoscaling change was made.")

@@ -19,7 +19,7 @@ from tensoryard.store import JobRecord, Store
 DATA_HASH = "b3:" + "ab" * 32
 
 
-def _job(store: Store, team: str = "nlp") -> JobRecord:
+def _job(store: Store, runs: Path, team: str = "nlp") -> JobRecord:
     store.ensure_team(team)
     spec = JobSpec.model_validate(
         {
@@ -29,12 +29,12 @@ def _job(store: Store, team: str = "nlp") -> JobRecord:
             "env": {"TYARD_CODE_REVISION": "abc1234", "TYARD_DATA_MANIFEST": DATA_HASH},
         }
     )
-    return store.create_job(spec, run_dir_root=Path("/runs"))
+    return store.create_job(spec, run_dir_root=runs)
 
 
 def _checkpoint(store: Store, job: JobRecord, root: Path, step: int, loss: float) -> Path:
     torch.manual_seed(step)
-    path = root / f"step-{step:09d}"
+    path = Path(job.run_dir) / root.name / f"step-{step:09d}"  # inside the job's own files
     path.mkdir(parents=True)
     state = {"model": {"w": torch.randn(64, 64), "b": torch.zeros(64)}, "step": step}
     torch.save(state, path / "state.pt")
@@ -54,7 +54,7 @@ def registry(store: Store, tmp_path: Path) -> ModelRegistry:
 def test_a_checkpoint_promoted_to_a_version_carries_its_lineage_both_ways(
     registry: ModelRegistry, store: Store, tmp_path: Path
 ) -> None:
-    job = _job(store)
+    job = _job(store, tmp_path / "runs")
     _checkpoint(store, job, tmp_path / "ckpt", 50, 2.5)
     _checkpoint(store, job, tmp_path / "ckpt", 100, 1.25)
 
@@ -86,7 +86,7 @@ def test_a_checkpoint_promoted_to_a_version_carries_its_lineage_both_ways(
 def test_aliases_move_atomically_and_resolve(
     registry: ModelRegistry, store: Store, tmp_path: Path
 ) -> None:
-    job = _job(store)
+    job = _job(store, tmp_path / "runs")
     _checkpoint(store, job, tmp_path / "c", 10, 3.0)
     for _ in range(2):
         registry.register_checkpoint("nlp", "m", job.id, created_by="ana")
@@ -103,7 +103,7 @@ def test_aliases_move_atomically_and_resolve(
 def test_an_alias_on_a_missing_version_is_refused_and_changes_nothing(
     registry: ModelRegistry, store: Store, tmp_path: Path
 ) -> None:
-    job = _job(store)
+    job = _job(store, tmp_path / "runs")
     _checkpoint(store, job, tmp_path / "c", 10, 3.0)
     registry.register_checkpoint("nlp", "m", job.id, created_by="ana", aliases=["production"])
 
@@ -175,7 +175,7 @@ def test_registry_gc_keeps_registered_artifacts_and_drops_the_rest(
 def test_retention_deletes_unkept_checkpoints_rows_and_directories_but_not_registered_ones(
     registry: ModelRegistry, store: Store, tmp_path: Path
 ) -> None:
-    job = _job(store)
+    job = _job(store, tmp_path / "runs")
     losses = {10: 3.0, 20: 1.0, 30: 2.0, 40: 2.5, 50: 2.6}
     paths = {s: _checkpoint(store, job, tmp_path / "ckpt", s, loss) for s, loss in losses.items()}
     registry.register_checkpoint("nlp", "m", job.id, created_by="ana", step=10)

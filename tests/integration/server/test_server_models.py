@@ -77,7 +77,7 @@ def live(tmp_path: Path, migrated_sqlite_url: str) -> Iterator[Live]:
     module = _tiny_gpt()
     torch.manual_seed(0)
     model = module.TinyGPT(module.GPTConfig(seq_len=32, d_model=64, n_layers=2, n_heads=4))
-    ckpt = tmp_path / "runs" / "ckpt" / "step-000000040"
+    ckpt = Path(job.run_dir) / "ckpt" / "step-000000040"  # inside the job's own files
     ckpt.mkdir(parents=True)
     torch.save({"model": model.state_dict(), "step": 40}, ckpt / "state.pt")
     store.add_checkpoint(job.id, 1, step=40, path=str(ckpt), ts=time.time())

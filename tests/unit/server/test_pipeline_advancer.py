@@ -40,6 +40,7 @@ def _run_job_to_success(store: Store, job_id: int, checkpoint: Path, loss: float
     store.transition(job_id, S.STARTING, reason="launched")
     store.start_attempt(job_id, handle={})
     store.transition(job_id, S.RUNNING, reason="up")
+    checkpoint = Path(store.get_job(job_id).run_dir) / checkpoint.name  # the job's own files
     checkpoint.mkdir(parents=True)
     (checkpoint / "state.pt").write_bytes(b"weights" * 1000)
     store.add_checkpoint(job_id, 1, step=5, path=str(checkpoint), ts=1.0, size_bytes=7000)
