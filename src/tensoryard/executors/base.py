@@ -68,6 +68,9 @@ class AttemptStatus:
     # When the external admission engine granted the attempt's resources (unix seconds; Kueue's
     # QuotaReserved time); the wait before it is queueing, not startup, in the goodput account.
     admitted_at: float | None = None
+    # Nodes the executor saw lost under this attempt (deleted, NotReady, unreachable): the
+    # control plane's next placement excludes them at once, not after a second failure.
+    lost_nodes: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:

@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from tensoryard.executors.base import AttemptPhase
-from tensoryard.executors.kubernetes.status import attempt_status, parse_quantity
+from tensoryard.executors.kubernetes.status import (
+    attempt_status,
+    node_loss,
+    parse_quantity,
+)
 
 IMAGE = "ghcr.io/example/trainer:1.0"
 
@@ -37,6 +41,20 @@ def pod(
             **status,
         },
     }
+
+
+def pinned(rank: int, nodes: list[str]) -> dict[str, Any]:
+    """A pending pod the JobSet recreated, pinned by tensoryard's affinity to `nodes`."""
+    p = pod(rank, "Pending", node="")
+    term = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    p["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    }
+    return p
 
 
 def terminated(code: int, reason: str) -> dict[str, Any]:
@@ -110,10 +128,78 @@ CASES = [
     pytest.param(
         jobset(),
         [pod(0), pod(1)],
-        {"not_ready_nodes": ["gpu-1"]},
+        {"lost_nodes": {"gpu-1": "node gpu-1 NotReady since 12:01:03Z (NodeStatusUnknown)"}},
         AttemptPhase.FAILED,
-        "node gpu-1 went NotReady under rank 1 (pod ty-7-1-node-0-1-abcde on node gpu-1)",
-        id="a node that went NotReady fails the gang",
+        "node gpu-1 NotReady since 12:01:03Z (NodeStatusUnknown) under rank 1 "
+        "(pod ty-7-1-node-0-1-abcde on node gpu-1)",
+        id="a node that went NotReady fails the gang, naming the node and since when",
+    ),
+    pytest.param(
+        jobset(),
+        [pod(0), pinned(1, ["gpu-0", "gpu-1"])],
+        {"lost_nodes": {"gpu-1": "node gpu-1 deleted"}},
+        AttemptPhase.FAILED,
+        "node gpu-1 deleted under rank 1 (pod ty-7-1-node-0-1-abcde)",
+        id="a pod recreated for a deleted node it is pinned to fails the attempt at once",
+    ),
+    pytest.param(
+        jobset(),
+        [pod(0), pod(1)],
+        {"lost_nodes": {"gpu-9": "node gpu-9 deleted"}},
+        AttemptPhase.RUNNING,
+        "",
+        id="a lost node the attempt does not use changes nothing",
+    ),
+    pytest.param(
+        jobset(),
+        [
+            pod(0),
+            pod(
+                1,
+                "Failed",
+                conditions=[
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByTaintManager",
+                        "message": "Taint manager: deleting due to NoExecute taint",
+                    }
+                ],
+            ),
+        ],
+        {},
+        AttemptPhase.FAILED,
+        "rank 1 (pod ty-7-1-node-0-1-abcde on node gpu-1) is being disrupted "
+        "(DeletionByTaintManager: Taint manager: deleting due to NoExecute taint)",
+        id="a pod's DisruptionTarget condition is its failure's reason",
+    ),
+    pytest.param(
+        jobset(),
+        [
+            pod(
+                0,
+                "Pending",
+                node="",
+                containerStatuses=[
+                    {
+                        "name": "trainer",
+                        "image": "Bad Image ",
+                        "state": {
+                            "waiting": {
+                                "reason": "InvalidImageName",
+                                "message": 'cannot parse image name "Bad Image "',
+                            }
+                        },
+                    }
+                ],
+            ),
+            pod(1, "Pending", node=""),
+        ],
+        {},
+        AttemptPhase.FAILED,
+        "rank 0 (pod ty-7-1-node-0-0-abcde) cannot start (InvalidImageName: cannot parse "
+        'image name "Bad Image ")',
+        id="an invalid image name fails the attempt at once instead of a 15-minute wait",
     ),
     pytest.param(
         jobset(),
@@ -236,3 +322,60 @@ def test_the_failed_ranks_and_exit_code_are_reported() -> None:
 )
 def test_quantities_parse_like_kubernetes(text: str, value: Decimal) -> None:
     assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize(
+    ("node", "said"),
+    [
+        (None, "node n2 deleted"),
+        (
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "Unknown",
+                            "reason": "NodeStatusUnknown",
+                            "message": "Kubelet stopped posting node status.",
+                            "lastTransitionTime": "2026-12-06T12:01:03Z",
+                        }
+                    ]
+                }
+            },
+            "node n2 Unknown since 2026-12-06T12:01:03Z (NodeStatusUnknown: Kubelet stopped "
+            "posting node status.)",
+        ),
+        (
+            {
+                "spec": {
+                    "taints": [
+                        {
+                            "key": "node.kubernetes.io/unreachable",
+                            "effect": "NoExecute",
+                            "timeAdded": "2026-12-06T12:01:08Z",
+                        }
+                    ]
+                },
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            },
+            "node n2 tainted node.kubernetes.io/unreachable:NoExecute since 2026-12-06T12:01:08Z",
+        ),
+        (
+            {
+                "spec": {"unschedulable": True},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            },
+            None,
+        ),
+    ],
+    ids=["deleted", "kubelet stopped posting status", "unreachable taint", "cordoned is no loss"],
+)
+def test_a_lost_node_is_said_in_words(node: dict[str, Any] | None, said: str | None) -> None:
+    assert node_loss("n2", node) == said
+
+
+def test_the_lost_nodes_of_a_failed_attempt_are_named_for_the_next_placement() -> None:
+    status = attempt_status(
+        "JobSet", jobset(), [pod(0), pod(1)], nodes=2, lost_nodes={"gpu-1": "node gpu-1 deleted"}
+    )
+    assert status.lost_nodes == ("gpu-1",) and status.failed_ranks == (1,)

@@ -41,7 +41,14 @@ from tensoryard.executors.kubernetes.manifests import (
     render_indexed_job,
     render_jobset,
 )
-from tensoryard.executors.kubernetes.status import Obj, attempt_status, get, node_ready, pod_rank
+from tensoryard.executors.kubernetes.status import (
+    Obj,
+    attempt_status,
+    get,
+    node_loss,
+    placement_nodes,
+    pod_rank,
+)
 from tensoryard.executors.kubernetes.watch import WatchCache
 
 __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
@@ -202,6 +209,7 @@ class KubernetesExecutor:
         self.kind = kind or _choose_kind(kube)
         self._pod_cache: WatchCache | None = None
         self._owner_cache: WatchCache | None = None
+        self._node_cache: WatchCache | None = None  # Node objects: a lost node is seen at once
         self.kueue: KueueAdmission | None = None
         if self.config.admission == "kueue":
             self.kueue = KueueAdmission(kube, self.config.namespace)
@@ -241,11 +249,12 @@ class KubernetesExecutor:
                 label_selector=LABEL_ATTEMPT_KEY,
             )
         self._owner_cache = owners.start()
+        self._node_cache = WatchCache(k, "nodes", k.core.list_node).start()
         if self.kueue is not None:
             self.kueue.start_watch()
 
     def close(self) -> None:
-        for cache in (self._pod_cache, self._owner_cache):
+        for cache in (self._pod_cache, self._owner_cache, self._node_cache):
             if cache is not None:
                 cache.stop()
         if self.kueue is not None:
@@ -402,7 +411,7 @@ class KubernetesExecutor:
             pods,
             nodes=h.nodes,
             cancelled=self._cancel_file(h).exists(),
-            not_ready_nodes=self._not_ready(pods),
+            lost_nodes=self._lost_nodes(pods),
         )
         if status.finished:
             self._keep_logs(h, pods)
@@ -493,29 +502,28 @@ class KubernetesExecutor:
         )
         return [self.kube.plain(p) for p in result.items]
 
-    def _not_ready(self, pods: list[Obj]) -> set[str]:
-        """Nodes under running pods whose pods are not Ready (then the node is read)."""
-        suspects = {
-            str(get(p, "spec", "nodeName"))
-            for p in pods
-            if get(p, "status", "phase") == "Running"
-            and not any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in get(p, "status", "conditions") or []
-            )
-        }
-        down = set()
-        for name in suspects:
-            try:
-                node = self.kube.call("get nodes", self.kube.core.read_node, name)
-            except KubeApiError as exc:
-                if exc.status == 404:
-                    down.add(name)
-                    continue
-                raise
-            if not node_ready(self.kube.plain(node)):
-                down.add(name)
-        return down
+    def _lost_nodes(self, pods: list[Obj]) -> dict[str, str]:
+        """node -> what happened to it, for the nodes the attempt's pods are on or pinned to
+        that are lost (deleted, NotReady/Unknown, tainted unreachable): from the node watch
+        when it is healthy, else one GET per node."""
+        out: dict[str, str] = {}
+        for name in sorted(placement_nodes(pods)):
+            lost = node_loss(name, self._node(name))
+            if lost is not None:
+                out[name] = lost
+        return out
+
+    def _node(self, name: str) -> Obj | None:
+        cache = self._node_cache
+        if cache is not None and cache.ready():
+            return cache.get(name)
+        try:
+            node: Obj = self.kube.plain(self.kube.call("get nodes", self.kube.core.read_node, name))
+            return node
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def _keep_logs(self, h: KubernetesHandle, pods: list[Obj]) -> None:
         """The last lines of each pod's log into attempt-N/rank-K.log (never overwritten).

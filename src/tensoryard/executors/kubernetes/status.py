@@ -11,17 +11,30 @@ objects shaped like the API server's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from tensoryard.executors.base import AttemptPhase, AttemptStatus
 from tensoryard.executors.kubernetes.manifests import COMPLETION_INDEX_ANNOTATION
 
-__all__ = ["alive", "attempt_status", "get", "node_ready", "parse_quantity", "pod_rank"]
+__all__ = [
+    "alive",
+    "attempt_status",
+    "get",
+    "node_loss",
+    "node_ready",
+    "parse_quantity",
+    "placement_nodes",
+    "pod_rank",
+]
 
 Obj = Mapping[str, Any]
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+# Waiting reasons that never clear up by themselves: the attempt fails at once with them (a
+# missing Secret or ConfigMap may still appear: CreateContainerConfigError only says why).
+FATAL_WAITING = frozenset({"InvalidImageName"})
+LOST_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 _SUFFIX = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
@@ -74,6 +87,51 @@ def node_ready(node: Obj) -> bool:
     return bool(ready) and ready[0].get("status") == "True"
 
 
+def node_loss(name: str, node: Obj | None) -> str | None:
+    """What happened to a node that an attempt's pods are on or pinned to, in words ("node n2
+    deleted", "node n2 NotReady since 12:01:03Z (NodeStatusUnknown: Kubelet stopped posting
+    node status.)"); None while it is fine. A cordon is no loss: running pods stay (drains are
+    the control plane's)."""
+    if node is None:
+        return f"node {name} deleted"
+    for cond in get(node, "status", "conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            since = cond.get("lastTransitionTime") or "?"
+            why = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
+            state = "NotReady" if cond.get("status") == "False" else "Unknown"
+            return f"node {name} {state} since {since}" + (f" ({why})" if why else "")
+    for taint in get(node, "spec", "taints") or []:
+        if taint.get("effect") == "NoExecute" and taint.get("key") in LOST_TAINTS:
+            since = taint.get("timeAdded") or "?"
+            return f"node {name} tainted {taint['key']}:NoExecute since {since}"
+    return None
+
+
+def placement_nodes(pods: Sequence[Obj]) -> set[str]:
+    """The nodes the attempt's pods run on or are pinned to (tensoryard's nodeAffinity on
+    kubernetes.io/hostname), pending pods included."""
+    out: set[str] = set()
+    for pod in pods:
+        if get(pod, "spec", "nodeName"):
+            out.add(str(get(pod, "spec", "nodeName")))
+        required = get(pod, "spec", "affinity", "nodeAffinity") or {}
+        terms = get(required, "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+        for term in terms or []:
+            for expr in term.get("matchExpressions") or []:
+                if expr.get("key") == "kubernetes.io/hostname" and expr.get("operator") == "In":
+                    out.update(str(v) for v in expr.get("values") or [])
+    return out
+
+
+def _disruption(pod: Obj) -> str | None:
+    """The pod's DisruptionTarget condition (taint manager, preemption, eviction), in words."""
+    for cond in get(pod, "status", "conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            why = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
+            return f"{_where(pod)} is being disrupted ({why or 'no reason given'})"
+    return None
+
+
 def _where(pod: Obj) -> str:
     name = get(pod, "metadata", "name")
     node = get(pod, "spec", "nodeName")
@@ -106,14 +164,30 @@ def _pod_failure(pod: Obj) -> tuple[str, int | None] | None:
         if code not in (None, 0):
             why = f" ({term['reason']})" if term.get("reason") else ""
             return f"{where} exited with code {code}{why}", code
+    disrupted = _disruption(pod)
+    if disrupted is not None:
+        return disrupted, None
     message = get(pod, "status", "message") or get(pod, "status", "reason") or "no reason given"
     return f"{where} failed: {message}", None
+
+
+def _fatal_waiting(pod: Obj) -> str | None:
+    """A container waiting for something that never comes by itself (a malformed image name, a
+    container config the kubelet cannot build), in words; None otherwise."""
+    for status in get(pod, "status", "containerStatuses") or []:
+        waiting = get(status, "state", "waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            message = waiting.get("message") or "no message"
+            return f"{_where(pod)} cannot start ({waiting['reason']}: {message})"
+    return None
 
 
 def _pending_reason(pod: Obj) -> str:
     """Why a pod is not running yet ("" when nothing stands in its way)."""
     for status in get(pod, "status", "containerStatuses") or []:
         waiting = get(status, "state", "waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError":
+            return f"CreateContainerConfigError: {waiting.get('message') or 'no message'}"
         if waiting.get("reason") in IMAGE_PULL_REASONS:
             image = status.get("image") or "?"
             message = waiting.get("message") or "no message"
@@ -148,13 +222,15 @@ def attempt_status(
     *,
     nodes: int,
     cancelled: bool = False,
-    not_ready_nodes: Iterable[str] = (),
+    lost_nodes: Mapping[str, str] | None = None,
 ) -> AttemptStatus:
     """The phase of an attempt from its `owner` (JobSet or Job; None when it is gone) and pods.
 
     A pod that failed fails the attempt at once (restarts are the platform's, never the
-    JobSet's); a pod on a node that went NotReady does too. Otherwise the owner's conditions
-    decide, and while none is final the attempt is RUNNING once all `nodes` pods run."""
+    JobSet's); so does a node of the attempt that is lost (`lost_nodes`: node -> what
+    happened, from `node_loss`; the pods on it or pinned to it can never run again) and a
+    container that can never start (FATAL_WAITING). Otherwise the owner's conditions decide,
+    and while none is final the attempt is RUNNING once all `nodes` pods run."""
     ordered = sorted(pods, key=pod_rank)
     if owner is None or get(owner, "metadata", "deletionTimestamp"):
         if cancelled:
@@ -176,14 +252,24 @@ def attempt_status(
         reason, code = failures[0]
         ranks = tuple(pod_rank(p) for p in ordered if _pod_failure(p) is not None)
         return AttemptStatus(AttemptPhase.FAILED, code, reason, ranks)
-    down = set(not_ready_nodes)
-    lost = [p for p in ordered if get(p, "spec", "nodeName") in down and alive(p)]
-    if lost and not cancelled:
-        node = get(lost[0], "spec", "nodeName")
-        ranks = tuple(pod_rank(p) for p in lost)
-        return AttemptStatus(
-            AttemptPhase.FAILED, None, f"node {node} went NotReady under {_where(lost[0])}", ranks
-        )
+    down = dict(lost_nodes or {})
+    if down and not cancelled:
+        mine = sorted(set(down) & placement_nodes(ordered))
+        if mine:
+            on_lost = [p for p in ordered if get(p, "spec", "nodeName") in mine and alive(p)]
+            on_lost = on_lost or [p for p in ordered if not get(p, "spec", "nodeName")]
+            ranks = tuple(pod_rank(p) for p in on_lost)
+            where = f" under {_where(on_lost[0])}" if on_lost else ""
+            return AttemptStatus(
+                AttemptPhase.FAILED,
+                None,
+                "; ".join(down[n] for n in mine) + where,
+                ranks,
+                lost_nodes=tuple(mine),
+            )
+    fatal = [r for r in (_fatal_waiting(p) for p in ordered) if r]
+    if fatal and not cancelled:
+        return AttemptStatus(AttemptPhase.FAILED, None, fatal[0])
     outcome = _owner_outcome(kind, owner) if owner is not None else None
     if outcome is not None and not cancelled:
         phase, reason = outcome
