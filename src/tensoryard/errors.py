@@ -6,6 +6,7 @@
     ├── StoreError           the database failed or holds something unexpected
     │   ├── NotFound         a job, team or attempt does not exist
     │   └── Conflict         a concurrent change won; retry or re-read
+    ├── FencedOut            a deposed leader's write or side effect, refused (step down)
     ├── ExecutorError        launching, watching or stopping a workload failed
     ├── RuntimeSetupError    the in-job runtime cannot initialise (missing env, bad checkpoint)
     ├── DataError            a dataset, shard, manifest, tokenizer or resume state is wrong
@@ -31,6 +32,7 @@ __all__ = [
     "Conflict",
     "DataError",
     "ExecutorError",
+    "FencedOut",
     "FieldIssue",
     "Forbidden",
     "NotFound",
@@ -79,6 +81,12 @@ class ConfigError(TensoryardError):
 
 class StoreError(TensoryardError):
     """The database failed or returned something unexpected."""
+
+
+class FencedOut(TensoryardError):
+    """A control-loop write or side effect refused because this replica no longer holds the
+    leader lease at the epoch it acted under (another replica took over). Never retried: the
+    replica steps down at once. Not a StoreError, so no "transient, retry" handler takes it."""
 
 
 class NotFound(StoreError):

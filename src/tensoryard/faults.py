@@ -3,8 +3,10 @@
 Off unless the environment variable ``TYARD_CRASH_AT`` names a point when the process starts
 (``NAME`` crashes at the first pass, ``NAME:N`` at the N-th). The process then SIGKILLs itself
 at that exact place, as a power cut or the OOM killer would, so tests can prove that a restart
-repairs whatever state the crash left. Production never sets the variable; a disabled point
-costs one global lookup.
+repairs whatever state the crash left. With ``TYARD_CRASH_SIGNAL=SIGSTOP`` it stops itself
+there instead (a long GC pause, a frozen VM), for the test to resume with SIGCONT. Production
+never sets the variables; a disabled point costs one global lookup. A leaf module (stdlib
+only): the store's transactions have points too.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import os
 import signal
 import threading
 
-__all__ = ["CRASH_ENV", "POINTS", "crashpoint"]
+__all__ = ["CRASH_ENV", "POINTS", "SIGNAL_ENV", "crashpoint"]
 
 CRASH_ENV = "TYARD_CRASH_AT"
+SIGNAL_ENV = "TYARD_CRASH_SIGNAL"
 
 POINTS = (
     "launch.after_intent",  # attempt recorded, job STARTING, nothing launched yet
@@ -23,6 +26,7 @@ POINTS = (
     "running.before_mark",  # workers are up, the store still says STARTING
     "finish.before",  # the attempt ended, nothing recorded yet
     "finish.after",  # attempt end and job move committed, token not yet revoked
+    "finish.locked",  # inside the finishing transaction: the job row locked, nothing committed
     "preempt.after_signal",  # victim signalled, its reason recorded
     "schedule.after_admit",  # a job admitted, not yet launched
     "retention.after_rows",  # checkpoint rows retired with removal intents, directories still there
@@ -43,6 +47,7 @@ def _parse(value: str | None) -> tuple[str, int] | None:
 
 
 _target = _parse(os.environ.get(CRASH_ENV))
+_signal = signal.Signals[os.environ.get(SIGNAL_ENV) or "SIGKILL"]
 
 
 def crashpoint(name: str) -> None:
@@ -52,4 +57,4 @@ def crashpoint(name: str) -> None:
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] == _target[1]:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), _signal)

@@ -35,7 +35,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from tensoryard.errors import Conflict, ExecutorError, NotFound, StoreError, TensoryardError
+from tensoryard.errors import (
+    Conflict,
+    ExecutorError,
+    FencedOut,
+    NotFound,
+    StoreError,
+    TensoryardError,
+)
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
 from tensoryard.observability.nccl import nccl_debug_env
 from tensoryard.registry import ArtifactStore, open_blobs
@@ -61,7 +68,7 @@ from tensoryard.server.scheduling import (
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, TERMINAL_STATES, JobState
-from tensoryard.store import AttemptRecord, JobRecord, NodeRecord, Store
+from tensoryard.store import AttemptRecord, AuditContext, Fence, JobRecord, NodeRecord, Store
 
 __all__ = ["Controller"]
 
@@ -231,7 +238,13 @@ class Controller:
         metrics: LoopMetrics | None = None,
         node_sync: NodeSync | None = None,
     ) -> None:
-        self.store = store
+        self.holder = holder or f"{uuid.uuid4().hex[:8]}"
+        store.replica = store.replica or self.holder  # every event names its writer
+        # The lease is taken and renewed through the plain store; everything else the loop
+        # writes goes through the fenced view: a deposed leader can change no row
+        # (docs/state-machine.md, "Fencing").
+        self._lease_store = store
+        self.store = store.fenced(self._fence_token, on_fenced=self._fenced_out)
         self.node_sync = node_sync
         self.executor = executor
         self.policy = policy
@@ -241,10 +254,11 @@ class Controller:
         self.job_key = job_key or uuid.uuid4().hex
         self.secrets = secrets or SecretStore(config.secrets_dir)
         self.metrics = metrics or LoopMetrics(CollectorRegistry())
-        self.holder = holder or f"{uuid.uuid4().hex[:8]}"
         self.is_leader = False
         self.epoch: int | None = None
         self._renewed = 0.0
+        self._cycle_done = float("-inf")  # when the last cycle completed (clock())
+        self._node_shape: tuple[tuple[str, bool, str], ...] = ()  # nodes at the last check
         self._mem = _Memory()
         self._jobs = _JobIndex()
         self._specs: dict[int, JobSpec] = {}
@@ -268,9 +282,13 @@ class Controller:
         workers = config.launch_workers
         self._pool = ThreadPoolExecutor(workers, "tyard-launch") if workers > 0 else None
         self.pipelines = PipelineAdvancer(
-            store,
+            self.store,
             runs_dir=config.runs_dir,
-            registry=ModelRegistry(store, ArtifactStore(open_blobs(config.artifact_store_url))),
+            registry=ModelRegistry(
+                self.store,
+                ArtifactStore(open_blobs(config.artifact_store_url)),
+                protected=(config.home,),
+            ),
         )
         self._pipelines_due = True
         self._last_pipelines = 0.0
@@ -294,15 +312,18 @@ class Controller:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=False)
         if self.is_leader:
+            with contextlib.suppress(TensoryardError):
+                self._save_scheduler_state(force=True)
             with contextlib.suppress(StoreError):
-                self.store.release_lease(LEADER_LEASE, self.holder)
-            self._save_scheduler_state(force=True)
+                self._lease_store.release_lease(LEADER_LEASE, self.holder)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 if self.lead():
                     self.cycle()
+            except FencedOut as exc:  # another replica leads now: stepped down already
+                log.warning("control cycle stopped: %s", exc)
             except Exception:  # the loop must survive anything; the next cycle retries
                 log.exception("control cycle failed")
             self._wake.wait(self.config.loop_interval_s)
@@ -315,7 +336,7 @@ class Controller:
         now = self.clock()
         if self.is_leader and 0 <= now - self._renewed < self.config.lease_ttl_s / 3:
             return True
-        epoch = self.store.acquire_lease(
+        epoch = self._lease_store.acquire_lease(
             LEADER_LEASE,
             self.holder,
             self.config.lease_ttl_s,
@@ -324,14 +345,71 @@ class Controller:
         self._renewed = now
         if epoch is None:
             if self.is_leader:
-                log.warning("lost the leader lease; this replica now only serves the API")
-            self.is_leader, self.epoch = False, None
+                self._step_down("lost the leader lease to another replica")
             return False
         if not self.is_leader or epoch != self.epoch:
             log.info("leading the control loop (holder %s, epoch %d)", self.holder, epoch)
             self.is_leader, self.epoch = True, epoch
+            self._leader_changed("took the leader lease")
             self.recover()
         return True
+
+    # ---- fencing ---------------------------------------------------------------------------
+
+    def _fence_token(self) -> Fence | None:
+        """The fencing token every write of the loop carries: the lease at our epoch."""
+        if not self.is_leader or self.epoch is None:
+            return None
+        return Fence(LEADER_LEASE, self.holder, self.epoch, self.config.lease_ttl_s)
+
+    def _fenced_out(self, why: str) -> None:
+        """A fenced write found the lease moved on: step down at once."""
+        if self.is_leader:
+            self._step_down(f"a write was refused: {why}")
+
+    def _step_down(self, why: str) -> None:
+        log.warning("stepping down (holder %s, epoch %s): %s", self.holder, self.epoch, why)
+        epoch, self.is_leader, self.epoch = self.epoch, False, None
+        self.metrics.leader_change(self.holder, leading=False)
+        self._audit_leadership("leader.step-down", epoch, why)
+
+    def _leader_changed(self, why: str) -> None:
+        self.metrics.leader_change(self.holder, leading=True, epoch=self.epoch)
+        self._audit_leadership("leader.take", self.epoch, why)
+
+    def _audit_leadership(self, action: str, epoch: int | None, why: str) -> None:
+        """Each change of leader in the audit log (append-only), with the epoch."""
+        with contextlib.suppress(TensoryardError):
+            self._lease_store.record_audit(
+                AuditContext(actor=f"replica/{self.holder}", source_ip=""),
+                action,
+                f"lease/{LEADER_LEASE}",
+                detail=f"epoch {epoch}: {why}",
+            )
+
+    def check_fence(self) -> None:
+        """Before a side effect outside the database (launch, cancel, terminate): this replica
+        still holds the lease at its epoch, read from the database now; FencedOut otherwise.
+        The write that recorded the intent was fenced too, so a replica paused between the two
+        finds out here, and the attempt key keeps a second launch from starting twice."""
+        token = self._fence_token()
+        if token is None:
+            raise FencedOut("this replica does not lead the control loop; nothing was started")
+        found = self._lease_store.lease_holder(LEADER_LEASE)
+        if found is None or (found[0], found[1]) != (token.holder, token.epoch):
+            now = "nobody" if found is None else f"{found[0]} at epoch {found[1]}"
+            why = f"the lease moved on to {now}; no side effect was performed"
+            self._fenced_out(why)
+            raise FencedOut(why)
+
+    def leading_now(self) -> bool:
+        """What /healthz reports: the lease is held (renewed within its TTL, by this process's
+        clock) and the loop completed a cycle within the TTL. A replica that was paused, or
+        whose loop is stuck, stops claiming the lead before another can take it."""
+        if not self.is_leader:
+            return False
+        now, ttl = self.clock(), self.config.lease_ttl_s
+        return now - self._renewed < ttl and now - self._cycle_done < ttl
 
     def recover(self) -> None:
         """After a (re)start or a change of leader: rebuild memory from the store, close and
@@ -378,6 +456,7 @@ class Controller:
     def _close_stray(self, job: JobRecord, attempt: AttemptRecord) -> None:
         killed = 0
         if attempt.handle:
+            self.check_fence()
             with contextlib.suppress(TensoryardError):
                 killed = self.executor.terminate(attempt.handle)
         why = (
@@ -448,6 +527,7 @@ class Controller:
             with timer("pending-info"):
                 self._write_pending_info()
             self._save_scheduler_state()
+            self._cycle_done = self.clock()
             if timer.total() > _SLOW_CYCLE_S:
                 log.warning("slow control cycle (%d unfinished jobs): %s", len(self._jobs), timer)
 
@@ -566,6 +646,7 @@ class Controller:
         if now - since < self.config.poll_failure_grace_s:
             return None
         killed = 0
+        self.check_fence()
         with contextlib.suppress(TensoryardError):
             killed = self.executor.terminate(attempt.handle)
         self._mem.poll_failing_since.pop(key, None)
@@ -595,6 +676,7 @@ class Controller:
             f"{message}: SIGTERM, SIGKILL after {grace_s:g}s",
             attempt=attempt.number,
         )
+        self.check_fence()
         try:
             self.executor.cancel(attempt.handle, grace_s=grace_s)
         except TensoryardError as exc:
@@ -767,11 +849,21 @@ class Controller:
         # The stop reason we recorded (preempted, limit, hang) is the attempt's reason.
         reason = attempt.reason or status.reason or status.phase.value
         moved, avoided, swap_event = "", frozenset[str](), ""
+        lost = frozenset[str]()
         if to is JobState.RESTARTING:  # a node where this job failed twice: placed elsewhere
             avoided, moved = self._avoid_after(job, attempt, status.phase.value, reason)
+            # A node that is lost, NotReady, cordoned or draining now is left at once, on the
+            # first failure it caused: a restart there would wait for a node that is not there.
+            lost = self._unusable_placement(job, status) - avoided
+            if lost:
+                names = ", ".join(sorted(lost))
+                avoided = avoided | lost
+                moved = moved or f"requeued: waiting for a node to replace {names}"
             if moved:
                 to, why = JobState.PENDING, f"{why}; {moved}"
         count_restart: bool | None = True if moved else None  # a restart all the same
+        if lost and moved.startswith("requeued: waiting for a node"):
+            count_restart = False  # a lost node is the cluster's failure, not the job's
         placement: dict[str, Any] | None = {} if to is JobState.PENDING else None
         drained = _drained_node(attempt.reason) if to is JobState.PENDING else None
         gone = avoided or (frozenset({drained}) if drained else frozenset())
@@ -970,6 +1062,10 @@ class Controller:
         since = now - self._last_schedule
         if self._urgent or since >= self.config.reschedule_interval_s:
             return True
+        shape = tuple((n.name, n.cordoned, n.state) for n in self._nodes(now))
+        if shape != self._node_shape:  # a node came, went, or changed readiness: at once
+            self._node_shape = shape
+            return True
         if self._wake_at is not None and now >= self._wake_at:
             return True
         gap = min(max(4 * self._schedule_cost_s, 0.25), 5.0)
@@ -998,6 +1094,18 @@ class Controller:
         if not mine:
             return frozenset(), ""
         return frozenset(mine), f"requeued to be placed elsewhere: {why}"
+
+    def _unusable_placement(self, job: JobRecord, status: AttemptStatus) -> frozenset[str]:
+        """Nodes of the job's placement that its next attempt must not use: the ones the
+        executor saw lost under this attempt, and any that is gone from the cluster, not
+        Ready, cordoned or draining right now."""
+        nodes = {n.name: n for n in self._nodes(self.clock())}
+        bad = set(status.lost_nodes)
+        for name in job.placement:
+            node = nodes.get(name)
+            if node is None or node.cordoned or node.state in ("cordoned", "draining"):
+                bad.add(name)
+        return frozenset(bad & set(job.placement))
 
     def _replace_nodes(self, job: JobRecord, gone: frozenset[str]) -> dict[str, list[int]] | None:
         """The job's placement with ``gone`` swapped for spares free now (None: not enough)."""
@@ -1304,6 +1412,7 @@ class Controller:
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
             (Path(job.run_dir) / "nccl").mkdir(exist_ok=True, mode=0o700)  # NCCL makes no dirs
             (Path(job.run_dir) / "nccl" / "inspector").mkdir(exist_ok=True, mode=0o700)
+            self.check_fence()  # the last moment a deposed leader can be stopped
             try:
                 handle = self.executor.launch(request)
             except (ExecutorError, OSError) as exc:
@@ -1313,6 +1422,8 @@ class Controller:
                 return
             crashpoint("launch.after_start")
             self.store.mark_launched(job.id, attempt.number, handle)
+        except FencedOut as exc:  # the new leader's recovery launches it (same key) if due
+            log.warning("job %s: attempt %s not launched here: %s", job.id, attempt.number, exc)
         except Exception as exc:  # never lose a launch thread silently, never retry it blindly
             log.exception("job %s: launch of attempt %s failed", job.id, attempt.number)
             with contextlib.suppress(Exception):
@@ -1345,6 +1456,8 @@ class Controller:
         once; any other error does after a few cycles in a row, with the error as reason."""
         try:
             action(*args)
+        except FencedOut:
+            raise  # not this job's fault: the whole loop stops (the replica stepped down)
         except StoreError as exc:
             log.warning("job %s: store error, retrying next cycle: %s", job_id, exc)
         except Exception as exc:

@@ -68,7 +68,8 @@ class ControlPlane:
             registry=self.registry,
             kick=self.controller.kick,
             loop_status=lambda: {
-                "leader": self.controller.is_leader,
+                "leader": self.controller.leading_now(),
+                "epoch": self.controller.epoch if self.controller.leading_now() else None,
                 "holder": self.controller.holder,
             },
             max_body_bytes=self.config.max_body_bytes,

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -118,6 +119,23 @@ class LoopMetrics:
             ["team", "reason"],
             registry=registry,
         )
+
+        self.leader_changes = PromCounter(
+            "tyard_leader_changes",
+            "Changes of this replica's leadership of the control loop (took, stepped_down).",
+            ["replica", "change"],
+            registry=registry,
+        )
+        self.leader_epoch = PromGauge(
+            "tyard_leader_epoch",
+            "The leader epoch this replica leads with (its fencing token); 0 while it follows.",
+            ["replica"],
+            registry=registry,
+        )
+
+    def leader_change(self, replica: str, *, leading: bool, epoch: int | None = None) -> None:
+        self.leader_changes.labels(replica, "took" if leading else "stepped_down").inc()
+        self.leader_epoch.labels(replica).set(epoch or 0 if leading else 0)
 
     def admitted(self, job: JobRecord, now: float) -> None:
         """`job` as it was while PENDING: `updated_at` is when it entered that state."""

@@ -104,7 +104,14 @@ def attempt_record(a: Attempt) -> AttemptRecord:
 
 def event_record(e: Event) -> EventRecord:
     return EventRecord(
-        id=e.id, job_id=e.job_id, ts=e.ts, kind=e.kind, message=e.message, attempt=e.attempt
+        id=e.id,
+        job_id=e.job_id,
+        ts=e.ts,
+        kind=e.kind,
+        message=e.message,
+        attempt=e.attempt,
+        replica=e.replica or "",
+        epoch=e.epoch,
     )
 
 

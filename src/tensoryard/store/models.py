@@ -215,6 +215,10 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
     attempt: Mapped[int | None] = mapped_column(Integer)
+    # Who wrote it (migration 0018): the replica's holder name, and the leader epoch it wrote
+    # under when the control loop wrote it (None for API replicas and older rows).
+    replica: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    epoch: Mapped[int | None] = mapped_column(Integer)
 
 
 class Metric(Base):

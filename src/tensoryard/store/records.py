@@ -116,6 +116,18 @@ class EventRecord:
     kind: str
     message: str
     attempt: int | None
+    replica: str = ""  # the control plane replica that wrote it ("" before migration 0018)
+    epoch: int | None = None  # the leader epoch it was written under (None: not the loop)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fencing token: the lease a control loop acts under (Store.fenced)."""
+
+    lease: str
+    holder: str
+    epoch: int
+    ttl_s: float
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ event ids are committed in increasing order and ``list_events(after_id=...)`` ne
 
 from __future__ import annotations
 
+import copy
 import hmac
 import itertools
 import re
@@ -18,11 +19,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Engine, func, insert, select, update
+from sqlalchemy import ColumnElement, CursorResult, Engine, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError, StoreError
+from tensoryard.errors import Conflict, FencedOut, FieldIssue, NotFound, SpecError, StoreError
+from tensoryard.faults import crashpoint
 from tensoryard.spec.job import NAME_PATTERN, JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from tensoryard.store import _db, _rows
@@ -51,6 +53,7 @@ from tensoryard.store.records import (
     AuditContext,
     CheckpointRecord,
     EventRecord,
+    Fence,
     JobPage,
     JobRecord,
     JobTokenGrant,
@@ -97,6 +100,55 @@ class Store(
         self._engine = engine
         self.url = url
         self._clock = clock
+        self.replica = ""  # the control plane replica writing (recorded with every event)
+        self._fence: Callable[[], Fence | None] | None = None
+        self._on_fenced: Callable[[str], None] = lambda why: None
+
+    def fenced(
+        self,
+        token: Callable[[], Fence | None],
+        *,
+        on_fenced: Callable[[str], None] = lambda why: None,
+    ) -> Store:
+        """A view of this store (same engine) whose every write carries a fencing token.
+
+        ``token()`` gives the lease (name, holder, epoch) the caller acts under, or None when
+        it leads nothing. Each write transaction first reads the lease row, locked against a
+        takeover until the commit (PostgreSQL ``FOR SHARE``; SQLite's write lock is taken at
+        BEGIN), and raises FencedOut when the lease moved on, calling ``on_fenced(why)`` once
+        the transaction is rolled back: a deposed leader can change no row. Its transactions
+        also run under lock, statement and idle-in-transaction timeouts of a fraction of the
+        lease's TTL, so a replica paused in the middle of a write cannot hold a row lock much
+        longer than that."""
+        view = copy.copy(self)
+        view._fence = token
+        view._on_fenced = on_fenced
+        return view
+
+    def _check_fence(self, s: Session) -> Fence | None:
+        """Inside a write transaction of a fenced view: the token, or FencedOut."""
+        if self._fence is None:
+            return None
+        token = self._fence()
+        if token is None:
+            raise FencedOut("this replica does not hold the leader lease; nothing was written")
+        if self.dialect == "postgresql":
+            ms = max(100, int(token.ttl_s * 1000))
+            s.execute(text(f"SET LOCAL lock_timeout = {ms // 3}"))
+            s.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms // 2}"))
+            s.execute(text(f"SET LOCAL statement_timeout = {ms}"))
+        query = select(Lease.holder, Lease.epoch).where(Lease.name == token.lease)
+        if self.dialect == "postgresql":
+            query = query.with_for_update(read=True)
+        row = s.execute(query).first()
+        if row is None or (row.holder, row.epoch) != (token.holder, token.epoch):
+            now = "nobody" if row is None else f"{row.holder} at epoch {row.epoch}"
+            why = (
+                f"lease {token.lease!r} moved on: {token.holder} led at epoch {token.epoch}, "
+                f"now {now}; nothing was written"
+            )
+            raise FencedOut(why)  # _tx tells on_fenced once the transaction is rolled back
+        return token
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -154,14 +206,38 @@ class Store(
     def _tx(self, action: str, *, write: bool) -> Iterator[Session]:
         """One transaction; DB errors come out as StoreError/Conflict."""
         with _db.translate_errors(self.url, action), self._engine.connect() as conn:
+            raw = None
             if write:
                 conn.execution_options(**{_db.BEGIN_OPTION: "IMMEDIATE"})
-            session = Session(bind=conn, expire_on_commit=False, autoflush=False)
-            with session, session.begin():
-                started = self._now()
-                yield session
-                if write:
-                    self._restamp(session, started)
+                if self._fence is not None and self.dialect == "sqlite":
+                    # A fenced writer waits for SQLite's write lock a third of the TTL at most
+                    # (set on the driver's connection: no statement may open a transaction).
+                    token = self._fence()
+                    wait_ms = max(100, int((token.ttl_s if token else 3.0) * 1000 / 3))
+                    raw = conn.connection.dbapi_connection
+                    assert raw is not None
+                    raw.execute(f"PRAGMA busy_timeout={wait_ms}")
+            try:
+                session = Session(bind=conn, expire_on_commit=False, autoflush=False)
+                with session, session.begin():
+                    started = self._now()
+                    if write:
+                        session.info["fence"] = self._check_fence(session)
+                    yield session
+                    if write:
+                        self._restamp(session, started)
+            except FencedOut as exc:
+                if self._fence is not None:
+                    self._on_fenced(str(exc))
+                raise
+            finally:
+                if raw is not None:
+                    raw.execute(f"PRAGMA busy_timeout={_db.SQLITE_BUSY_TIMEOUT_MS}")
+
+    def _writer(self, s: Session) -> dict[str, Any]:
+        """Who writes in this transaction: the replica and, under a fence, its epoch."""
+        token: Fence | None = s.info.get("fence")
+        return {"replica": self.replica, "epoch": token.epoch if token is not None else None}
 
     def _restamp(self, session: Session, started: datetime) -> None:
         """Move the `changed_at` of every job this transaction changed to its commit time.
@@ -779,6 +855,7 @@ class Store(
         allowed = None if expected is None else {JobState(e) for e in expected}
         with self._tx(f"finish attempt {number} of job {job_id}", write=True) as s:
             job = _get(s, Job, job_id, f"job {job_id}", lock=True)
+            crashpoint("finish.locked")
             attempt = _get(s, Attempt, (job_id, number), f"attempt {number} of job {job_id}")
             now = self._now()
             if attempt.finished_at is None:
@@ -904,7 +981,13 @@ class Store(
                 ]
                 s.execute(update(Job), rows)
                 events = [
-                    {"job_id": job_id, "ts": now, "kind": "pending", "message": part[job_id][0]}
+                    {
+                        "job_id": job_id,
+                        "ts": now,
+                        "kind": "pending",
+                        "message": part[job_id][0],
+                        **self._writer(s),
+                    }
                     for job_id, old in current.items()
                     if old != part[job_id][0]
                 ]
@@ -1023,7 +1106,14 @@ class Store(
         self, s: Session, job_id: int, kind: str, message: str, *, attempt: int | None = None
     ) -> Event:
         """Insert an event; the caller holds the job-row lock."""
-        event = Event(job_id=job_id, ts=self._now(), kind=kind, message=message, attempt=attempt)
+        event = Event(
+            job_id=job_id,
+            ts=self._now(),
+            kind=kind,
+            message=message,
+            attempt=attempt,
+            **self._writer(s),
+        )
         s.add(event)
         s.flush()
         return event

@@ -1,0 +1,135 @@
+"""A lost node is never reused: the attempt that lost it ends with the node named, and the
+restart leaves the node at once (first failure), onto a spare, or back to the queue with
+"waiting for a node to replace" until the node is back.
+
+A real SQLite store, a test clock and the scripted executor of test_controller.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_controller import Clock, ScriptedExecutor, World, store_home
+
+from tensoryard.executors.base import AttemptPhase, AttemptStatus
+from tensoryard.server.config import ServerConfig
+from tensoryard.server.controller import Controller
+from tensoryard.server.scheduling import CorePolicy, NodeCapacity
+from tensoryard.spec.states import JobState
+from tensoryard.store import Store
+
+
+def node(name: str) -> NodeCapacity:
+    return NodeCapacity(name, cpu_slots=2, memory_bytes=64 * 2**30)
+
+
+class Cluster:
+    """The executor's nodes, changed by the test (a node deleted, NotReady, back)."""
+
+    def __init__(self, *names: str) -> None:
+        self.nodes = {n: node(n) for n in names}
+
+    def __call__(self) -> tuple[NodeCapacity, ...]:
+        return tuple(self.nodes.values())
+
+
+def make(url: str, tmp_path: Path, cluster: Cluster) -> World:
+    clock = Clock()
+    store = Store.open(url, clock=clock.dt)
+    store.ensure_team("default")
+    executor = ScriptedExecutor(store)
+    config = ServerConfig(home=store_home(store), launch_workers=0, cancel_grace_s=5)
+    controller = Controller(
+        store=store,
+        executor=executor,  # type: ignore[arg-type]
+        policy=CorePolicy(),
+        capacity=cluster,
+        config=config,
+        clock=clock,
+        job_key="k",
+        holder="replica-a",
+    )
+    assert controller.lead()
+    return World(store, executor, clock, controller, tmp_path)
+
+
+def gang(world: World) -> int:
+    return world.submit(
+        "gang",
+        launcher="torchrun",
+        resources={"nodes": 2, "cpu": 2},
+        restart={"backoff": "0s"},
+    )
+
+
+def lose(world: World, job_id: int, name: str, why: str) -> None:
+    """The executor sees the node lost under the running attempt."""
+    world.executor.statuses[world.key(job_id)] = [
+        AttemptStatus(AttemptPhase.FAILED, None, why, (1,), lost_nodes=(name,))
+    ]
+
+
+@pytest.fixture
+def url(migrated_sqlite_url: str) -> str:
+    return migrated_sqlite_url
+
+
+def test_with_a_spare_only_the_lost_node_is_swapped_on_the_first_failure(
+    url: str, tmp_path: Path
+) -> None:
+    cluster = Cluster("n1", "n2", "n3")
+    world = make(url, tmp_path, cluster)
+    job_id = gang(world)
+    world.cycle(2)
+    placed = sorted(world.store.get_job(job_id).placement)
+    lost, kept = placed[1], placed[0]
+    del cluster.nodes[lost]  # the Node object was deleted
+    lose(world, job_id, lost, f"node {lost} deleted under rank 1")
+    world.cycle(3, advance=1)
+    job = world.store.get_job(job_id)
+    assert job.attempts == 2 and job.state is JobState.RUNNING
+    assert lost not in job.placement and kept in job.placement and "n3" in job.placement
+    first = world.store.get_attempt(job_id, 1)
+    assert first.reason == f"node {lost} deleted under rank 1"
+    events = [e.message for e in world.store.list_events(job_id)]
+    assert any(f"{lost} replaced by n3" in m for m in events), events
+
+
+def test_without_a_spare_the_job_waits_for_a_replacement_then_resumes_when_the_node_is_back(
+    url: str, tmp_path: Path
+) -> None:
+    cluster = Cluster("n1", "n2")
+    world = make(url, tmp_path, cluster)
+    job_id = gang(world)
+    world.cycle(2)
+    cluster.nodes["n2"] = NodeCapacity(
+        "n2", cpu_slots=2, memory_bytes=64 * 2**30, cordoned=True
+    )  # NotReady: no new placements
+    lose(world, job_id, "n2", "node n2 NotReady since 12:01:03Z under rank 1")
+    world.cycle(3, advance=1)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.PENDING and job.placement == {}
+    assert "waiting for a node to replace n2" in job.reason
+    assert job.restarts == 0  # the cluster's failure, not the job's
+    launches = dict(world.executor.launches)
+    world.cycle(3, advance=1)
+    assert world.executor.launches == launches  # nothing placed on the NotReady node
+    cluster.nodes["n2"] = node("n2")  # Ready again: used again, at the next cycle
+    world.cycle(3, advance=1)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.attempts == 2
+    assert sorted(job.placement) == ["n1", "n2"]
+
+
+def test_a_single_node_job_leaves_a_deleted_node_at_once(url: str, tmp_path: Path) -> None:
+    cluster = Cluster("n1", "n2")
+    world = make(url, tmp_path, cluster)
+    job_id = world.submit("one", resources={"cpu": 2}, restart={"backoff": "0s"})
+    world.cycle(2)
+    lost = next(iter(world.store.get_job(job_id).placement))
+    del cluster.nodes[lost]
+    lose(world, job_id, lost, f"node {lost} deleted")
+    world.cycle(3, advance=1)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.attempts == 2
+    assert lost not in job.placement
