@@ -55,13 +55,14 @@ def user_errors() -> Iterator[None]:
     except SpecError as exc:
         die(str(exc), 2)
     except ClientError as exc:
-        if exc.status == 422 and isinstance(exc.detail, list):
+        if exc.status == 422 and isinstance(exc.detail, list) and not str(exc).strip():
             lines = [
                 f"  - {d.get('path') or '<root>'}: {d.get('message')}"
                 + (f" (fix: {d['fix']})" if d.get("fix") else "")
                 for d in exc.detail
             ]
-            die("the control plane rejected the spec:\n" + "\n".join(lines), 2)
+            die("the control plane refused the request:\n" + "\n".join(lines), 2)
+        # Otherwise the control plane's own message, verbatim: it names the field and the fix.
         code = 2 if exc.status in (400, 404, 409, 422) else 1
         die(str(exc), code)
     except TensoryardError as exc:

@@ -6,6 +6,7 @@ overrides), never through the API; the registration itself is one API call.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,6 +30,8 @@ from tensoryard.cli._common import (
 from tensoryard.client import Client
 
 __all__ = ["models_app", "register"]
+
+_HASH = re.compile(r"^(blake3|b3|sha256):[0-9a-f]{64}$")  # a dataset hash, as --data-manifest
 
 models_app = typer.Typer(
     help="Model registry: versions from checkpoints or files, aliases, lineage, HF export.",
@@ -217,6 +220,12 @@ def register_version(
         "data_manifest": data_manifest, "metrics": metrics, "description": description,
         "tags": _pairs(tag, "tag"), "aliases": list(alias or []),
     }  # fmt: skip
+    if data_manifest and not Path(data_manifest).exists() and not _HASH.match(data_manifest):
+        die(
+            f"--data-manifest {data_manifest!r} is neither an existing dataset directory nor a "
+            "dataset hash (fix: pass the directory written by `tyard data prepare --out`, or "
+            "its hash like blake3:<64 hex digits>); nothing was registered"
+        )
     with user_errors(), client_for(server, token) as c:
         if data_manifest and Path(data_manifest).exists():
             from tensoryard.registry.service import data_manifest_hash

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,7 +71,7 @@ from tensoryard.server.schemas import (
 )
 from tensoryard.server.secrets import SecretStore
 from tensoryard.server.summary import summarize, team_goodput
-from tensoryard.spec.job import JobSpec, parse_job_spec
+from tensoryard.spec.job import NAME_PATTERN, JobSpec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, Store
 
@@ -532,7 +532,11 @@ def _add_error_handlers(app: FastAPI, guard: Guard) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         issues = [
-            FieldIssue(".".join(str(p) for p in e.get("loc", ())[1:]), str(e.get("msg", "")))
+            FieldIssue(
+                ".".join(str(p) for p in e.get("loc", ())[1:]),
+                str(e.get("msg", "")),
+                _fix_of(e),
+            )
             for e in exc.errors()
         ]
         err = SpecError(issues, source="request")
@@ -597,6 +601,25 @@ def _add_error_handlers(app: FastAPI, guard: Guard) -> None:
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
         return JSONResponse(status_code=503, content={"message": f"database error: {exc}"})
+
+
+def _fix_of(error: Mapping[str, Any]) -> str:
+    """A fix for a request field the framework refused (the message says what is wrong)."""
+    ctx = error.get("ctx") or {}
+    kind = error.get("type", "")
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+        return "use lowercase letters, digits and '-', starting with a letter (at most 63)"
+    if kind == "string_pattern_mismatch":
+        return f"write it to match {ctx.get('pattern')}"
+    if kind in ("json_invalid", "model_attributes_type", "dict_type"):
+        return "send a JSON object with Content-Type: application/json"
+    if kind == "finite_number":
+        return "send a finite number (not NaN or Infinity)"
+    if kind == "missing":
+        return "add the field"
+    if kind == "extra_forbidden":
+        return "remove the field (see the API reference at /docs)"
+    return ""
 
 
 def _restarted_in_place(store: Store, job_id: int, caller: Reporter, body: ReportIn) -> bool:

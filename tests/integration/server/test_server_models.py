@@ -210,3 +210,28 @@ def test_importing_a_directory_without_a_tokenizer_names_what_is_missing(
 
     assert code == 2 and "tokenizer.json: missing" in text
     assert live.plane.store.list_models() == []
+
+
+def test_a_data_manifest_that_is_neither_a_directory_nor_a_hash_is_refused_before_anything(
+    live: Live, tmp_path: Path
+) -> None:
+    code, out = tyard(
+        live, "mo", "models", "register", "nlp/tiny-gpt", "--job", str(live.job_id),
+        "--data-manifest", str(tmp_path / "no-such-dataset"),
+    )  # fmt: skip
+    assert code == 2, out
+    assert "neither an existing dataset directory nor a dataset hash" in out
+    assert "nothing was registered" in out
+    assert live.plane.store.list_models() == [] or all(
+        m.latest_version is None for m in live.plane.store.list_models()
+    )
+
+
+def test_an_alias_breaking_the_naming_rule_names_the_field_and_the_fix(live: Live) -> None:
+    code, out = tyard(
+        live, "mo", "models", "register", "nlp/tiny-gpt", "--job", str(live.job_id),
+        "--alias", "Bad_Alias",
+    )  # fmt: skip
+    assert code == 2, out
+    assert "aliases" in out and "fix:" in out, out
+    assert "rejected the spec" not in out

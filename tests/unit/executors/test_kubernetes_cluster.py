@@ -133,7 +133,12 @@ NODES = list(capacities([node("a"), node("b"), node("c", gpus=4)]).values())
         (
             {"resources": {"nodes": 3, "gpus_per_node": 8}},
             "resources.nodes: 3 nodes with 8 GPUs each, but the cluster has 2 such node(s) "
-            "(fix: ask for at most 2 nodes)",
+            "(short by 1) (fix: ask for at most 2 nodes)",
+        ),
+        (
+            {"resources": {"nodes": 4, "gpus_per_node": 0}, "launcher": "torchrun"},
+            "resources.nodes: 4 nodes needed, but the cluster has 3 (short by 1) (fix: ask for "
+            "at most 3 nodes, or add nodes to the cluster)",
         ),
         (
             {"scheduling": {"gpu_model": "B200"}},
@@ -141,7 +146,12 @@ NODES = list(capacities([node("a"), node("b"), node("c", gpus=4)]).values())
             "NVIDIA-H100-80GB-HBM3)",
         ),
     ],
-    ids=["more GPUs per node than any node has", "more such nodes than exist", "unknown GPU model"],
+    ids=[
+        "more GPUs per node than any node has",
+        "more such nodes than exist",
+        "a CPU gang larger than the cluster",
+        "unknown GPU model",
+    ],
 )
 def test_jobs_no_node_set_could_hold_are_refused(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError) as err:

@@ -121,6 +121,18 @@ def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> None:
             source="request",
         )
     if not res.gpus_per_node:
+        if res.nodes > len(nodes):  # a gang needs one node per worker group
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "resources.nodes",
+                        f"{res.nodes} nodes needed, but the cluster has {len(nodes)} "
+                        f"(short by {res.nodes - len(nodes)})",
+                        f"ask for at most {len(nodes)} nodes, or add nodes to the cluster",
+                    )
+                ],
+                source="request",
+            )
         return
     usable = [n for n in nodes if n.gpu_model and (not model or n.gpu_model == model)]
     largest = max((len(n.gpu_indices) for n in usable), default=0)
@@ -144,7 +156,7 @@ def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> None:
                 FieldIssue(
                     "resources.nodes",
                     f"{res.nodes} nodes with {res.gpus_per_node} GPUs each, but the cluster has "
-                    f"{enough} such node(s)",
+                    f"{enough} such node(s) (short by {res.nodes - enough})",
                     f"ask for at most {enough} nodes",
                 )
             ],
