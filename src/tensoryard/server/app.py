@@ -352,8 +352,11 @@ def create_app(
         number = attempt or job.attempts
         if number < 1:
             return PlainTextResponse("", headers={"X-Next-Offset": "0"})
-        path = _log_path(executor, job, store.get_attempt(job_id, number), rank)
-        size = _size_of(path)
+        record = store.get_attempt(job_id, number)
+        source = _LogSource(
+            _log_path(executor, job, record, rank), _live_reader(executor, record.handle, rank)
+        )
+        size = source.size()
         if offset > size:
             return JSONResponse(
                 status_code=416,
@@ -364,12 +367,12 @@ def create_app(
                 headers={"X-Next-Offset": str(size)},
             )
         if not follow:
-            data = _read_from(path, offset)
+            data = source.read(offset)
             return PlainTextResponse(
                 data.decode("utf-8", "replace"), headers={"X-Next-Offset": str(offset + len(data))}
             )
         return StreamingResponse(
-            _follow(store, job_id, number, path, offset), media_type="text/plain"
+            _follow(store, job_id, number, source, offset), media_type="text/plain"
         )
 
     @app.post(f"{API}/jobs/{{job_id}}/report", tags=["runtime"])
@@ -781,23 +784,60 @@ def _read_from(path: Path, offset: int, limit: int = 8 * 1024 * 1024) -> bytes:
         return b""
 
 
+class _LogSource:
+    """One rank's log: its file when there is one (the local executor's live file, or the log
+    a cluster executor kept when the attempt ended), else what the executor reads live from the
+    workload (a running pod's log through the Kubernetes API)."""
+
+    def __init__(self, path: Path, live: Callable[[], bytes | None] | None) -> None:
+        self.path = path
+        self.live = live
+
+    def _live(self) -> bytes | None:
+        if self.live is None or self.path.exists():
+            return None
+        try:
+            return self.live()
+        except TensoryardError:
+            return None
+
+    def size(self) -> int:
+        live = self._live()
+        return len(live) if live is not None else _size_of(self.path)
+
+    def read(self, offset: int, limit: int = 8 * 1024 * 1024) -> bytes:
+        live = self._live()
+        if live is not None:
+            return live[offset : offset + limit]
+        return _read_from(self.path, offset, limit)
+
+
+def _live_reader(
+    executor: Executor, handle: dict[str, Any] | None, rank: int
+) -> Callable[[], bytes | None] | None:
+    reader = getattr(executor, "live_log", None)
+    if reader is None or not handle:
+        return None
+    return lambda: reader(handle, rank)  # type: ignore[no-any-return]
+
+
 async def _follow(
-    store: Store, job_id: int, attempt: int, path: Path, offset: int
+    store: Store, job_id: int, attempt: int, source: _LogSource, offset: int
 ) -> AsyncIterator[bytes]:
-    """Yield new bytes of `path` until the attempt has finished and the file is drained."""
+    """Yield new bytes of the log until the attempt has finished and the log is drained."""
     while True:
-        chunk = await asyncio.to_thread(_read_from, path, offset, 1024 * 1024)
+        chunk = await asyncio.to_thread(source.read, offset, 1024 * 1024)
         if chunk:
             offset += len(chunk)
             yield chunk
             continue
         record = await asyncio.to_thread(store.get_attempt, job_id, attempt)
         if record.finished_at is not None:
-            tail = await asyncio.to_thread(_read_from, path, offset)
+            tail = await asyncio.to_thread(source.read, offset)
             if tail:
                 yield tail
             return
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25 if source.live is None else 1.0)  # a pod log is re-read whole
 
 
 IDEMPOTENCY_KEY_MAX = 100

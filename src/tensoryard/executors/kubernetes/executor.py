@@ -43,6 +43,7 @@ from tensoryard.executors.kubernetes.manifests import (
 )
 from tensoryard.executors.kubernetes.status import (
     Obj,
+    alive,
     attempt_status,
     get,
     node_loss,
@@ -464,6 +465,27 @@ class KubernetesExecutor:
         h = KubernetesHandle.from_dict(handle)
         return {rank: Path(h.attempt_dir) / f"rank-{rank}.log" for rank in range(h.nodes)}
 
+    def live_log(self, handle: dict[str, Any], rank: int) -> bytes | None:
+        """A running rank's log, read from its pod through the API (None when the attempt has
+        ended, its log is kept in the attempt directory then, or the pod has no log yet)."""
+        h = KubernetesHandle.from_dict(handle)
+        if self._recorded(h) is not None:
+            return None
+        pods = [p for p in self._observe(h)[1] if pod_rank(p) == rank and alive(p)]
+        if not pods:
+            return None
+        name = str(get(pods[-1], "metadata", "name"))
+        try:
+            text = self.kube.call(
+                f"get pods/log in namespace {h.namespace}",
+                self.kube.core.read_namespaced_pod_log,
+                name,
+                h.namespace,
+            )
+        except ExecutorError:  # not started yet, or a node without a kubelet (kwok)
+            return None
+        return str(text).encode("utf-8")
+
     def observed_pods(self) -> list[Obj]:
         """Every pod of a platform job in the namespace (for metrics): from the watch cache
         while it is healthy, else one LIST."""
@@ -578,6 +600,7 @@ class KubernetesExecutor:
             "exit_code": status.exit_code,
             "reason": status.reason,
             "failed_ranks": list(status.failed_ranks),
+            "lost_nodes": list(status.lost_nodes),
             "at": time.time(),
         }
         tmp = path.with_suffix(".tmp")
@@ -594,6 +617,7 @@ class KubernetesExecutor:
             data.get("exit_code"),
             str(data.get("reason", "")),
             tuple(data.get("failed_ranks", ())),
+            lost_nodes=tuple(data.get("lost_nodes", ())),
         )
 
     # -- stop ---------------------------------------------------------------------------------
