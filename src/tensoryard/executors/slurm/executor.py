@@ -226,9 +226,7 @@ class SlurmExecutor:
         job = _pick(jobs, h.slurm_job_id)
         cancel = read_json(h.layout.cancel)
         if job is not None and job.state == "COMPLETING" and (h.layout.dir / _EXIT).exists():
-            job = None if cancel is None else job  # the batch script ended: its record tells
-            if job is None:
-                return self._outcome(h, None, cancel)
+            return self._outcome(h, None, cancel)  # the batch script ended: its record tells
         if job is not None and job.alive:
             if cancel is not None:
                 self._escalate(job, cancel)
