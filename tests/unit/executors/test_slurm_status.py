@@ -121,9 +121,9 @@ def test_config_file_settings_are_checked_and_name_the_setting() -> None:
     )
     assert config.team("nlp") == TeamMapping(partition="long", qos="high")
     assert config.team("vision") == TeamMapping(partition="debug")
-    with pytest.raises(ConfigError, match="unknown setting.*partitoin"):
+    with pytest.raises(ConfigError, match=r"unknown setting.*partitoin"):
         slurm_config_from({"partitoin": "x"})
-    with pytest.raises(ConfigError, match="teams.nlp must be a mapping"):
+    with pytest.raises(ConfigError, match=r"teams\.nlp must be a mapping"):
         slurm_config_from({"teams": {"nlp": {"partiton": "x"}}})
     with pytest.raises(ConfigError, match="admission 'kueue'"):
         slurm_config_from({"admission": "kueue"})

@@ -59,6 +59,8 @@ done
 printf '{{"slurm_job_id": %s, "exit_code": %s, "ended_at": %s}}\\n' \\
   "$SLURM_JOB_ID" "$rc" "$(date +%s)" > "$attempt_dir/.slurm-exit.json.tmp" \\
   && mv "$attempt_dir/.slurm-exit.json.tmp" "$attempt_dir/slurm-exit.json"
+# cancelled from tensoryard: the workers stopped (checkpointed); Slurm's record says CANCELLED
+[ -e "$attempt_dir/cancel.json" ] && scancel "$SLURM_JOB_ID"
 exit "$rc"
 """
 
