@@ -52,6 +52,12 @@ class SlurmCommands:
         conf = self.config.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
         return f"SLURM_CONF={conf}"
 
+    def _unreachable(self) -> str:
+        return (
+            f"slurmctld is down or unreachable ({self.where()}; fix: start slurmctld, or point "
+            "slurm_conf in the Slurm config / --slurm-conf at the right cluster)"
+        )
+
     def run(
         self,
         name: str,
@@ -75,14 +81,14 @@ class SlurmCommands:
             )
         except subprocess.TimeoutExpired as exc:
             raise ExecutorError(
-                f"{name} did not answer within {timeout:g}s: slurmctld is down or unreachable "
-                f"({self.where()}; fix: start slurmctld or point slurm_conf / --slurm-conf at "
-                "the right cluster)"
+                f"{name} did not answer within {timeout:g}s: {self._unreachable()}"
             ) from exc
         except OSError as exc:
             raise ExecutorError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
         if done.returncode != 0:
             words = (done.stderr or done.stdout).strip().replace("\n", "; ")[-800:]
+            if "Unable to contact slurm controller" in words:
+                raise ExecutorError(f"{name}: {self._unreachable()} ({words})")
             raise ExecutorError(f"{name} failed (exit {done.returncode}): {words}")
         return done.stdout
 
