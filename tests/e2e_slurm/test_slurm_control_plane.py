@@ -38,7 +38,7 @@ def plane(slurm: SlurmCluster, tmp_path: Path) -> Iterator[ServerProcess]:
     server.stop()
 
 
-def two_node_job(tmp_path: Path, *args: str, **extra: object) -> dict[str, Any]:
+def two_node_job(tmp_path: Path, *args: str, **extra: Any) -> dict[str, Any]:
     spec = yaml.safe_load(tiny_job(tmp_path, *args, **extra).read_text())
     spec["resources"] = {"nodes": 2, "processes_per_node": 1, "cpu": 1, "memory": "1Gi"}
     return dict(spec)
