@@ -99,6 +99,7 @@ class Bench:
         self.marker = work / "marker.py"
         self.marker.write_text(MARKER)
         self.runs = 0
+        self.to_sbatch: list[float] = []  # tensoryard arm: API submit -> sbatch returned
 
     def out_dir(self) -> Path:
         self.runs += 1
@@ -158,6 +159,9 @@ class Bench:
             "the job to end",
             every=0.2,
         )
+        # the platform's own share: API submit -> sbatch returned (the executor's record)
+        record = Path(client.job(job["id"])["run_dir"]) / "attempt-1" / "slurm-job.json"
+        self.to_sbatch.append(float(json.loads(record.read_text())["submitted_at"]) - t0)
         return float(last) - t0
 
 
@@ -215,12 +219,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         timeout=120,
     )
     proc = None
+    bench = Bench(work, env)
     samples: dict[int, dict[str, list[float]]] = {
         n: {"sbatch": [], "tensoryard": []} for n in args.nodes
     }
     try:
         proc, client = start_plane(work, env)
-        bench = Bench(work, env)
         for repeat in range(args.repeats):
             for nodes in args.nodes:
                 arms = ("sbatch", "tensoryard") if repeat % 2 == 0 else ("tensoryard", "sbatch")
@@ -254,6 +258,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
     return {
         "benchmark": NAME,
+        "tensoryard_submit_to_sbatch_s": bench.to_sbatch,
+        "tensoryard_submit_to_sbatch_median_s": statistics.median(bench.to_sbatch),
         "command": "python benchmarks/slurm_launch.py " + " ".join(sys.argv[1:]),
         "commit": git_commit(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -262,6 +268,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "nodes": per_size,
         "goal": {"ratio_max": GOAL_RATIO, "extra_s_max": GOAL_EXTRA_S},
+        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
 
 
@@ -275,8 +282,12 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
         ok = row["ratio"] <= GOAL_RATIO and row["extra_s"] <= GOAL_EXTRA_S
         met.append(f"{nodes}n {'yes' if ok else 'no'}")
     text = (
-        f"submit -> every rank running, median of {result['repeats']} alternating runs on "
-        f"{result['slurm']} (4 slurmd on this machine): " + "; ".join(parts)
+        f"submit -> every rank running (one torchrun per node), median of {result['repeats']} "
+        f"alternating runs on {result['slurm']} (4 slurmd on this machine): "
+        + "; ".join(parts)
+        + f"; tensoryard's own share, API submit -> sbatch returned: median "
+        f"{result['tensoryard_submit_to_sbatch_median_s']:.3f} s; load average at the end "
+        f"{result['load_average']}"
     )
     return text, ", ".join(met)
 
