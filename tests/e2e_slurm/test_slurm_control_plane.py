@@ -200,3 +200,37 @@ def test_impossible_jobs_are_refused_before_anything_is_submitted(
     )
     assert cli.returncode == 2 and "no node of partition 'debug' has more than 4" in cli.stderr
     assert len(slurm.jobs()) == before  # nothing reached Slurm
+
+
+def test_with_slurm_admission_slurm_chooses_the_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """admission: slurm: tensoryard admits (quotas) and submits without --nodelist."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = slurm.config_file(
+        tmp_path / "slurm.yaml", admission="slurm", teams={"*": {"partition": "long"}}
+    )
+    server = ServerProcess(
+        home=home,
+        port=free_port(),
+        extra_args=["--executor", "slurm", "--slurm-config", str(config)],
+    )
+    try:
+        client = server.start()
+        script = tmp_path / "hello.py"
+        script.write_text("import os; print('on', os.environ['TYARD_NODE'])\n")
+        spec = {
+            "name": "hello",
+            "launcher": "python",
+            "command": [str(script)],
+            "workdir": str(tmp_path),
+            "resources": {"cpu": 1, "memory": "64Mi"},
+        }
+        job_id = client.submit(spec)["id"]
+        job = wait_for(client, job_id, TERMINAL, timeout=120)
+        assert job["state"] == "SUCCEEDED", explain(client, job_id, job["run_dir"])
+        [sjob] = slurm_jobs_of(slurm, client, job_id)
+        assert sjob["required_nodes"] == "" and sjob["partition"] == "long"
+        log = (Path(job["run_dir"]) / "attempt-1" / "rank-0.log").read_text()
+        assert log.strip() == f"on {sjob['nodes']}"
+    finally:
+        server.stop()

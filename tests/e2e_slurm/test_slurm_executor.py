@@ -193,3 +193,14 @@ def test_tyard_server_refuses_an_unknown_partition_with_exit_and_message(
     assert out.returncode != 0
     assert "teams.nlp.partition 'gpu-h100' does not exist (partitions: debug, long)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_settings_file_with_a_mistyped_key_is_bad_input_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "slurm.yaml"
+    path.write_text("teams:\n  nlp: {partiton: gpu}\n")
+    out = tyard(
+        "server", "--home", str(tmp_path / "home"), "--executor", "slurm",
+        "--slurm-config", str(path), timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "teams.nlp must be a mapping with keys partition, qos, account" in out.stderr

@@ -264,6 +264,7 @@ def server(
     Several replicas may share one PostgreSQL database (and one --home, for the local
     executor's run directories and job-token key): all serve the API, one leads the loop."""
     from tensoryard.cli.k8s import kubernetes_config
+    from tensoryard.errors import ConfigError
     from tensoryard.executors.slurm.config import load_slurm_config
     from tensoryard.registry.webhooks import load_webhooks_file
     from tensoryard.scheduler.config import SchedulerConfig, load_scheduler_config
@@ -300,7 +301,10 @@ def server(
             keep_finished_s=None if keep_finished < 0 else keep_finished,
             cordon_nodes=cordon_nodes,
         )
+    try:  # a settings file that cannot be used is bad input (exit 2), like a bad option
         slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf)
+    except ConfigError as exc:
+        die(str(exc), 2)
     config = ServerConfig(
         executor="slurm"
         if executor == "slurm"
