@@ -155,9 +155,11 @@ def test_slurmctld_down_is_a_clear_error_naming_the_setting_not_a_hang(
         ConfigError, match=r"--executor slurm: scontrol.*slurmctld is down or unreachable"
     ):
         ClusterView(SlurmCommands(config), config).check_config()
+    settings = tmp_path / "slurm.yaml"
+    settings.write_text(f"slurm_conf: {conf}\ncommand_timeout_s: 3\n")
     out = tyard(
         "server", "--home", str(tmp_path / "home"), "--port", "27198",
-        "--executor", "slurm", "--slurm-conf", str(conf),
+        "--executor", "slurm", "--slurm-config", str(settings),
         timeout=60,
     )  # fmt: skip
     assert out.returncode != 0

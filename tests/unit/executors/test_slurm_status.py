@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tensoryard.errors import ConfigError, ExecutorError
-from tensoryard.executors.slurm.cluster import gpu_count
+from tensoryard.executors.slurm.cluster import gpu_count, gpu_model
 from tensoryard.executors.slurm.commands import _pairs
 from tensoryard.executors.slurm.config import TeamMapping, slurm_config_from
 from tensoryard.executors.slurm.status import (
@@ -113,6 +113,7 @@ def test_scontrol_records_and_gres_strings() -> None:
     assert gpu_count("gpu:a100:2,gpu:h100:2") == 4
     assert gpu_count("gpu:4") == 4
     assert gpu_count("(null)") == 0
+    assert gpu_model("gpu:h100:8(S:0-1)") == "h100" and gpu_model("gpu:4") == "gpu"
 
 
 def test_config_file_settings_are_checked_and_name_the_setting() -> None:

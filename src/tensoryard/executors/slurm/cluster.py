@@ -24,6 +24,17 @@ _GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
 _UNAVAILABLE = ("DOWN", "DRAIN", "FAIL", "FUTURE", "NOT_RESPONDING", "POWER", "MAINT", "REBOOT")
 
 
+_GPU_TYPE = re.compile(r"(?:^|,)gpu:([^:,()]+):\d+")
+DEFAULT_GPU_MODEL = "gpu"  # a node whose GRES names no type ("gpu:8")
+
+
+def gpu_model(gres: str) -> str:
+    """The GPU type of a node's Gres string ('gpu:h100:8' -> 'h100'; 'gpu:8' -> 'gpu'): the
+    scheduler's GPU flavor, on which team quotas count."""
+    match = _GPU_TYPE.search(gres or "")
+    return match.group(1) if match else DEFAULT_GPU_MODEL
+
+
 def gpu_count(gres: str) -> int:
     """GPUs in a node's Gres string: 'gpu:4', 'gpu:h100:8(S:0-1)', 'gpu:a:2,gpu:b:2' -> 4."""
     return sum(int(m) for m in _GPU.findall(gres or ""))
@@ -37,6 +48,7 @@ class SlurmNode:
     gpus: int
     state: str
     partitions: tuple[str, ...]
+    gpu_model: str = DEFAULT_GPU_MODEL
 
     @property
     def available(self) -> bool:
@@ -108,6 +120,7 @@ class SlurmCluster:
                 cpu_slots=float(n.cpus),
                 memory_bytes=n.memory_mib * _MIB,
                 gpu_indices=tuple(range(n.gpus)),
+                gpu_model=n.gpu_model if n.gpus else None,
                 cordoned=not n.available,
                 state="ready" if n.available else "cordoned",
             )
@@ -250,4 +263,5 @@ def _node(rec: dict[str, str]) -> SlurmNode:
         gpus=gpu_count(rec.get("Gres", "")),
         state=rec.get("State", "UNKNOWN"),
         partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p),
+        gpu_model=gpu_model(rec.get("Gres", "")),
     )
