@@ -234,3 +234,31 @@ def test_with_slurm_admission_slurm_chooses_the_nodes(slurm: SlurmCluster, tmp_p
         assert log.strip() == f"on {sjob['nodes']}"
     finally:
         server.stop()
+
+
+def test_a_control_plane_killed_mid_run_finds_the_slurm_job_again(
+    slurm: SlurmCluster, plane: ServerProcess, tmp_path: Path
+) -> None:
+    """SIGKILL while the job runs: the Slurm job keeps running (it does not belong to the
+    control plane's process tree) and the restarted control plane reattaches to it."""
+    script = tmp_path / "long.py"
+    script.write_text("import time; print('start', flush=True); time.sleep(8); print('end')\n")
+    spec = {
+        "name": "long",
+        "launcher": "python",
+        "command": [str(script)],
+        "workdir": str(tmp_path),
+        "resources": {"cpu": 1, "memory": "64Mi"},
+        "restart": {"max_restarts": 0},
+    }
+    client = plane.start()
+    job_id = client.submit(spec)["id"]
+    wait_for(client, job_id, {"RUNNING"}, timeout=60)
+    plane.kill()
+    client = plane.start()
+    job = wait_for(client, job_id, TERMINAL, timeout=120)
+    assert job["state"] == "SUCCEEDED", explain(client, job_id, job["run_dir"])
+    assert len(client.attempts(job_id)) == 1
+    log = (Path(job["run_dir"]) / "attempt-1" / "rank-0.log").read_text()
+    assert log.split() == ["start", "end"]  # the one run, never restarted
+    assert len(slurm_jobs_of(slurm, client, job_id)) == 1
