@@ -89,7 +89,7 @@ def test_a_mixed_queue_of_three_teams_keeps_quotas_and_runs_each_job_once(
         for job_id in ids:
             job = wait_for(client, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=300)
             assert job["state"] == "SUCCEEDED", job["reason"]
-        runs = collections.Counter()
+        runs: collections.Counter[tuple[str, str]] = collections.Counter()
         spans: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
         for line in ledger.read_text().splitlines():
             job_id, attempt, team, start, end = line.split()
