@@ -227,8 +227,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         proc, client = start_plane(work, env)
         for repeat in range(args.repeats):
             for nodes in args.nodes:
-                arms = ("sbatch", "tensoryard") if repeat % 2 == 0 else ("tensoryard", "sbatch")
-                for arm in arms:
+                order = ("sbatch", "tensoryard") if repeat % 2 == 0 else ("tensoryard", "sbatch")
+                for arm in order:
                     bench.idle()
                     took = (
                         bench.sbatch(nodes) if arm == "sbatch" else bench.tensoryard(client, nodes)
