@@ -360,8 +360,8 @@ def _failed(
         if rank_rec.get("error"):
             reason += f": {rank_rec['error']}"
     else:
-        shown = code - 256 if code > 128 else code  # bash reports 128+N for signal N
-        reason = f"{where}: srun {describe_exit(shown if shown < 0 else code)}"
+        shown = -(code - 128) if 128 < code < 160 else code  # bash: 128+N for signal N
+        reason = f"{where}: srun {describe_exit(shown)}"
         tail = _launcher_tail(h.layout)
         if tail:
             reason += f"; launcher.log ends: {tail}"
