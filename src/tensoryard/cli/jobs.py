@@ -86,8 +86,27 @@ def server(
     ] = None,
     executor: Annotated[
         str,
-        typer.Option(help="Where jobs run: 'local' (this machine) or 'kubernetes'."),
+        typer.Option(help="Where jobs run: 'local' (this machine), 'kubernetes' or 'slurm'."),
     ] = "local",
+    slurm_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--slurm-config",
+            help="[slurm] YAML file of Slurm executor settings: slurm_conf, teams (team -> "
+            "partition/qos/account; '*' for the rest), admission, signal_lead_s, python, "
+            "rendezvous_ports ... (docs/slurm.md).",
+            show_default=False,
+        ),
+    ] = None,
+    slurm_conf: Annotated[
+        Path | None,
+        typer.Option(
+            "--slurm-conf",
+            help="[slurm] The cluster's slurm.conf (default: $SLURM_CONF, else "
+            "/etc/slurm/slurm.conf).",
+            show_default=False,
+        ),
+    ] = None,
     kubeconfig: Annotated[
         Path | None,
         typer.Option(
@@ -245,13 +264,17 @@ def server(
     Several replicas may share one PostgreSQL database (and one --home, for the local
     executor's run directories and job-token key): all serve the API, one leads the loop."""
     from tensoryard.cli.k8s import kubernetes_config
+    from tensoryard.errors import ConfigError
+    from tensoryard.executors.slurm.config import load_slurm_config
     from tensoryard.registry.webhooks import load_webhooks_file
     from tensoryard.scheduler.config import SchedulerConfig, load_scheduler_config
     from tensoryard.server.config import ServerConfig, default_home
     from tensoryard.server.main import run_server
 
-    if executor not in ("local", "kubernetes"):
-        die(f"--executor {executor!r}: use 'local' or 'kubernetes'")
+    if executor not in ("local", "kubernetes", "slurm"):
+        die(f"--executor {executor!r}: use 'local', 'kubernetes' or 'slurm'")
+    if executor != "slurm" and (slurm_config is not None or slurm_conf is not None):
+        die("--slurm-config/--slurm-conf: only with --executor slurm")
     if admission != "tensoryard" and executor != "kubernetes":
         die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
     if admission == "kueue" and (scheduler_config is not None or scheduler_set):
@@ -278,9 +301,18 @@ def server(
             keep_finished_s=None if keep_finished < 0 else keep_finished,
             cordon_nodes=cordon_nodes,
         )
+    try:  # a settings file that cannot be used is bad input (exit 2), like a bad option
+        slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf)
+    except ConfigError as exc:
+        die(str(exc), 2)
     config = ServerConfig(
-        executor="kubernetes" if executor == "kubernetes" else "local",
+        executor="slurm"
+        if executor == "slurm"
+        else "kubernetes"
+        if executor == "kubernetes"
+        else "local",
         kubernetes=k8s,
+        slurm=slurm,
         cancel_grace_s=cancel_grace,
         home=home or default_home(),
         db_url=db_url,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tensoryard.executors.kubernetes.config import KubernetesConfig
+from tensoryard.executors.slurm.config import SlurmConfig
 from tensoryard.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
@@ -90,11 +91,15 @@ class ServerConfig:
     """Variables (shell patterns) jobs inherit from the control plane's environment; None:
     the local executor's DEFAULT_ENV_ALLOW."""
 
-    executor: Literal["local", "kubernetes"] = "local"
-    """Where jobs run: processes on this machine, or pods on the cluster of `kubernetes`."""
+    executor: Literal["local", "kubernetes", "slurm"] = "local"
+    """Where jobs run: processes on this machine, pods on the cluster of `kubernetes`, or
+    batch jobs on the Slurm cluster of `slurm`."""
 
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """The cluster, namespace and pod settings of the Kubernetes executor."""
+
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """The cluster, team mapping and submission settings of the Slurm executor."""
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """The scheduling core's policy knobs (fair share, reclaim, preemption, backfill; see

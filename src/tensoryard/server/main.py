@@ -179,6 +179,17 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
     return _Backend(executor, cluster.capacity, fits, node_sync, kube)
 
 
+def _slurm_backend(config: ServerConfig) -> _Backend:
+    """Check the cluster (slurmctld answers, the team mapping's partitions, QOS and accounts
+    exist) before anything is submitted."""
+    from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
+    from tensoryard.executors.slurm.executor import SlurmExecutor
+
+    executor = SlurmExecutor(config.slurm, env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW)
+    executor.cluster.check_config()
+    return _Backend(executor, executor.cluster.capacity, executor.cluster.check_fits)
+
+
 def _kueue_admits(config: ServerConfig) -> bool:
     return config.executor == "kubernetes" and config.kubernetes.admission == "kueue"
 
@@ -187,6 +198,8 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     """Open the store (migrating it), make the platform admin and its token file (first start
     only), build executor and controller."""
     backend = _kubernetes_backend(config) if config.executor == "kubernetes" else None
+    if config.executor == "slurm":
+        backend = _slurm_backend(config)
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(config.database_url)

@@ -1,0 +1,145 @@
+"""The batch script of one attempt and the sbatch options that go with it.
+
+    sbatch (options below) job.sbatch
+      └─ batch shell on the first node: notes its Slurm job id, finds the rendezvous host
+         └─ srun, one task per node ──> torchrun --node-rank $SLURM_NODEID ──> rank.py ──> script
+
+The batch shell turns Slurm's early warning (`--signal=B:USR1@LEAD`, before the time limit or
+a preemption) into SIGTERM for the workers, which checkpoint and stop (tensoryard.runtime), and
+writes ``slurm-exit.json`` when srun returns, so the outcome survives Slurm forgetting the job.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+
+from tensoryard.errors import ExecutorError
+from tensoryard.executors.base import LaunchRequest
+from tensoryard.executors.local.plan import RANK_WRAPPER
+from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
+from tensoryard.executors.slurm.status import JOB_NAME_PREFIX
+
+__all__ = ["batch_script", "sbatch_args"]
+
+_MIB = 1024 * 1024
+
+_TEMPLATE = """#!/bin/bash
+# tensoryard job {job_id} attempt {attempt} (key {key}); written by the Slurm executor.
+set -u
+attempt_dir={attempt_dir}
+printf '{{"slurm_job_id": %s, "started_at": %s, "nodes": "%s"}}\\n' \\
+  "$SLURM_JOB_ID" "$(date +%s)" "$SLURM_JOB_NODELIST" \\
+  > "$attempt_dir/slurm-started.$SLURM_JOB_ID.json"
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+addr=$(scontrol show node "$first" -o 2>/dev/null | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')
+# torchrun reads its options from PET_* variables: a static rendezvous on the first node
+export PET_MASTER_ADDR="${{addr:-$first}}"
+export PET_MASTER_PORT=$(( {port_low} + SLURM_JOB_ID % {port_span} ))
+export TYARD_NODE_COUNT="$SLURM_JOB_NUM_NODES"
+step_pid=""
+warned() {{
+  echo "tensoryard: Slurm warned of the end of job $SLURM_JOB_ID ($1):" \\
+    "SIGTERM to the workers (they checkpoint and stop)"
+  scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || kill -TERM "$step_pid" 2>/dev/null
+}}
+trap 'warned USR1' USR1
+trap 'warned TERM' TERM
+echo "tensoryard: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST," \\
+  "rendezvous $PET_MASTER_ADDR:$PET_MASTER_PORT"
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL \\
+  bash -c 'export TYARD_NODE="$SLURMD_NODENAME" PET_NODE_RANK="$SLURM_NODEID"; exec "$@"' \\
+  tyard-step {step} &
+step_pid=$!
+while :; do
+  wait "$step_pid"; rc=$?
+  kill -0 "$step_pid" 2>/dev/null || break  # a trapped signal interrupted the wait
+done
+printf '{{"slurm_job_id": %s, "exit_code": %s, "ended_at": %s}}\\n' \\
+  "$SLURM_JOB_ID" "$rc" "$(date +%s)" > "$attempt_dir/.slurm-exit.json.tmp" \\
+  && mv "$attempt_dir/.slurm-exit.json.tmp" "$attempt_dir/slurm-exit.json"
+# cancelled from tensoryard: the workers stopped (checkpointed); Slurm's record says CANCELLED
+[ -e "$attempt_dir/cancel.json" ] && scancel "$SLURM_JOB_ID"
+exit "$rc"
+"""
+
+
+def _step(request: LaunchRequest, attempt_dir: Path, python: str) -> list[str]:
+    """The command of each node's task (after `bash -c ... tyard-step`)."""
+    spec = request.spec
+    program = [str(RANK_WRAPPER), str(attempt_dir), *spec.command]
+    if spec.launcher != "torchrun":
+        if spec.resources.nodes != 1:
+            raise ExecutorError(
+                f"job {request.job_id}: a multi-node job needs launcher: torchrun "
+                f"(resources.nodes={spec.resources.nodes})"
+            )
+        return [python, *program]  # rank.py: RANK unset -> rank 0
+    return [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.resources.nodes),
+        "--nproc-per-node", str(spec.resources.procs),
+        # node rank, master address and port: PET_* variables set by the batch script
+        # restarts belong to the control plane (a new attempt, from the last checkpoint)
+        "--max-restarts", "0",
+        "--log-dir", str(attempt_dir / "torchrun"),
+        *program,
+    ]  # fmt: skip
+
+
+def batch_script(request: LaunchRequest, attempt_dir: Path, key: str, config: SlurmConfig) -> str:
+    low, high = config.rendezvous_ports
+    step = " ".join(shlex.quote(w) for w in _step(request, attempt_dir, config.python))
+    return _TEMPLATE.format(
+        job_id=request.job_id,
+        attempt=request.attempt,
+        key=key,
+        attempt_dir=shlex.quote(str(attempt_dir)),
+        port_low=low,
+        port_span=high - low + 1,
+        step=step,
+    )
+
+
+def sbatch_args(
+    request: LaunchRequest,
+    attempt_dir: Path,
+    key: str,
+    config: SlurmConfig,
+    mapping: TeamMapping,
+    *,
+    fencing_epoch: int,
+) -> list[str]:
+    """sbatch's options for one attempt (the script path goes last, added by the caller)."""
+    spec = request.spec
+    res = spec.resources
+    args = [
+        "--parsable",
+        f"--job-name={JOB_NAME_PREFIX}{key}",
+        f"--comment=tensoryard job={request.job_id} attempt={request.attempt} key={key} "
+        f"epoch={fencing_epoch}",
+        f"--nodes={res.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={max(1, math.ceil(res.cpu))}",
+        f"--mem={max(1, math.ceil(res.memory / _MIB))}M",
+        f"--output={attempt_dir / 'launcher.log'}",
+        f"--chdir={Path(spec.workdir) if spec.workdir else request.run_dir}",
+        "--export=ALL",
+        "--no-requeue",  # a new attempt is the control plane's call (from the last checkpoint)
+        f"--signal=B:USR1@{config.signal_lead_s}",
+    ]
+    if res.gpus_per_node:
+        args.append(f"--gres=gpu:{res.gpus_per_node}")
+    if spec.max_runtime is not None:
+        args.append(f"--time={max(1, math.ceil(float(spec.max_runtime) / 60))}")
+    if mapping.partition:
+        args.append(f"--partition={mapping.partition}")
+    if mapping.qos:
+        args.append(f"--qos={mapping.qos}")
+    if mapping.account:
+        args.append(f"--account={mapping.account}")
+    if config.admission == "tensoryard" and request.placement:
+        args.append(f"--nodelist={','.join(sorted(request.placement))}")
+    args.extend(config.extra_sbatch_args)
+    return args

@@ -1,0 +1,119 @@
+"""A real Slurm cluster for the tests in this folder: `scripts/slurm-testenv up` (munged,
+slurmctld and two slurmd, n1 and n2, each with 4 pretend GPUs) in a temporary directory,
+`down` at the end (every job cancelled first).
+
+Without Slurm installed the tests skip, naming `scripts/slurm-testenv install`; with CI set
+and TYARD_SLURM_REQUIRED=1 they fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm-testenv"
+PORT_BASES = (27120, 27130, 27140)  # slurmctld, then one port per slurmd
+RENDEZVOUS_PORTS = (27160, 27179)  # torchrun's master ports (this machine is every node)
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("CI") and os.environ.get("TYARD_SLURM_REQUIRED") == "1":
+        pytest.fail(f"the Slurm test cluster is required: {message}", pytrace=False)
+    pytest.skip(f"Slurm test cluster unavailable: {message}")
+
+
+def _ports_free(base: int, count: int) -> bool:
+    try:
+        for port in range(base, base + count):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    dir: Path
+    nodes: int
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *argv: str) -> str:
+        done = subprocess.run(
+            argv, env=self.env(), capture_output=True, text=True, timeout=30, check=True
+        )
+        return done.stdout
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job Slurm still knows (squeue --json; finished ones for MinJobAge)."""
+        return list(json.loads(self.run("squeue", "--json"))["jobs"])
+
+    def jobs_named(self, prefix: str) -> list[dict[str, Any]]:
+        return [j for j in self.jobs() if str(j["name"]).startswith(prefix)]
+
+    def config_file(self, path: Path, **settings: Any) -> Path:
+        """A `--slurm-config` YAML file for this cluster."""
+        data = {
+            "slurm_conf": str(self.conf),
+            "rendezvous_ports": list(RENDEZVOUS_PORTS),
+            "command_timeout_s": 10,
+            "queue_ttl_s": 0.5,
+            **settings,
+        }
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        _unavailable("Slurm is not installed: run `scripts/slurm-testenv install`")
+    base = next((b for b in PORT_BASES if _ports_free(b, 3)), None)
+    if base is None:
+        _unavailable(f"no free ports at {PORT_BASES} (another test cluster runs?)")
+    directory = tmp_path_factory.mktemp("slurm")
+    env = {**os.environ, "TYARD_SLURM_PORT_BASE": str(base)}
+    up = subprocess.run(
+        [SCRIPT, "up", "--dir", directory, "--nodes", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"scripts/slurm-testenv up failed:\n{up.stderr[-4000:]}", pytrace=False)
+        yield SlurmCluster(directory, 2)
+    finally:
+        subprocess.run(
+            [SCRIPT, "down", "--dir", directory], env=env, capture_output=True, timeout=120
+        )
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
