@@ -45,6 +45,9 @@ class LaunchRequest:
     # Worker restarts the launcher may do by itself (torchrun --max-restarts) before the attempt
     # fails; each restarted group reports as the next attempt number (0: none).
     in_place_restarts: int = 0
+    # The leader epoch the control plane launched under (its fencing token): executors record
+    # it with the workload (a Slurm job's comment, a pod annotation) so a duplicate is traceable.
+    fencing_epoch: int = 0
 
 
 class AttemptPhase(enum.StrEnum):

@@ -1365,6 +1365,7 @@ class Controller:
             placement=dict(job.placement),
             attempt_key=key,
             in_place_restarts=in_place,
+            fencing_epoch=self.epoch or 0,
         )
 
     def _checkpoint_interval(self, job: JobRecord, spec: JobSpec, number: int) -> int:

@@ -152,7 +152,10 @@ def workload_for(
         pvc_name=config.pvc_name,
         pvc_mount_path=config.pvc_mount_path,
         termination_grace_s=max(int(grace_s), 0),
-        pod_annotations=dict(config.pod_annotations),
+        pod_annotations={
+            **config.pod_annotations,
+            "tensoryard.io/leader-epoch": str(request.fencing_epoch),  # the fencing token
+        },
         ttl_after_finished_s=config.keep_finished_s,
         kueue_queue=spec.team if kueue else None,
         kueue_priority_class=kueue_priority_class if kueue else None,

@@ -165,7 +165,7 @@ class SlurmExecutor:
             script = layout.dir / "job.sbatch"
             script.write_text(batch_script(request, layout.dir, key, self.config), encoding="utf-8")
             script.chmod(0o700)
-            epoch = int(getattr(request, "fencing_epoch", 0) or 0)
+            epoch = request.fencing_epoch
             args = sbatch_args(request, layout.dir, key, self.config, mapping, fencing_epoch=epoch)
             out = self.commands.run("sbatch", [*args, str(script)], env=self._job_env(request, key))
             slurm_id = _parse_job_id(out)
