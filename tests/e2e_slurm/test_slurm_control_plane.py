@@ -81,7 +81,7 @@ def test_tiny_gpt_trains_to_the_end_on_two_slurm_nodes(
     assert sjob["job_state"] == "COMPLETED" and sjob["nodes"] == "n[1-2]"
     key = submitted(client, job_id)[1]["attempt_key"]
     assert sjob["name"] == f"tyard.{key}"
-    assert f"attempt=1 key={key} epoch=0" in sjob["comment"]
+    assert f"attempt=1 key={key} epoch=1" in sjob["comment"]  # the leader's fencing token
     attempt_dir = Path(job["run_dir"]) / "attempt-1"
     # one torchrun per node (srun), one rank each, per-rank logs that `tyard logs` shows
     for rank, node in ((0, "n1"), (1, "n2")):

@@ -117,6 +117,7 @@ def test_cancel_is_recorded_once_and_an_unknown_pipeline_is_404(world: World) ->
     started = world.as_("mo").post("/api/v1/pipelines", json={"spec": spec()}).json()
     cancelled = world.as_("mo").post(f"/api/v1/pipelines/{started['id']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["cancel_requested"] is True
+    assert world.plane.controller.lead()  # the advancer writes as the loop: fenced
     world.plane.controller.pipelines.advance()
     record = world.plane.store.get_pipeline(started["id"])
     assert record.state == "CANCELLED"

@@ -181,11 +181,12 @@ def test_a_checkpoint_records_its_format_and_lists_the_metrics_of_its_step(
     plane.store.start_attempt(job["id"], handle={})
     auth = {"Authorization": f"Bearer {plane.store.issue_job_token(job['id'], attempt=1)}"}
     now = time.time()
-    dcp = tmp_path / "dcp"  # a torch.distributed.checkpoint directory the server can see
-    dcp.mkdir()
+    run = Path(job["run_dir"])  # a job reports paths inside its own files (docs/access.md)
+    dcp = run / "dcp"  # a torch.distributed.checkpoint directory the server can see
+    dcp.mkdir(parents=True)
     (dcp / ".metadata").write_bytes(b"m")
     (dcp / "__0_0.distcp").write_bytes(b"s")
-    megatron = tmp_path / "iter_0000300"  # a Megatron distributed checkpoint
+    megatron = run / "iter_0000300"  # a Megatron distributed checkpoint
     megatron.mkdir()
     for name in ("metadata.json", "common.pt", "0.distcp.bin"):
         (megatron / name).write_bytes(b"x")
@@ -196,10 +197,10 @@ def test_a_checkpoint_records_its_format_and_lists_the_metrics_of_its_step(
             {"step": 150, "ts": now, "values": {"loss": 2.0}},
         ],
         "checkpoints": [
-            {"step": 100, "path": str(tmp_path / "s"), "ts": now, "format": "state-dict"},
+            {"step": 100, "path": str(run / "s"), "ts": now, "format": "state-dict"},
             {"step": 200, "path": str(dcp), "ts": now},  # no format: detected
             {"step": 300, "path": str(megatron), "ts": now},
-            {"step": 400, "path": "/pod-local/step-400", "ts": now},  # invisible: unknown
+            {"step": 400, "path": str(run / "pod-local" / "step-400"), "ts": now},  # unseen
         ],
     }
     response = api.post(f"/api/v1/jobs/{job['id']}/report", json=body, headers=auth)
