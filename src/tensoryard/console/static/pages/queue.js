@@ -1,0 +1,82 @@
+import { get, session, stream } from "../api.js";
+import { ago, announce, badge, errorBox, h, table, when } from "../dom.js";
+
+const PAGE = 50;
+
+export async function queuePage(ctx) {
+  const p = ctx.params;
+  const state = { which: p.get("which") || "pending", team: p.get("team") || "", user: p.get("user") || "",
+    offset: Number(p.get("offset") || 0) };
+  const teams = session.user.platform_admin
+    ? (await get("/api/v1/teams")).map((t) => t.name) : Object.keys(session.user.teams);
+  const body = h("div", { id: "queue-body" });
+  const status = h("p", { class: "muted", id: "queue-status" });
+
+  const tab = (which, label) => h("button", { type: "button", "aria-pressed": String(state.which === which),
+    onclick: () => go({ which, offset: 0 }) }, label);
+  const teamSel = h("select", { id: "f-team", onchange: () => go({ team: teamSel.value, offset: 0 }) },
+    h("option", { value: "" }, "all teams"), teams.map((t) => h("option", { value: t, selected: t === state.team }, t)));
+  const userIn = h("input", { id: "f-user", value: state.user, placeholder: "any user", size: 12 });
+  const filters = h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); go({ user: userIn.value.trim(), offset: 0 }); } },
+    h("div", {}, h("label", { for: "f-team" }, "Team"), teamSel),
+    h("div", {}, h("label", { for: "f-user" }, "User"), userIn),
+    h("div", {}, h("button", { type: "submit", class: "secondary" }, "Filter")));
+
+  function go(change) {
+    Object.assign(state, change);
+    const q = new URLSearchParams();
+    for (const k of ["which", "team", "user", "offset"]) if (state[k]) q.set(k, state[k]);
+    location.hash = `#/queue?${q}`;
+  }
+
+  async function load() {
+    const q = new URLSearchParams({ which: state.which, offset: state.offset, limit: PAGE });
+    if (state.team) q.set("team", state.team);
+    if (state.user) q.set("user", state.user);
+    try {
+      const data = await get(`/api/v1/queue?${q}`);
+      body.replaceChildren(render(data));
+      status.textContent = `${data.total} ${state.which} job${data.total === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
+    } catch (e) { body.replaceChildren(errorBox(e)); }
+  }
+
+  function render(data) {
+    const now = Date.now();
+    const link = (j) => h("a", { href: `#/jobs/${j.id}` }, `${j.name} #${j.id}`);
+    const rows = data.items.map((j) => state.which === "pending"
+      ? [String(j.position), link(j), j.team, j.user, badge(j.state), String(j.gpus), String(j.priority),
+         h("span", { class: "pending-reason" }, j.pending_reason || "—"),
+         h("span", { class: "eta", title: when(j.pending_eta) }, j.pending_eta ? ago(j.pending_eta, now) : "unknown")]
+      : [link(j), j.team, j.user, badge(j.state), String(j.gpus), j.nodes.join(", ") || "—",
+         ago(j.started_at, now).replace(" ago", ""), String(j.restarts)]);
+    const headers = state.which === "pending"
+      ? ["#", "Job", "Team", "User", "State", "GPUs", "Priority", "Why pending", "Est. start"]
+      : ["Job", "Team", "User", "State", "GPUs", "Nodes", "Elapsed", "Restarts"];
+    const first = data.total ? data.offset + 1 : 0, last = data.offset + data.items.length;
+    const pager = h("nav", { class: "pager", "aria-label": "Pages of the queue" },
+      h("button", { type: "button", class: "secondary", disabled: data.offset === 0,
+        onclick: () => go({ offset: Math.max(0, data.offset - PAGE) }) }, "Previous"),
+      h("span", {}, `${first}–${last} of ${data.total}`),
+      h("button", { type: "button", class: "secondary", disabled: last >= data.total,
+        onclick: () => go({ offset: data.offset + PAGE }) }, "Next"));
+    return h("div", {}, rows.length ? table(headers, rows, { caption: `${state.which} jobs`, numeric: state.which === "pending" ? [0, 5, 6] : [4, 7] })
+      : h("p", { class: "muted" }, `No ${state.which} jobs.`), pager);
+  }
+
+  ctx.main.replaceChildren(
+    h("h1", {}, "Queue"),
+    h("p", { class: "muted" }, "Pending jobs in the order the scheduler expects to start them, with why each waits."),
+    h("div", { class: "tabs", role: "group", "aria-label": "Which jobs" }, tab("pending", "Pending"), tab("running", "Running")),
+    filters, status, body);
+  await load();
+
+  let timer = null;
+  const es = stream("/api/v1/stream", {
+    jobs: (changed) => {
+      announce(`${changed.length} job${changed.length === 1 ? "" : "s"} changed`);
+      clearTimeout(timer);
+      timer = setTimeout(load, 250);
+    },
+  });
+  ctx.onLeave(() => { es.close(); clearTimeout(timer); });
+}
