@@ -1,7 +1,7 @@
 // The console: a hash router over pages; each page renders from the API and follows changes
 // through server-sent events (never by polling).
 import { resume, session, signOut } from "./api.js";
-import { h } from "./dom.js";
+import { h, put } from "./dom.js";
 import { signInPage } from "./pages/signin.js";
 import { queuePage } from "./pages/queue.js";
 import { jobPage } from "./pages/job.js";
@@ -33,11 +33,11 @@ function parseHash() {
 
 function renderNav(current) {
   const nav = document.getElementById("nav");
-  nav.replaceChildren(h("ul", {}, PAGES.map(([key, label]) =>
+  put(nav, h("ul", {}, PAGES.map(([key, label]) =>
     h("li", {}, h("a", { href: `#/${key}`, "aria-current": key === current ? "page" : null }, label)))));
   const who = document.getElementById("who");
   const u = session.user;
-  who.replaceChildren(
+  put(who, 
     h("span", {}, `${u.user}${u.platform_admin ? " (admin)" : ""}`),
     h("button", { type: "button", onclick: async () => { await signOut(); location.hash = "#/signin"; } }, "Sign out"),
   );

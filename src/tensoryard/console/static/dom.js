@@ -57,3 +57,9 @@ export function announce(text) {
   const el = document.getElementById("announce");
   if (el) el.textContent = text;
 }
+
+// replaceChildren, leaving out null/false/undefined (which replaceChildren would print).
+export function put(el, ...children) {
+  el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false)
+    .map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
+}

@@ -1,4 +1,6 @@
 // A small SVG line chart: no library, downsampled to the chart's width, described for screen readers.
+import { put } from "./dom.js";
+
 const NS = "http://www.w3.org/2000/svg";
 const W = 640, H = 220, L = 56, R = 12, T = 12, B = 30;
 
@@ -26,7 +28,7 @@ function thin(points, max) {
 // series: [{name, points: [[x, y], ...]}]
 export function lineChart(container, { title, series, xLabel = "step" }) {
   const all = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[1]));
-  container.replaceChildren();
+  put(container, );
   const heading = document.createElement("h3");
   heading.textContent = title;
   heading.style.margin = "0 0 .3em";

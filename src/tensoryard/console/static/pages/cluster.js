@@ -1,17 +1,17 @@
 import { get, stream } from "../api.js";
-import { announce, badge, errorBox, h, table } from "../dom.js";
+import { announce, badge, errorBox, h, table, put } from "../dom.js";
 
 export async function clusterPage(ctx) {
   const body = h("div", { id: "cluster-body" });
   const status = h("p", { class: "muted", id: "cluster-status" });
-  ctx.main.replaceChildren(h("h1", {}, "Cluster"), status, body);
+  put(ctx.main, h("h1", {}, "Cluster"), status, body);
 
   async function load() {
     try {
       const c = await get("/api/v1/cluster");
-      body.replaceChildren(render(c));
+      put(body, render(c));
       status.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
-    } catch (e) { body.replaceChildren(errorBox(e)); }
+    } catch (e) { put(body, errorBox(e)); }
   }
 
   function gpuCell(node, g) {

@@ -1,5 +1,5 @@
 import { canAct, get, post, stream } from "../api.js";
-import { ago, announce, badge, errorBox, h, table, when } from "../dom.js";
+import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 import { lineChart } from "../plot.js";
 
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
@@ -8,7 +8,7 @@ const MAX_LINES = 5000;
 export async function jobPage(ctx, id) {
   const base = `/api/v1/jobs/${id}`;
   let job;
-  try { job = await get(base); } catch (e) { ctx.main.replaceChildren(h("h1", {}, `Job ${id}`), errorBox(e)); return; }
+  try { job = await get(base); } catch (e) { put(ctx.main, h("h1", {}, `Job ${id}`), errorBox(e)); return; }
   const [attempts, checkpoints, metrics, events] = await Promise.all([
     get(`${base}/attempts`), get(`${base}/checkpoints`), get(`${base}/metrics`), get(`${base}/events?limit=10000`),
   ]);
@@ -29,7 +29,7 @@ export async function jobPage(ctx, id) {
   const evs = [];
 
   function renderHead() {
-    head.replaceChildren(
+    put(head, 
       h("h1", {}, `${job.name} `, h("span", { class: "muted" }, `#${job.id}`), " ", badge(job.state)),
       h("p", {}, `team ${job.team} · user ${job.user} · priority ${job.priority} · ${job.attempts} attempt(s), ${job.restarts} restart(s) · submitted ${when(job.created_at)}`),
       job.state === "PENDING" ? h("div", { class: "notice", id: "pending-box" },
@@ -37,7 +37,7 @@ export async function jobPage(ctx, id) {
         h("strong", {}, "Estimated start: "), h("span", { class: "eta" }, job.pending_eta ? `${when(job.pending_eta)} (${ago(job.pending_eta)})` : "unknown")) : null,
       job.reason ? h("p", { class: "muted" }, `State reason: ${job.reason}`) : null);
     const allowed = canAct(job.team);
-    actions.replaceChildren(
+    put(actions, 
       !TERMINAL.has(job.state) ? h("button", { type: "button", class: "danger", id: "cancel", disabled: job.cancel_requested,
         title: allowed ? null : "You are not a member of this job's team",
         onclick: () => act("cancel", `${base}/cancel`) }, job.cancel_requested ? "Cancelling…" : "Cancel job") : null,
@@ -47,13 +47,13 @@ export async function jobPage(ctx, id) {
 
   async function act(what, path) {
     if (what === "cancel" && !confirm(`Cancel job ${job.id} (${job.name})?`)) return;
-    message.replaceChildren();
+    put(message, );
     try {
       const out = await post(path);
       if (what === "resubmit") { location.hash = `#/jobs/${out.id}`; return; }
       job = out; renderHead(); announce(`job ${job.id} cancel requested`);
-      message.replaceChildren(h("p", { class: "notice" }, "Cancel requested: the job gets SIGTERM to checkpoint, then SIGKILL after its grace period."));
-    } catch (e) { message.replaceChildren(errorBox(e)); }
+      put(message, h("p", { class: "notice" }, "Cancel requested: the job gets SIGTERM to checkpoint, then SIGKILL after its grace period."));
+    } catch (e) { put(message, errorBox(e)); }
   }
 
   function addMetrics(rows) {
@@ -70,7 +70,7 @@ export async function jobPage(ctx, id) {
   }
 
   function renderAttempts(list) {
-    attemptsBox.replaceChildren(list.length ? h("ol", { class: "timeline" }, list.map((a) => h("li", {},
+    put(attemptsBox, list.length ? h("ol", { class: "timeline" }, list.map((a) => h("li", {},
       h("strong", {}, `Attempt ${a.number} `), badge(a.state),
       ` ${when(a.started_at)} → ${a.finished_at ? when(a.finished_at) : "now"}`,
       a.nodes && a.nodes.length ? ` on ${a.nodes.join(", ")}` : "",
@@ -83,12 +83,12 @@ export async function jobPage(ctx, id) {
   function addEvents(rows) {
     for (const e of rows) { evs.push(e); lastEvent = Math.max(lastEvent, e.id); }
     const shown = evs.slice(-200).reverse();
-    eventsBox.replaceChildren(table(["Time", "Attempt", "Kind", "Message"],
+    put(eventsBox, table(["Time", "Attempt", "Kind", "Message"],
       shown.map((e) => [when(e.ts), e.attempt ?? "", e.kind, e.message]), { caption: "events, newest first" }));
   }
 
   function renderCheckpoints(list) {
-    ckptBox.replaceChildren(list.length ? table(["Step", "Attempt", "Written", "Size", "Format", "Loss"],
+    put(ckptBox, list.length ? table(["Step", "Attempt", "Written", "Size", "Format", "Loss"],
       list.map((c) => [String(c.step), String(c.attempt), when(new Date(c.ts * 1000).toISOString()),
         c.size_bytes != null ? `${(c.size_bytes / 1e6).toFixed(1)} MB` : "—", c.format || "—",
         c.metrics.loss != null ? c.metrics.loss.toFixed(3) : "—"]), { numeric: [0, 1] })
@@ -96,9 +96,9 @@ export async function jobPage(ctx, id) {
   }
 
   function renderGoodput(s) {
-    if (!s) { goodBox.replaceChildren(h("p", { class: "muted" }, "No summary yet.")); return; }
+    if (!s) { put(goodBox, h("p", { class: "muted" }, "No summary yet.")); return; }
     const b = s.breakdown;
-    goodBox.replaceChildren(h("div", { class: "tiles" },
+    put(goodBox, h("div", { class: "tiles" },
       h("div", { class: "tile" }, "Goodput", h("b", {}, s.goodput != null ? `${(s.goodput * 100).toFixed(0)}%` : "—")),
       h("div", { class: "tile" }, "Steps", h("b", {}, String(s.steps))),
       h("div", { class: "tile" }, "Loss", h("b", {}, s.final_loss != null ? s.final_loss.toFixed(3) : "—")),
@@ -114,7 +114,7 @@ export async function jobPage(ctx, id) {
   addEvents(events);
   renderCheckpoints(checkpoints);
   renderGoodput(summary);
-  ctx.main.replaceChildren(head, actions, message,
+  put(ctx.main, head, actions, message,
     h("h2", {}, "Training"), h("div", { class: "grid2" }, lossBox, stepBox, extraBox),
     h("h2", {}, "Goodput"), goodBox,
     h("h2", {}, "Attempts"), attemptsBox,
@@ -122,7 +122,7 @@ export async function jobPage(ctx, id) {
     h("h2", {}, "Checkpoints"), ckptBox,
     h("h2", {}, "Events"), eventsBox,
     h("h2", {}, "Spec"), h("p", { class: "muted" }, "Environment values are never shown (***)."),
-    h("pre", { class: "spec" }, JSON.stringify(job.spec, null, 2)));
+    h("pre", { class: "spec", tabindex: "0", "aria-label": "job spec" }, JSON.stringify(job.spec, null, 2)));
   addMetrics(metrics);
 
   const lastRow = metrics.at(-1);
@@ -154,18 +154,18 @@ function logPanel(job, base, ctx) {
   const download = h("a", { class: "button secondary", id: "log-download", download: "" }, "Download");
   const status = h("span", { class: "muted", id: "log-status" });
   const pre = h("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "log lines" });
-  let lines = [], es = null;
+  let lines = [], es = null, attempts = job.attempts;
 
   function fillAttempts(n) {
     const keep = attemptSel.value;
-    attemptSel.replaceChildren(...[...Array(n).keys()].map((i) => h("option", { value: i + 1 }, `attempt ${i + 1}`)).reverse());
+    put(attemptSel, ...[...Array(n).keys()].map((i) => h("option", { value: i + 1 }, `attempt ${i + 1}`)).reverse());
     attemptSel.value = keep && Number(keep) <= n ? keep : String(n);
   }
 
   function paint() {
     const term = search.value.trim().toLowerCase();
     const shown = term ? lines.filter((l) => l.toLowerCase().includes(term)) : lines;
-    pre.replaceChildren(...shown.slice(-MAX_LINES).map((l) => {
+    put(pre, ...shown.slice(-MAX_LINES).map((l) => {
       if (!term) return document.createTextNode(l + "\n");
       const i = l.toLowerCase().indexOf(term);
       return h("span", {}, l.slice(0, i), h("mark", {}, l.slice(i, i + term.length)), l.slice(i + term.length) + "\n");
@@ -177,7 +177,7 @@ function logPanel(job, base, ctx) {
   function open() {
     if (es) es.close();
     lines = []; paint();
-    if (job.attempts < 1) { status.textContent = "no attempt yet"; return; }
+    if (attempts < 1) { status.textContent = "no attempt yet"; return; }
     const q = new URLSearchParams({ rank: rankSel.value, attempt: attemptSel.value });
     download.href = `${base}/logs?${q}`;
     download.setAttribute("download", `job${job.id}-a${attemptSel.value}-rank${rankSel.value}.log`);
@@ -204,6 +204,6 @@ function logPanel(job, base, ctx) {
   return {
     node,
     close: () => { if (es) es.close(); },
-    attemptsChanged: (n) => { const wasLatest = Number(attemptSel.value) === n - 1 || !attemptSel.value; fillAttempts(n); if (wasLatest) { attemptSel.value = String(n); open(); } },
+    attemptsChanged: (n) => { attempts = n; const wasLatest = Number(attemptSel.value) === n - 1 || !attemptSel.value; fillAttempts(n); if (wasLatest) { attemptSel.value = String(n); open(); } },
   };
 }

@@ -1,5 +1,5 @@
 import { get, session, stream } from "../api.js";
-import { ago, announce, badge, errorBox, h, table, when } from "../dom.js";
+import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 
 const PAGE = 50;
 
@@ -35,9 +35,9 @@ export async function queuePage(ctx) {
     if (state.user) q.set("user", state.user);
     try {
       const data = await get(`/api/v1/queue?${q}`);
-      body.replaceChildren(render(data));
+      put(body, render(data));
       status.textContent = `${data.total} ${state.which} job${data.total === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
-    } catch (e) { body.replaceChildren(errorBox(e)); }
+    } catch (e) { put(body, errorBox(e)); }
   }
 
   function render(data) {
@@ -63,7 +63,7 @@ export async function queuePage(ctx) {
       : h("p", { class: "muted" }, `No ${state.which} jobs.`), pager);
   }
 
-  ctx.main.replaceChildren(
+  put(ctx.main, 
     h("h1", {}, "Queue"),
     h("p", { class: "muted" }, "Pending jobs in the order the scheduler expects to start them, with why each waits."),
     h("div", { class: "tabs", role: "group", "aria-label": "Which jobs" }, tab("pending", "Pending"), tab("running", "Running")),

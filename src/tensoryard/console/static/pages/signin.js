@@ -1,5 +1,5 @@
 import { signIn } from "../api.js";
-import { errorBox, h } from "../dom.js";
+import { errorBox, h, put } from "../dom.js";
 
 export async function signInPage(main, done) {
   const token = h("input", { id: "token", name: "token", type: "password", autocomplete: "off", required: true,
@@ -7,8 +7,8 @@ export async function signInPage(main, done) {
   const out = h("div");
   const form = h("form", { class: "signin", onsubmit: async (ev) => {
     ev.preventDefault();
-    out.replaceChildren();
-    try { await signIn(token.value.trim()); done(); } catch (e) { out.replaceChildren(errorBox(e)); }
+    put(out, );
+    try { await signIn(token.value.trim()); done(); } catch (e) { put(out, errorBox(e)); }
   } },
   h("h1", {}, "Sign in to tensoryard"),
   h("p", {}, h("label", { for: "token" }, "API token")),
@@ -17,6 +17,6 @@ export async function signInPage(main, done) {
     "The same token the CLI uses (`tyard tokens create`, or $TYARD_HOME/admin.token on a local control plane). ",
     "It is exchanged for a 12-hour session cookie; the page never stores it."),
   h("p", {}, h("button", { type: "submit" }, "Sign in")), out);
-  main.replaceChildren(form);
+  put(main, form);
   token.focus();
 }

@@ -1,5 +1,5 @@
 import { post, session } from "../api.js";
-import { errorBox, h } from "../dom.js";
+import { errorBox, h, put } from "../dom.js";
 
 function template() {
   const team = Object.keys(session.user.teams)[0] || "default";
@@ -18,15 +18,15 @@ export async function submitPage(ctx) {
   const out = h("div", { "aria-live": "polite" });
   const form = h("form", { onsubmit: async (e) => {
     e.preventDefault();
-    out.replaceChildren();
+    put(out, );
     let spec;
     try { spec = JSON.parse(area.value); } catch (err) {
-      out.replaceChildren(errorBox({ message: `spec: not valid JSON (${err.message}); fix the text and submit again` })); return;
+      put(out, errorBox({ message: `spec: not valid JSON (${err.message}); fix the text and submit again` })); return;
     }
     try {
       const job = await post("/api/v1/jobs", { spec }, { "Idempotency-Key": crypto.randomUUID() });
       location.hash = `#/jobs/${job.id}`;
-    } catch (err) { out.replaceChildren(errorBox(err)); }
+    } catch (err) { put(out, errorBox(err)); }
   } },
   h("h1", {}, "Submit a job"),
   h("p", {}, h("label", { for: "spec" }, "Job spec (JSON)")),
@@ -34,5 +34,5 @@ export async function submitPage(ctx) {
     "The same JobSpec as `tyard submit` takes (docs: README, examples/tiny_gpt/job.yaml), written as JSON. ",
     "workdir is a path on the control plane's machine. Bad fields are named with their fix."),
   area, h("p", {}, h("button", { type: "submit", id: "submit" }, "Submit")), out);
-  ctx.main.replaceChildren(form);
+  put(ctx.main, form);
 }
