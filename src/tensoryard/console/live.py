@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from tensoryard.store import JobRecord, Store
@@ -34,6 +34,17 @@ def sse(event: str, data: Any, *, event_id: int | None = None) -> bytes:
     """One server-sent event."""
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+
+MAX_ITEMS = 100
+
+
+def _jobs_event(changed: list[tuple[int, str, str]]) -> bytes:
+    # Jobs that left PENDING first (starts, ends, cancels: what a page must show at once);
+    # pending jobs whose reason or estimate moved after them.
+    changed = sorted(changed, key=lambda c: c[2] == "PENDING")
+    items = [{"id": i, "team": t, "state": s} for i, t, s in changed[:MAX_ITEMS]]
+    return sse("jobs", {"count": len(changed), "items": items})
 
 
 def job_brief(job: JobRecord) -> dict[str, Any]:
@@ -99,23 +110,19 @@ class LiveHub:
 
     async def _run(self) -> None:
         since = await asyncio.to_thread(self.store.now) - OVERLAP
-        known: dict[int, JobRecord] = {}
+        seen: dict[int, Any] = {}  # job id -> the changed_at already sent
         nodes = await asyncio.to_thread(self._nodes)
         while self._listeners:
             await asyncio.sleep(self.interval_s)
             try:
-                changed, now = await asyncio.to_thread(
-                    self.store.jobs_changed_since, since, known=known
-                )
+                rows, now = await asyncio.to_thread(self.store.job_changes, since)
                 fresh = await asyncio.to_thread(self._nodes)
             except Exception:  # the database is away: keep the tabs, try again
                 log.warning("live feed: reading changes failed; retrying", exc_info=True)
                 continue
             since = now - OVERLAP
-            for job in changed:
-                known[job.id] = job
-            for job_id in [i for i, j in known.items() if j.changed_at and j.changed_at < since]:
-                del known[job_id]
+            changed = [(i, team, state) for i, team, state, at in rows if seen.get(i) != at]
+            seen = {i: at for i, _, _, at in rows}  # only the overlap window can repeat
             if changed:
                 self._fan_out(changed)
             moved = [{"name": n, **v} for n, v in fresh.items() if nodes.get(n) != v]
@@ -128,16 +135,17 @@ class LiveHub:
     def _nodes(self) -> dict[str, dict[str, str]]:
         return {n.name: {"state": n.state, "reason": n.reason} for n in self.store.list_nodes()}
 
-    def _fan_out(self, changed: list[JobRecord]) -> None:
-        briefs = [(job.team, job_brief(job)) for job in changed]
-        every = sse("jobs", [b for _, b in briefs])
+    def _fan_out(self, changed: list[tuple[int, str, str]]) -> None:
+        """`jobs`: how many changed and the first MAX_ITEMS of them (id, team, state); pages
+        re-read what they show, so a backlog whose estimates all moved is one small event."""
+        every = _jobs_event(changed)
         for listener in list(self._listeners):
             if listener.teams is None:
                 listener.offer(every)
                 continue
-            mine = [b for team, b in briefs if team in listener.teams]
+            mine = [c for c in changed if c[1] in listener.teams]
             if mine:
-                listener.offer(sse("jobs", mine))
+                listener.offer(_jobs_event(mine))
 
     async def close(self) -> None:
         self._listeners.clear()
@@ -145,7 +153,3 @@ class LiveHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-
-
-def iso(ts: datetime | None) -> str | None:
-    return ts.isoformat() if ts else None

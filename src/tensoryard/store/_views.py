@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from tensoryard.spec.states import JobState
 from tensoryard.store import _rows
+from tensoryard.store._inputs import as_utc
 from tensoryard.store.models import Job
 from tensoryard.store.records import JobRecord
 
@@ -31,6 +32,8 @@ class ConsoleViewsMixin:
     if TYPE_CHECKING:
 
         def _tx(self, action: str, *, write: bool) -> AbstractContextManager[Session]: ...
+
+        def _now(self) -> datetime: ...
 
     def queue_page(
         self,
@@ -74,6 +77,19 @@ class ConsoleViewsMixin:
         )
         with self._tx("read placements", write=False) as s:
             return [(i, t, u, dict(p or {})) for i, t, u, p in s.execute(query)]
+
+    def job_changes(
+        self, since: datetime
+    ) -> tuple[list[tuple[int, str, str, datetime | None]], datetime]:
+        """(id, team, state, changed_at) of the jobs written at or after ``since`` (no specs
+        are read: a deep backlog whose estimates move every cycle stays cheap), and the
+        store's now at the start of the read."""
+        with self._tx("read job changes", write=False) as s:
+            now = self._now()
+            query = select(Job.id, Job.team, Job.state, Job.changed_at).where(
+                Job.changed_at >= as_utc(since)
+            )
+            return [(i, t, st, c) for i, t, st, c in s.execute(query)], now
 
     def newest_change(self) -> datetime | None:
         """The newest ``changed_at`` of any job (the live views start from it)."""

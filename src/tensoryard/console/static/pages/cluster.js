@@ -45,8 +45,16 @@ export async function clusterPage(ctx) {
   }
 
   await load();
-  let timer = null;
-  const again = () => { clearTimeout(timer); timer = setTimeout(load, 300); };
-  const es = stream("/api/v1/stream", { jobs: again, nodes: (n) => { announce(`${n.length} node(s) changed`); again(); } });
+  // Allocation changes (a job started, ended, was cancelled) redraw at once; pending jobs'
+  // moving estimates only change queue lengths: at most every 5 s.
+  let timer = null, soon = false;
+  const again = (urgent) => {
+    if (urgent && !soon) { clearTimeout(timer); soon = true; timer = setTimeout(() => { soon = false; timer = null; load(); }, 300); }
+    else if (!timer) timer = setTimeout(() => { timer = null; load(); }, 5000);
+  };
+  const es = stream("/api/v1/stream", {
+    jobs: (ev) => again(ev.items.some((j) => j.state !== "PENDING")),
+    nodes: (n) => { announce(`${n.length} node(s) changed`); again(true); },
+  });
   ctx.onLeave(() => { es.close(); clearTimeout(timer); });
 }

@@ -2,14 +2,16 @@ import { get, session, stream } from "../api.js";
 import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 
 const PAGE = 50;
+const ACTIVE = new Set(["ADMITTED", "STARTING", "RUNNING", "RESTARTING"]);
 
 export async function queuePage(ctx) {
   const p = ctx.params;
   const state = { which: p.get("which") || "pending", team: p.get("team") || "", user: p.get("user") || "",
     offset: Number(p.get("offset") || 0) };
-  const teams = session.user.platform_admin
-    ? (await get("/api/v1/teams")).map((t) => t.name) : Object.keys(session.user.teams);
+  const teams = Object.keys(session.user.teams);
+  const allTeams = session.user.platform_admin ? get("/api/v1/teams") : null;
   const body = h("div", { id: "queue-body" });
+  const shown = new Map(); // job id -> state, of the rows on the page
   const status = h("p", { class: "muted", id: "queue-status" });
 
   const tab = (which, label) => h("button", { type: "button", "aria-pressed": String(state.which === which),
@@ -42,6 +44,8 @@ export async function queuePage(ctx) {
 
   function render(data) {
     const now = Date.now();
+    shown.clear();
+    for (const j of data.items) shown.set(j.id, j.state);
     const link = (j) => h("a", { href: `#/jobs/${j.id}` }, `${j.name} #${j.id}`);
     const rows = data.items.map((j) => state.which === "pending"
       ? [String(j.position), link(j), j.team, j.user, badge(j.state), String(j.gpus), String(j.priority),
@@ -69,13 +73,26 @@ export async function queuePage(ctx) {
     h("div", { class: "tabs", role: "group", "aria-label": "Which jobs" }, tab("pending", "Pending"), tab("running", "Running")),
     filters, status, body);
   await load();
+  if (allTeams) {  // platform admins filter by any team; read beside the first page, not before it
+    const names = (await allTeams).map((t) => t.name).filter((t) => !teams.includes(t));
+    teamSel.append(...names.map((t) => h("option", { value: t, selected: t === state.team }, t)));
+  }
 
-  let timer = null;
+  // A change to a job on this page, or a job joining this list, reloads at once; otherwise
+  // (start estimates of other pages moving in a deep backlog) at most every 5 s.
+  let timer = null, urgentTimer = false;
   const es = stream("/api/v1/stream", {
-    jobs: (changed) => {
-      announce(`${changed.length} job${changed.length === 1 ? "" : "s"} changed`);
-      clearTimeout(timer);
-      timer = setTimeout(load, 250);
+    jobs: (ev) => {
+      const joins = (j) => (state.which === "pending" ? j.state === "PENDING" : ACTIVE.has(j.state));
+      const complete = ev.count <= ev.items.length;
+      const urgent = ev.items.some((j) => (shown.has(j.id) ? shown.get(j.id) !== j.state
+        : joins(j) && (state.which === "running" || complete)));
+      if (urgent) {
+        announce(`${ev.count} job${ev.count === 1 ? "" : "s"} changed`);
+        if (!urgentTimer) { clearTimeout(timer); urgentTimer = true; timer = setTimeout(() => { urgentTimer = false; timer = null; load(); }, 250); }
+      } else if (!timer) {
+        timer = setTimeout(() => { timer = null; load(); }, 5000);
+      }
     },
   });
   ctx.onLeave(() => { es.close(); clearTimeout(timer); });
