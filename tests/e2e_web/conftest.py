@@ -95,7 +95,9 @@ def browser(chromium_path: str) -> Iterator[Any]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     home = tmp_path_factory.mktemp("console") / "home"
     home.mkdir()
-    proc = ServerProcess(home=home, port=free_port(), extra_args=["--cpu-slots", "4"])
+    proc = ServerProcess(
+        home=home, port=free_port(), extra_args=["--cpu-slots", "4", "--local-nodes", "n1,n2"]
+    )
     proc.start()
     yield proc
     proc.stop()

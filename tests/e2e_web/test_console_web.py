@@ -59,6 +59,7 @@ class State:
 
     tiny: int = 0
     blocker: int = 0
+    other: int = 0
     waiter: int = 0
 
 
@@ -156,8 +157,11 @@ def test_see_it_restart_after_a_killed_rank(
 def test_a_pending_job_shows_its_reason_and_start_estimate(
     page: Any, server: ServerProcess, admin: Client, shots: Path
 ) -> None:
-    State.blocker = admin.submit({**SLEEPER, "name": "blocker", "resources": {"cpu": 4}})["id"]
-    wait_until(lambda: admin.job(State.blocker)["state"] == "RUNNING", 60, "the blocker to run")
+    # Two nodes of 2 CPU slots each: two sleepers fill them, the third waits.
+    State.blocker = admin.submit({**SLEEPER, "name": "blocker", "resources": {"cpu": 2}})["id"]
+    State.other = admin.submit({**SLEEPER, "name": "other", "resources": {"cpu": 2}})["id"]
+    for job in (State.blocker, State.other):
+        wait_until(lambda j=job: admin.job(j)["state"] == "RUNNING", 90, "the sleepers to run")
     State.waiter = admin.submit({**SLEEPER, "name": "waiter", "resources": {"cpu": 2}})["id"]
     wait_until(lambda: admin.job(State.waiter)["pending_eta"], 60, "a start estimate")
     go(page, server.url, "queue")
@@ -216,6 +220,24 @@ def test_a_member_of_another_team_is_refused_an_action(
     assert denied and denied[-1]["action"] == "job.submit"
 
 
+def test_an_admin_cordons_a_node_from_the_nodes_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    admin.cancel(State.other)
+    wait_until(lambda: admin.job(State.other)["state"] == "CANCELLED", 60, "the sleeper to end")
+    go(page, server.url, "nodes")
+    page.locator("tr", has_text="n2").get_by_role("button", name="History").click()
+    page.fill("#node-reason", "XID 79 on GPU 3 (fell off the bus)")
+    page.get_by_role("button", name="Cordon", exact=True).click()
+    row = page.locator("tr", has_text="n2")
+    row.locator(".badge.s-cordoned").wait_for(timeout=20_000)
+    assert "XID 79" in row.inner_text()
+    page.locator("td", has_text="cordon").first.wait_for()  # the history line
+    assert [n["state"] for n in admin.nodes() if n["name"] == "n2"] == ["cordoned"]
+    assert any(a["object"] == "node/n2" for a in admin.audit(actor="admin"))
+    page.screenshot(path=shots / "nodes.png", full_page=True)
+
+
 PAGES = [
     "queue",
     "queue?which=running",
@@ -243,7 +265,7 @@ def test_every_page_passes_axe_and_works_in_a_narrow_window_and_by_keyboard(
         if bad:
             found[where] = bad
         name = where.replace("?which=", "-").replace("/", "-")
-        if where in ("cluster", "nodes", "usage", "submit"):
+        if where in ("cluster", "usage", "submit"):
             page.screenshot(path=shots / f"{name}.png", full_page=True)
     assert not found, f"serious accessibility violations: {found}"
     page.set_viewport_size({"width": 400, "height": 800})

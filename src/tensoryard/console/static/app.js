@@ -1,12 +1,12 @@
 // The console: a hash router over pages; each page renders from the API and follows changes
 // through server-sent events (never by polling).
-import { resume, session, signOut } from "./api.js";
+import { get, resume, session, signOut } from "./api.js";
 import { h, put } from "./dom.js";
 import { signInPage } from "./pages/signin.js";
-import { queuePage } from "./pages/queue.js";
+import { queueData, queuePage } from "./pages/queue.js";
 import { jobPage } from "./pages/job.js";
 import { submitPage } from "./pages/submit.js";
-import { clusterPage } from "./pages/cluster.js";
+import { clusterData, clusterPage } from "./pages/cluster.js";
 import { nodesPage } from "./pages/nodes.js";
 import { usagePage } from "./pages/usage.js";
 import { modelsPage } from "./pages/models.js";
@@ -23,6 +23,9 @@ const PAGES = [
 ];
 
 let cleanup = [];
+// Pages whose first data does not depend on who is signed in: fetched beside the session check
+// when the console opens, saving one round trip before the first render.
+const FIRST_DATA = { queue: queueData, cluster: clusterData };
 
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -49,7 +52,10 @@ async function route() {
   cleanup = [];
   const main = document.getElementById("main");
   const { parts, params } = parseHash();
+  let early = null;
   if (!session.user && parts[0] !== "signin") {
+    const url = FIRST_DATA[parts[0] || "queue"]?.(params);
+    if (url) early = { url, data: get(url).catch(() => null) };
     const me = await resume();
     if (!me) { location.hash = "#/signin"; return; }
   }
@@ -60,7 +66,15 @@ async function route() {
     return;
   }
   const key = parts[0] || "queue";
-  const ctx = { main, params, parts, onLeave: (fn) => cleanup.push(fn) };
+  const fetchData = async (url) => {
+    if (early && early.url === url) {
+      const got = await early.data;
+      early = null;
+      if (got) return got;
+    }
+    return get(url);
+  };
+  const ctx = { main, params, parts, onLeave: (fn) => cleanup.push(fn), fetch: fetchData };
   if (key === "jobs" && parts[1]) {
     renderNav("queue");
     document.title = `Job ${parts[1]} · tensoryard`;

@@ -1,5 +1,7 @@
-import { get, stream } from "../api.js";
+import { stream } from "../api.js";
 import { announce, badge, errorBox, h, table, put } from "../dom.js";
+
+export const clusterData = () => "/api/v1/cluster";
 
 export async function clusterPage(ctx) {
   const body = h("div", { id: "cluster-body" });
@@ -8,7 +10,7 @@ export async function clusterPage(ctx) {
 
   async function load() {
     try {
-      const c = await get("/api/v1/cluster");
+      const c = await ctx.fetch(clusterData());
       put(body, render(c));
       status.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) { put(body, errorBox(e)); }

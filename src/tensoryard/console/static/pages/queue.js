@@ -4,10 +4,23 @@ import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 const PAGE = 50;
 const ACTIVE = new Set(["ADMITTED", "STARTING", "RUNNING", "RESTARTING"]);
 
-export async function queuePage(ctx) {
-  const p = ctx.params;
-  const state = { which: p.get("which") || "pending", team: p.get("team") || "", user: p.get("user") || "",
+function stateOf(p) {
+  return { which: p.get("which") || "pending", team: p.get("team") || "", user: p.get("user") || "",
     offset: Number(p.get("offset") || 0) };
+}
+
+function urlOf(state) {
+  const q = new URLSearchParams({ which: state.which, offset: state.offset, limit: PAGE });
+  if (state.team) q.set("team", state.team);
+  if (state.user) q.set("user", state.user);
+  return `/api/v1/queue?${q}`;
+}
+
+// The first page's data URL, fetched by the router beside the session check.
+export const queueData = (params) => urlOf(stateOf(params));
+
+export async function queuePage(ctx) {
+  const state = stateOf(ctx.params);
   const teams = Object.keys(session.user.teams);
   const allTeams = session.user.platform_admin ? get("/api/v1/teams") : null;
   const body = h("div", { id: "queue-body" });
@@ -32,11 +45,8 @@ export async function queuePage(ctx) {
   }
 
   async function load() {
-    const q = new URLSearchParams({ which: state.which, offset: state.offset, limit: PAGE });
-    if (state.team) q.set("team", state.team);
-    if (state.user) q.set("user", state.user);
     try {
-      const data = await get(`/api/v1/queue?${q}`);
+      const data = await ctx.fetch(urlOf(state));
       put(body, render(data));
       status.textContent = `${data.total} ${state.which} job${data.total === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) { put(body, errorBox(e)); }
