@@ -2,30 +2,22 @@
 // through server-sent events (never by polling).
 import { get, resume, session, signOut } from "./api.js";
 import { h, put } from "./dom.js";
-import { signInPage } from "./pages/signin.js";
-import { queueData, queuePage } from "./pages/queue.js";
-import { jobPage } from "./pages/job.js";
-import { submitPage } from "./pages/submit.js";
-import { clusterData, clusterPage } from "./pages/cluster.js";
-import { nodesPage } from "./pages/nodes.js";
-import { usagePage } from "./pages/usage.js";
-import { modelsPage } from "./pages/models.js";
-import { deploymentsPage } from "./pages/deployments.js";
+import { FIRST_DATA } from "./urls.js";
 
+// Each page's module is loaded when it is first shown (the queue's is preloaded with the page).
 const PAGES = [
-  ["queue", "Queue", queuePage],
-  ["submit", "Submit", submitPage],
-  ["cluster", "Cluster", clusterPage],
-  ["nodes", "Nodes", nodesPage],
-  ["usage", "Usage", usagePage],
-  ["models", "Models", modelsPage],
-  ["deployments", "Deployments", deploymentsPage],
+  ["queue", "Queue", async () => (await import("./pages/queue.js")).queuePage],
+  ["submit", "Submit", async () => (await import("./pages/submit.js")).submitPage],
+  ["cluster", "Cluster", async () => (await import("./pages/cluster.js")).clusterPage],
+  ["nodes", "Nodes", async () => (await import("./pages/nodes.js")).nodesPage],
+  ["usage", "Usage", async () => (await import("./pages/usage.js")).usagePage],
+  ["models", "Models", async () => (await import("./pages/models.js")).modelsPage],
+  ["deployments", "Deployments", async () => (await import("./pages/deployments.js")).deploymentsPage],
 ];
+const JOB_PAGE = async () => (await import("./pages/job.js")).jobPage;
+const SIGNIN_PAGE = async () => (await import("./pages/signin.js")).signInPage;
 
 let cleanup = [];
-// Pages whose first data does not depend on who is signed in: fetched beside the session check
-// when the console opens, saving one round trip before the first render.
-const FIRST_DATA = { queue: queueData, cluster: clusterData };
 
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -52,7 +44,7 @@ async function route() {
   cleanup = [];
   const main = document.getElementById("main");
   const { parts, params } = parseHash();
-  let early = null;
+  let early = null; // a page's first data, fetched beside the session check on opening
   if (!session.user && parts[0] !== "signin") {
     const url = FIRST_DATA[parts[0] || "queue"]?.(params);
     if (url) early = { url, data: get(url).catch(() => null) };
@@ -62,7 +54,7 @@ async function route() {
   if (parts[0] === "signin" || !session.user) {
     document.getElementById("top").hidden = true;
     document.title = "Sign in · tensoryard";
-    await signInPage(main, () => { location.hash = "#/queue"; });
+    await (await SIGNIN_PAGE())(main, () => { location.hash = "#/queue"; });
     return;
   }
   const key = parts[0] || "queue";
@@ -78,12 +70,12 @@ async function route() {
   if (key === "jobs" && parts[1]) {
     renderNav("queue");
     document.title = `Job ${parts[1]} · tensoryard`;
-    await jobPage(ctx, Number(parts[1]));
+    await (await JOB_PAGE())(ctx, Number(parts[1]));
   } else {
     const page = PAGES.find(([k]) => k === key) || PAGES[0];
     renderNav(page[0]);
     document.title = `${page[1]} · tensoryard`;
-    await page[2](ctx);
+    await (await page[2]())(ctx);
   }
   main.setAttribute("data-ready", "1");
   window.tyardReadyAt = performance.now(); // read by benchmarks/web.py: data drawn

@@ -1,7 +1,6 @@
 import { stream } from "../api.js";
+import { CLUSTER_URL } from "../urls.js";
 import { announce, badge, errorBox, h, table, put } from "../dom.js";
-
-export const clusterData = () => "/api/v1/cluster";
 
 export async function clusterPage(ctx) {
   const body = h("div", { id: "cluster-body" });
@@ -10,7 +9,7 @@ export async function clusterPage(ctx) {
 
   async function load() {
     try {
-      const c = await ctx.fetch(clusterData());
+      const c = await ctx.fetch(CLUSTER_URL);
       put(body, render(c));
       status.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) { put(body, errorBox(e)); }

@@ -1,26 +1,12 @@
 import { get, session, stream } from "../api.js";
+import { QUEUE_PAGE, queueState, queueUrl } from "../urls.js";
 import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 
-const PAGE = 50;
+const PAGE = QUEUE_PAGE;
 const ACTIVE = new Set(["ADMITTED", "STARTING", "RUNNING", "RESTARTING"]);
 
-function stateOf(p) {
-  return { which: p.get("which") || "pending", team: p.get("team") || "", user: p.get("user") || "",
-    offset: Number(p.get("offset") || 0) };
-}
-
-function urlOf(state) {
-  const q = new URLSearchParams({ which: state.which, offset: state.offset, limit: PAGE });
-  if (state.team) q.set("team", state.team);
-  if (state.user) q.set("user", state.user);
-  return `/api/v1/queue?${q}`;
-}
-
-// The first page's data URL, fetched by the router beside the session check.
-export const queueData = (params) => urlOf(stateOf(params));
-
 export async function queuePage(ctx) {
-  const state = stateOf(ctx.params);
+  const state = queueState(ctx.params);
   const teams = Object.keys(session.user.teams);
   const allTeams = session.user.platform_admin ? get("/api/v1/teams") : null;
   const body = h("div", { id: "queue-body" });
@@ -46,7 +32,7 @@ export async function queuePage(ctx) {
 
   async function load() {
     try {
-      const data = await ctx.fetch(urlOf(state));
+      const data = await ctx.fetch(queueUrl(state));
       put(body, render(data));
       status.textContent = `${data.total} ${state.which} job${data.total === 1 ? "" : "s"} · updated ${new Date().toLocaleTimeString()}`;
     } catch (e) { put(body, errorBox(e)); }
@@ -83,9 +69,11 @@ export async function queuePage(ctx) {
     h("div", { class: "tabs", role: "group", "aria-label": "Which jobs" }, tab("pending", "Pending"), tab("running", "Running")),
     filters, status, body);
   await load();
-  if (allTeams) {  // platform admins filter by any team; read beside the first page, not before it
-    const names = (await allTeams).map((t) => t.name).filter((t) => !teams.includes(t));
-    teamSel.append(...names.map((t) => h("option", { value: t, selected: t === state.team }, t)));
+  if (allTeams) {  // platform admins filter by any team; the list does not hold up the page
+    allTeams.then((list) => {
+      const names = list.map((t) => t.name).filter((t) => !teams.includes(t));
+      teamSel.append(...names.map((t) => h("option", { value: t, selected: t === state.team }, t)));
+    }).catch(() => {});
   }
 
   // A change to a job on this page, or a job joining this list, reloads at once; otherwise
