@@ -44,9 +44,13 @@ async function route() {
   cleanup = [];
   const main = document.getElementById("main");
   const { parts, params } = parseHash();
-  let early = null; // a page's first data, fetched beside the session check on opening
+  // On opening, the page's module and first data load beside the session check.
+  const key = parts[0] || "queue";
+  const page = key === "jobs" && parts[1] ? null : PAGES.find(([k]) => k === key) || PAGES[0];
+  const module = parts[0] === "signin" ? null : (page ? page[2] : JOB_PAGE)();
+  let early = null;
   if (!session.user && parts[0] !== "signin") {
-    const url = FIRST_DATA[parts[0] || "queue"]?.(params);
+    const url = FIRST_DATA[key]?.(params);
     if (url) early = { url, data: get(url).catch(() => null) };
     const me = await resume();
     if (!me) { location.hash = "#/signin"; return; }
@@ -57,7 +61,6 @@ async function route() {
     await (await SIGNIN_PAGE())(main, () => { location.hash = "#/queue"; });
     return;
   }
-  const key = parts[0] || "queue";
   const fetchData = async (url) => {
     if (early && early.url === url) {
       const got = await early.data;
@@ -67,15 +70,14 @@ async function route() {
     return get(url);
   };
   const ctx = { main, params, parts, onLeave: (fn) => cleanup.push(fn), fetch: fetchData };
-  if (key === "jobs" && parts[1]) {
+  if (!page) {
     renderNav("queue");
     document.title = `Job ${parts[1]} · tensoryard`;
-    await (await JOB_PAGE())(ctx, Number(parts[1]));
+    await (await module)(ctx, Number(parts[1]));
   } else {
-    const page = PAGES.find(([k]) => k === key) || PAGES[0];
     renderNav(page[0]);
     document.title = `${page[1]} · tensoryard`;
-    await (await page[2]())(ctx);
+    await (await module)(ctx);
   }
   main.setAttribute("data-ready", "1");
   window.tyardReadyAt = performance.now(); // read by benchmarks/web.py: data drawn
