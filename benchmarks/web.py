@@ -300,7 +300,7 @@ def main() -> None:
         print(f"control plane {url}; filling {args.nodes} nodes and {args.jobs} pending jobs")
         fill(admin, args.nodes, args.jobs, teams)
         wait_for_reasons(admin)
-        result: dict[str, Any] = {"pages": {}, "rest": {}}
+        result: dict[str, Any] = {"pages": {}, "rest": {}, "load_avg_1m": [os.getloadavg()[0]]}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
             signin = browser.new_context()
@@ -349,6 +349,7 @@ def main() -> None:
                 "each": updates,
             }
             browser.close()
+        result["load_avg_1m"].append(os.getloadavg()[0])
     finally:
         proc.terminate()
         try:
@@ -409,7 +410,9 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"{r['cluster_bytes'] / 1000:.0f} kB ({rt['cluster_render_over_rest']:.1f}x time, "
         f"{rt['cluster_bytes_over_rest']:.2f}x bytes)",
         f"live update (cancel -> row gone) median {live['median']:.2f} s, "
-        f"max {live['max']:.2f} s over {len(live['each'])} changes. JSON: {where}",
+        f"max {live['max']:.2f} s over {len(live['each'])} changes; the machine's 1-minute load "
+        f"average {result['load_avg_1m'][0]:.1f} before and {result['load_avg_1m'][1]:.1f} after "
+        f"the measurements (2 cores, shared). JSON: {where}",
     ]
     line = "; ".join(parts)
     print(line)
