@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -254,9 +255,8 @@ def live_updates(
         while gone is None and time.monotonic() < deadline:
             gone = page.evaluate("window.tyardGone")  # CSP: no string eval in the page
             time.sleep(0.02)
-        if gone is None:
-            raise SystemExit(f"job {job_id} did not leave the Queue page within 30 s")
-        out.append((float(gone) - sent) / 1000.0)
+        # A cancel the control plane never applies (the job stays PENDING) counts as a miss.
+        out.append((float(gone) - sent) / 1000.0 if gone is not None else math.inf)
         page.wait_for_timeout(500)
     context.close()
     return out
@@ -343,10 +343,12 @@ def main() -> None:
             result["rest"]["console_queue_api_s"] = statistics.median(x["s"] for x in console_api)
             result["rest"]["console_queue_api_bytes"] = console_api[0]["bytes"]
             updates = live_updates(browser, url, state, admin, args.updates)
+            seen = [u for u in updates if math.isfinite(u)]
             result["live_update_s"] = {
-                "median": statistics.median(updates),
-                "max": max(updates),
-                "each": updates,
+                "median": statistics.median(seen) if seen else math.inf,
+                "max": max(seen) if seen else math.inf,
+                "each": seen,
+                "missed": len(updates) - len(seen),
             }
             browser.close()
         result["load_avg_1m"].append(os.getloadavg()[0])
@@ -386,7 +388,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         "first render < 1 s": max(q["first_render_s"], c["first_render_s"])
         < GOALS["first_render_s"],
         "< 500 KB per page": max(q["bytes"], c["bytes"]) < GOALS["page_bytes"],
-        "live update < 1 s": live["median"] < GOALS["live_update_s"],
+        "live update < 1 s": live["median"] < GOALS["live_update_s"] and not live["missed"],
     }
     result["met"] = met
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +412,13 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         f"{r['cluster_bytes'] / 1000:.0f} kB ({rt['cluster_render_over_rest']:.1f}x time, "
         f"{rt['cluster_bytes_over_rest']:.2f}x bytes)",
         f"live update (cancel -> row gone) median {live['median']:.2f} s, "
-        f"max {live['max']:.2f} s over {len(live['each'])} changes; the machine's 1-minute load "
+        f"max {live['max']:.2f} s over {len(live['each'])} changes"
+        + (
+            f" ({live['missed']} more cancels never applied within 30 s: the job stayed PENDING)"
+            if live["missed"]
+            else ""
+        )
+        + f"; the machine's 1-minute load "
         f"average {result['load_avg_1m'][0]:.1f} before and {result['load_avg_1m'][1]:.1f} after "
         f"the measurements (2 cores, shared). JSON: {where}",
     ]
