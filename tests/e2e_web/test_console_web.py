@@ -285,3 +285,47 @@ def test_every_page_passes_axe_and_works_in_a_narrow_window_and_by_keyboard(
     page.keyboard.press("Tab")  # brand, Queue, Submit
     page.keyboard.press("Enter")
     page.wait_for_selector("#spec")
+
+
+def _events_until(lines: Any, want: Any, timeout: float) -> list[tuple[str, Any]]:
+    """(event, data) pairs read from an event stream until `want(event, data)` holds."""
+    got: list[tuple[str, Any]] = []
+    event = ""
+    deadline = time.monotonic() + timeout
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            got.append((event, json.loads(line[6:])))
+            if want(event, got[-1][1]):
+                return got
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"no matching event within {timeout}s; got {got}")
+
+
+def test_the_event_stream_sends_changes_only_of_teams_one_may_see(
+    server: ServerProcess, admin: Client
+) -> None:
+    import httpx
+
+    admin.create_team("secret")
+    vic = admin.create_token(user="vic")["token"]
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(30, read=30)) as http:
+        assert http.get("/api/v1/stream").status_code == 401
+        headers = {"Authorization": f"Bearer {vic}"}
+        with http.stream("GET", "/api/v1/stream", headers=headers) as answer:
+            assert answer.headers["content-type"].startswith("text/event-stream")
+            lines = answer.iter_lines()
+            _events_until(lines, lambda e, d: e == "hello", 10)
+            hidden = admin.submit({**SLEEPER, "name": "hidden", "team": "secret"})["id"]
+            shown = admin.submit({**SLEEPER, "name": "shown", "team": "vision"})["id"]
+            got = _events_until(
+                lines,
+                lambda e, d: e == "jobs" and any(j["id"] == shown for j in d["items"]),
+                20,
+            )
+    ids = {j["id"] for e, d in got if e == "jobs" for j in d["items"]}
+    assert shown in ids and hidden not in ids
+    for job in (hidden, shown):
+        admin.cancel(job)
