@@ -329,3 +329,21 @@ def test_the_event_stream_sends_changes_only_of_teams_one_may_see(
     assert shown in ids and hidden not in ids
     for job in (hidden, shown):
         admin.cancel(job)
+
+
+def test_tyard_usage_gpu_hours_answers_json_and_names_a_bad_grouping(
+    server: ServerProcess,
+) -> None:
+    from tests.e2e.conftest import tyard
+
+    token = (server.home / "admin.token").read_text().strip()
+    common = ["--server", server.url, "--token", token]
+    done = tyard("usage", "--gpu-hours", "--by", "team,user", "--json", *common)
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert body["by"] == ["team", "user"]
+    assert body["kinds"] == ["useful", "restarts", "preemption", "idle"]
+    assert body["rows"] == []  # CPU-only jobs here: no GPU-hours (tests/integration counts them)
+    bad = tyard("usage", "--gpu-hours", "--by", "planet", *common)
+    assert bad.returncode == 2 and "by: cannot group GPU-hours by 'planet'" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from tensoryard.console import STATIC
 from tensoryard.console.routes import cluster_view
@@ -21,6 +22,7 @@ from tensoryard.server.main import ControlPlane, build_control_plane
 from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import JobState
+from tensoryard.store.models import Attempt
 
 GOOD = {"name": "tiny", "command": ["train.py"], "launcher": "python", "env": {"KEY": "secret"}}
 
@@ -234,6 +236,40 @@ def test_gpu_hours_route_groups_and_limits_to_visible_teams(world: World) -> Non
     assert body["kinds"] == ["useful", "restarts", "preemption", "idle"]
     refused = world.client.get("/api/v1/usage/gpu-hours?team=nlp", headers=headers)
     assert refused.status_code == 403
+
+
+def test_gpu_hours_route_sums_attempts_by_team_and_user(world: World) -> None:
+    store = world.plane.store
+    spec = JobSpec.model_validate(
+        {
+            **GOOD,
+            "team": "nlp",
+            "user": "mo",
+            "launcher": "torchrun",
+            "resources": {"nodes": 2, "gpus_per_node": 4, "processes_per_node": 4},
+        }
+    )
+    job = store.create_job(spec, run_dir_root=Path("/nonexistent")).id
+    number = store.start_attempt(job, handle={}).number
+    now = store.now()
+    with store.engine.begin() as conn:  # 8 GPUs: 1 h allocated before running, then 2 h running
+        conn.execute(
+            update(Attempt)
+            .where(Attempt.job_id == job, Attempt.number == number)
+            .values(
+                started_at=now - timedelta(hours=3),
+                running_at=now - timedelta(hours=2),
+                finished_at=now - timedelta(minutes=1),
+                state="succeeded",
+            )
+        )
+    headers = {"Authorization": f"Bearer {world.tokens['mo']}"}
+    body = world.client.get("/api/v1/usage/gpu-hours?by=team,user", headers=headers).json()
+    [row] = body["rows"]
+    assert (row["team"], row["user"]) == ("nlp", "mo")
+    assert row["idle"] == pytest.approx(8.0, abs=0.01)
+    assert row["useful"] == pytest.approx(8 * (2 - 1 / 60), abs=0.01)
+    assert body["total"]["total"] == pytest.approx(row["total"])
 
 
 def test_the_page_and_its_files_are_served_compressed_with_a_strict_csp(world: World) -> None:
