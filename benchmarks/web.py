@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -359,6 +360,7 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
         stop_leftovers(home)
+        shutil.rmtree(home, ignore_errors=True)
     report(args, result)
 
 
