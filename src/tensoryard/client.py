@@ -422,6 +422,11 @@ class Client:
         query = {k: v for k, v in params.items() if v is not None}
         return cast(dict[str, Any], self._json("GET", "/api/v1/usage", params=query))
 
+    def gpu_hours(self, **params: Any) -> dict[str, Any]:
+        """GET /api/v1/usage/gpu-hours (by, team, user, since, until)."""
+        query = {k: v for k, v in params.items() if v is not None}
+        return cast(dict[str, Any], self._json("GET", "/api/v1/usage/gpu-hours", params=query))
+
     def deployment(self, name: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._json("GET", f"/api/v1/deployments/{name}"))
 

@@ -296,6 +296,8 @@ Examples:
   tyard usage --by team,user --since 7d
 
   tyard usage --team nlp --by deployment,day --json
+
+  tyard usage --gpu-hours --by team,user,day   # training GPU-hours from job attempts
 """
 
 
@@ -314,11 +316,24 @@ def usage(
     until: Annotated[
         str | None, typer.Option(help="Until (same forms).", show_default=False)
     ] = None,
+    gpu_hours: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-hours",
+            help="Training GPU-hours from job attempts instead of serving tokens, split into "
+            "useful, restarts, preemption, idle; --by from team, user, day.",
+        ),
+    ] = False,
     server: ServerOpt = None,
     token: TokenOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Show gateway usage in tokens (see the command help)."""
+    if gpu_hours:
+        if deployment is not None:
+            die("--deployment does not apply to --gpu-hours (training jobs hold GPU-hours)")
+        _gpu_hours(by, team, user, since, until, server, token, json_out)
+        return
     with user_errors(), client_for(server, token) as client:
         result = client.usage(
             by=by, team=team, user=user, deployment=deployment, since=since, until=until
@@ -352,6 +367,39 @@ def usage(
     total = result["total"]
     table.add_section()
     table.add_row(*(["total"] + [""] * (len(groups) - 1)), *cells(total)[len(groups) :])
+    console.print(table)
+
+
+def _gpu_hours(
+    by: str,
+    team: str | None,
+    user: str | None,
+    since: str,
+    until: str | None,
+    server: str | None,
+    token: str | None,
+    json_out: bool,
+) -> None:
+    groups = "team,day" if by == "team" else by  # the serving default reads as team per day
+    with user_errors(), client_for(server, token) as client:
+        result = client.gpu_hours(by=groups, team=team, user=user, since=since, until=until)
+    if json_out:
+        print_json(result)
+        return
+    table = Table(
+        title=f"GPU-hours since {result['since'][:16].replace('T', ' ')} UTC",
+        title_justify="left",
+    )
+    for g in result["by"]:
+        table.add_column(g.upper())
+    kinds = [*result["kinds"], "total"]
+    for k in kinds:
+        table.add_column(k.upper(), justify="right")
+    for row in result["rows"]:
+        table.add_row(*[str(row[g]) for g in result["by"]], *[f"{row[k]:.2f}" for k in kinds])
+    table.add_section()
+    pad = [""] * (len(result["by"]) - 1)
+    table.add_row("total", *pad, *[f"{result['total'][k]:.2f}" for k in kinds])
     console.print(table)
 
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensoryard import __version__
+from tensoryard.console import add_console
 from tensoryard.errors import (
     Conflict,
     DataError,
@@ -116,13 +117,15 @@ def create_app(
     fits: Callable[[JobSpec], None] = lambda spec: None,
     restarted: Callable[[JobRecord, str], None] = lambda job, reason: None,
     extra_routes: Callable[[FastAPI, Guard], None] | None = None,
+    capacity: Callable[[], Sequence[Any]] = lambda: (),
 ) -> FastAPI:
     """Build the API. `kick` wakes the control loop after a submit or cancel; `loop_status`
     tells /healthz whether this replica leads the loop; `clock` paces the per-token rate
     limit; `fits` raises SpecError for a job the cluster could never hold (refused at
     submission, before anything is stored or created); `extra_routes(app, guard)` mounts
     optional parts (model serving); `webhooks` is the delivery loop to wake after a registry
-    change (the store has written its outbox rows in the change's transaction)."""
+    change (the store has written its outbox rows in the change's transaction); `capacity`
+    lists the executor's nodes for the web console's cluster page."""
     app = FastAPI(
         title="tensoryard",
         version=__version__,
@@ -521,6 +524,16 @@ def create_app(
     )
     if extra_routes is not None:
         extra_routes(app, guard)
+    add_console(
+        app,
+        store=store,
+        guard=guard,
+        prefix=API,
+        runs_dir=runs_dir,
+        log_path=lambda job, attempt, rank: _log_path(executor, job, attempt, rank),
+        capacity=capacity,
+        kick=kick,
+    )
     return app
 
 

@@ -78,6 +78,7 @@ class ControlPlane:
             fits=self.fits,
             restarted=self.controller.metrics.restarted,
             extra_routes=self.serving.mount if self.serving is not None else None,
+            capacity=self.controller.capacity,
         )
 
 

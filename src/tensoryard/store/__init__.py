@@ -5,6 +5,7 @@ transaction returning frozen records. SQLite (``default_sqlite_url(home)``) is t
 default; any ``postgresql+psycopg://`` URL works in production.
 """
 
+from tensoryard.store._gpu_hours import GPU_HOUR_KINDS, GpuHoursRow
 from tensoryard.store._registry import ModelRecord, ModelVersionRecord, VersionLineage
 from tensoryard.store._retention import CheckpointRemovalRecord, Retirement
 from tensoryard.store._serving import USAGE_GROUPS, UsageDelta, UsageRow
@@ -38,6 +39,7 @@ from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
 
 __all__ = [
     "CHECKPOINT_FORMATS",
+    "GPU_HOUR_KINDS",
     "JOB_FIELDS",
     "TEAM_ROLES",
     "TOKEN_SCOPES",
@@ -49,6 +51,7 @@ __all__ = [
     "CheckpointRemovalRecord",
     "EventRecord",
     "Fence",
+    "GpuHoursRow",
     "IssuedToken",
     "JobPage",
     "JobRecord",

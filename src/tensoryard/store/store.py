@@ -29,6 +29,7 @@ from tensoryard.spec.job import NAME_PATTERN, JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
 from tensoryard.store import _db, _rows
 from tensoryard.store import _inputs as _in
+from tensoryard.store._gpu_hours import GpuHoursMixin
 from tensoryard.store._identity import IdentityMixin
 from tensoryard.store._inputs import JOB_FIELDS
 from tensoryard.store._nodes import NodesMixin
@@ -36,6 +37,7 @@ from tensoryard.store._pipelines import PipelineMixin
 from tensoryard.store._registry import RegistryMixin
 from tensoryard.store._retention import RetentionMixin
 from tensoryard.store._serving import ServingMixin
+from tensoryard.store._views import ConsoleViewsMixin
 from tensoryard.store._webhooks import WebhookOutboxMixin
 from tensoryard.store.models import (
     Attempt,
@@ -82,6 +84,8 @@ def default_sqlite_url(home: Path) -> str:
 
 class Store(
     IdentityMixin,
+    GpuHoursMixin,
+    ConsoleViewsMixin,
     PipelineMixin,
     RegistryMixin,
     RetentionMixin,

@@ -1,0 +1,349 @@
+"""The console end to end in Chromium against a real control plane: sign in, submit the tiny
+GPT from the page and watch its loss plot grow, follow a rank's log, see it restart after a
+killed rank, read a pending reason and start estimate, cancel a job and see it change live,
+see a member of another team refused; axe-core on every page, and a narrow window.
+
+The tests share one control plane and run in order (each builds on the jobs of the one before).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensoryard.client import Client
+from tests.e2e.conftest import REPO, ServerProcess
+
+pytestmark = pytest.mark.timeout(900)
+
+TINY = {
+    "name": "tiny-gpt-web",
+    "team": "default",
+    "launcher": "torchrun",
+    "command": [
+        "train.py",
+        "--steps",
+        "40",
+        "--fail-at-step",
+        "18",
+        "--fail-rank",
+        "1",
+        "--seq-len",
+        "64",
+        "--d-model",
+        "64",
+    ],
+    "workdir": str(REPO / "examples" / "tiny_gpt"),
+    "env": {"OMP_NUM_THREADS": "1"},
+    "resources": {"nodes": 1, "gpus_per_node": 0, "processes_per_node": 2, "cpu": 2},
+    "checkpoint": {"interval": 5, "keep": 2},
+    "restart": {"max_restarts": 2, "backoff": "1s"},
+    "max_runtime": "15m",
+}
+SLEEPER = {
+    "team": "default",
+    "launcher": "python",
+    "command": ["-c", "import time; time.sleep(600)"],
+    "workdir": str(REPO),
+    "max_runtime": "10m",
+}
+SERIOUS = {"serious", "critical"}
+
+
+class State:
+    """What the ordered tests hand on to each other."""
+
+    tiny: int = 0
+    blocker: int = 0
+    other: int = 0
+    waiter: int = 0
+
+
+@pytest.fixture(scope="module")
+def admin(server: ServerProcess) -> Client:
+    return server.client()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, server: ServerProcess) -> Any:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    tab.errors = errors
+    yield tab
+    context.close()
+    assert not errors, f"script errors in the console: {errors}"
+
+
+def sign_in(tab: Any, url: str, token: str) -> None:
+    tab.goto(f"{url}/")
+    tab.wait_for_selector("#token")
+    tab.fill("#token", token)
+    tab.click("button[type=submit]")
+    tab.wait_for_selector("#queue-status:has-text('updated')")
+
+
+def go(tab: Any, url: str, where: str) -> None:
+    tab.goto(f"{url}/#/{where}")
+    tab.wait_for_selector("main[data-ready]")
+
+
+def points(tab: Any, box: str) -> int:
+    got = tab.eval_on_selector_all(
+        f"{box} path.line", "ps => ps.map(p => Number(p.dataset.points))"
+    )
+    return int(sum(got))
+
+
+def wait_until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def test_sign_in_submit_the_tiny_gpt_and_watch_the_loss_plot_grow(
+    page: Any, server: ServerProcess, shots: Path
+) -> None:
+    page.goto(f"{server.url}/")
+    page.wait_for_selector("#token")
+    page.screenshot(path=shots / "signin.png")
+    sign_in(page, server.url, (server.home / "admin.token").read_text().strip())
+    go(page, server.url, "submit")
+    page.fill("#spec", json.dumps(TINY, indent=2))
+    page.click("#submit")
+    page.wait_for_url("**/#/jobs/*")
+    State.tiny = int(page.url.rsplit("/", 1)[1])
+    page.wait_for_selector("#plot-loss path.line", timeout=240_000)
+    first = points(page, "#plot-loss")
+    # No reload: new steps arrive over the job's event stream and the plot redraws.
+    grown = wait_until(lambda: points(page, "#plot-loss") > first, 120, "more loss points")
+    assert grown
+    assert page.get_attribute("#plot-loss svg", "aria-label").startswith("Loss: ")
+
+
+def test_follow_a_ranks_log_search_it_and_download_it(page: Any, server: ServerProcess) -> None:
+    page.select_option("#log-rank", "1")  # the tiny GPT's rank 1 writes no log lines
+    assert "rank=1" in page.get_attribute("#log-download", "href")
+    page.select_option("#log-rank", "0")
+    assert "rank=0" in page.get_attribute("#log-download", "href")
+    wait_until(lambda: "checkpoint" in page.inner_text("#log"), 120, "rank 0's log lines")
+    page.fill("#log-search", "checkpoint")
+    page.wait_for_selector("#log mark")
+    assert "match" in page.inner_text("#log-status")
+    page.fill("#log-search", "")
+
+
+def test_see_it_restart_after_a_killed_rank(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    page.wait_for_selector("text=Attempt 2", timeout=240_000)
+    wait_until(lambda: admin.job(State.tiny)["state"] == "SUCCEEDED", 300, "the tiny GPT to end")
+    page.wait_for_selector(".badge.s-SUCCEEDED", timeout=20_000)
+    assert "attempt 2" in page.inner_text("#plot-loss")  # one line per attempt, in the legend
+    go(page, server.url, f"jobs/{State.tiny}")
+    page.wait_for_selector("#log:has-text('step')", timeout=30_000)
+    page.screenshot(path=shots / "job.png", full_page=True)
+
+
+def test_a_pending_job_shows_its_reason_and_start_estimate(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    # Two nodes of 2 CPU slots each: two sleepers fill them, the third waits.
+    State.blocker = admin.submit({**SLEEPER, "name": "blocker", "resources": {"cpu": 2}})["id"]
+    State.other = admin.submit({**SLEEPER, "name": "other", "resources": {"cpu": 2}})["id"]
+    for job in (State.blocker, State.other):
+        wait_until(lambda j=job: admin.job(j)["state"] == "RUNNING", 90, "the sleepers to run")
+    State.waiter = admin.submit({**SLEEPER, "name": "waiter", "resources": {"cpu": 2}})["id"]
+    wait_until(lambda: admin.job(State.waiter)["pending_eta"], 60, "a start estimate")
+    go(page, server.url, "queue")
+    row = page.locator("tr", has_text=f"waiter #{State.waiter}")
+    row.wait_for()
+    reason = admin.job(State.waiter)["pending_reason"]
+    assert reason and reason in row.locator(".pending-reason").inner_text()
+    assert row.locator(".eta").inner_text().startswith("in ")
+    page.screenshot(path=shots / "queue.png", full_page=True)
+    go(page, server.url, f"jobs/{State.waiter}")
+    box = page.locator("#pending-box")
+    assert reason in box.inner_text() and "Estimated start" in box.inner_text()
+
+
+def test_cancel_a_job_from_its_page_and_see_the_queue_change_live(
+    page: Any, browser: Any, server: ServerProcess, admin: Client
+) -> None:
+    page.once("dialog", lambda d: d.accept())
+    page.click("#cancel")
+    page.wait_for_selector(".badge.s-CANCELLED", timeout=30_000)
+    assert admin.job(State.waiter)["state"] == "CANCELLED"
+    [line] = [a for a in admin.audit(action="job.cancel") if a["object"] == f"job/{State.waiter}"]
+    assert line["actor"] == "admin" and line["outcome"] == "ok"
+    go(page, server.url, "queue?which=running")
+    page.locator("tr", has_text=f"blocker #{State.blocker}").wait_for()
+    started = time.monotonic()
+    admin.cancel(State.blocker)
+    page.locator("tr", has_text=f"blocker #{State.blocker}").locator(".badge.s-RUNNING").wait_for(
+        state="detached", timeout=30_000
+    )
+    seen_s = time.monotonic() - started
+    print(f"live update: cancel -> queue page changed in {seen_s:.2f} s")
+    assert seen_s < 10
+
+
+def test_a_member_of_another_team_is_refused_an_action(
+    browser: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    admin.create_team("vision")
+    token = admin.create_user("vic")["token"]
+    admin.set_member("vision", "vic", "member")
+    admin.set_member("default", "vic", "viewer")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    try:
+        sign_in(tab, server.url, token)
+        go(tab, server.url, f"jobs/{State.tiny}")
+        tab.click("#resubmit")
+        alert = tab.locator("[role=alert]")
+        alert.wait_for()
+        assert "vic is viewer in team 'default'" in alert.inner_text()
+        tab.screenshot(path=shots / "refused.png")
+    finally:
+        context.close()
+    denied = [a for a in admin.audit(actor="vic") if a["outcome"] == "denied"]
+    assert denied and denied[-1]["action"] == "job.submit"
+
+
+def test_an_admin_cordons_a_node_from_the_nodes_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    admin.cancel(State.other)
+    wait_until(lambda: admin.job(State.other)["state"] == "CANCELLED", 60, "the sleeper to end")
+    go(page, server.url, "nodes")
+    page.locator("tr", has_text="n2").get_by_role("button", name="History").click()
+    page.fill("#node-reason", "XID 79 on GPU 3 (fell off the bus)")
+    page.get_by_role("button", name="Cordon", exact=True).click()
+    row = page.locator("tr", has_text="n2")
+    row.locator(".badge.s-cordoned").wait_for(timeout=20_000)
+    assert "XID 79" in row.inner_text()
+    page.locator("td", has_text="cordon").first.wait_for()  # the history line
+    assert [n["state"] for n in admin.nodes() if n["name"] == "n2"] == ["cordoned"]
+    assert any(a["object"] == "node/n2" for a in admin.audit(actor="admin"))
+    page.screenshot(path=shots / "nodes.png", full_page=True)
+
+
+PAGES = [
+    "queue",
+    "queue?which=running",
+    "submit",
+    "cluster",
+    "nodes",
+    "usage",
+    "models",
+    "deployments",
+]
+
+
+def test_every_page_passes_axe_and_works_in_a_narrow_window_and_by_keyboard(
+    page: Any, server: ServerProcess, axe_source: str, shots: Path
+) -> None:
+    found: dict[str, list[str]] = {}
+    for where in [*PAGES, f"jobs/{State.tiny}"]:
+        go(page, server.url, where)
+        page.evaluate(axe_source)
+        result = page.evaluate(
+            "async () => (await axe.run(document, {runOnly: ['wcag2a', 'wcag2aa', "
+            "'wcag21a', 'wcag21aa']})).violations.map(v => [v.id, v.impact, v.nodes.length])"
+        )
+        bad = [f"{i} ({impact}, {n} nodes)" for i, impact, n in result if impact in SERIOUS]
+        if bad:
+            found[where] = bad
+        name = where.replace("?which=", "-").replace("/", "-")
+        if where in ("cluster", "usage", "submit"):
+            page.screenshot(path=shots / f"{name}.png", full_page=True)
+    assert not found, f"serious accessibility violations: {found}"
+    page.set_viewport_size({"width": 400, "height": 800})
+    for where in ("queue", "cluster", f"jobs/{State.tiny}"):
+        go(page, server.url, where)
+        wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert wide <= 1, f"{where} scrolls sideways by {wide}px at 400px wide"
+    page.screenshot(path=shots / "narrow-job.png")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    go(page, server.url, "queue")
+    page.reload()
+    page.wait_for_selector("main[data-ready]")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")  # brand, Queue, Submit
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#spec")
+
+
+def _events_until(lines: Any, want: Any, timeout: float) -> list[tuple[str, Any]]:
+    """(event, data) pairs read from an event stream until `want(event, data)` holds."""
+    got: list[tuple[str, Any]] = []
+    event = ""
+    deadline = time.monotonic() + timeout
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            got.append((event, json.loads(line[6:])))
+            if want(event, got[-1][1]):
+                return got
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"no matching event within {timeout}s; got {got}")
+
+
+def test_the_event_stream_sends_changes_only_of_teams_one_may_see(
+    server: ServerProcess, admin: Client
+) -> None:
+    import httpx
+
+    admin.create_team("secret")
+    vic = admin.create_token(user="vic")["token"]
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(30, read=30)) as http:
+        assert http.get("/api/v1/stream").status_code == 401
+        headers = {"Authorization": f"Bearer {vic}"}
+        with http.stream("GET", "/api/v1/stream", headers=headers) as answer:
+            assert answer.headers["content-type"].startswith("text/event-stream")
+            lines = answer.iter_lines()
+            _events_until(lines, lambda e, d: e == "hello", 10)
+            hidden = admin.submit({**SLEEPER, "name": "hidden", "team": "secret"})["id"]
+            shown = admin.submit({**SLEEPER, "name": "shown", "team": "vision"})["id"]
+            got = _events_until(
+                lines,
+                lambda e, d: e == "jobs" and any(j["id"] == shown for j in d["items"]),
+                20,
+            )
+    ids = {j["id"] for e, d in got if e == "jobs" for j in d["items"]}
+    assert shown in ids and hidden not in ids
+    for job in (hidden, shown):
+        admin.cancel(job)
+
+
+def test_tyard_usage_gpu_hours_answers_json_and_names_a_bad_grouping(
+    server: ServerProcess,
+) -> None:
+    from tests.e2e.conftest import tyard
+
+    token = (server.home / "admin.token").read_text().strip()
+    common = ["--server", server.url, "--token", token]
+    done = tyard("usage", "--gpu-hours", "--by", "team,user", "--json", *common)
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert body["by"] == ["team", "user"]
+    assert body["kinds"] == ["useful", "restarts", "preemption", "idle"]
+    assert body["rows"] == []  # CPU-only jobs here: no GPU-hours (tests/integration counts them)
+    bad = tyard("usage", "--gpu-hours", "--by", "planet", *common)
+    assert bad.returncode == 2 and "by: cannot group GPU-hours by 'planet'" in bad.stderr
+    assert "Traceback" not in bad.stderr
