@@ -957,9 +957,9 @@ class Store(
     def set_pending_info(
         self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 250
     ) -> tuple[list[int], datetime]:
-        """Set (job id, pending reason, ETA) for the jobs still PENDING, a few hundred per
-        transaction with bulk statements; a changed reason is also an event. Returns the ids
-        written and the one stamp they all got (their new ``changed_at``)."""
+        """Set (job id, pending reason, ETA) for the jobs still PENDING and not being cancelled,
+        a few hundred per transaction with bulk statements; a changed reason is also an event.
+        Returns the ids written and the one stamp they all got (their new ``changed_at``)."""
         written: list[int] = []
         now = self._now()
         for start in range(0, len(items), chunk):
@@ -968,7 +968,14 @@ class Store(
                 current = dict(
                     s.execute(
                         select(Job.id, Job.pending_reason)
-                        .where(Job.id.in_(list(part)), Job.state == JobState.PENDING.value)
+                        .where(
+                            Job.id.in_(list(part)),
+                            Job.state == JobState.PENDING.value,
+                            # A job whose cancel landed since the loop's last read is left as
+                            # it is: a new stamp would hide the cancel from the loop's refresh
+                            # (it would put back its own, older copy of the job under it).
+                            Job.cancel_requested.is_(False),
+                        )
                         .with_for_update()
                     ).all()
                 )

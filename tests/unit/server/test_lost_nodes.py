@@ -133,3 +133,24 @@ def test_a_single_node_job_leaves_a_deleted_node_at_once(url: str, tmp_path: Pat
     job = world.store.get_job(job_id)
     assert job.state is JobState.RUNNING and job.attempts == 2
     assert lost not in job.placement
+
+
+def test_a_cancel_landing_before_a_pending_reason_is_written_is_not_lost(
+    url: str, tmp_path: Path
+) -> None:
+    """Seen in the console's benchmark: the loop wrote a pending job's new start estimate after
+    a cancel had landed, put back its own older copy of the job under the new stamp, and its
+    next refresh skipped the row: the job stayed PENDING with the cancel requested."""
+    world = make(url, tmp_path, Cluster("n1"))
+    blocker = world.submit("blocker", resources={"cpu": 2})
+    world.cycle(2)
+    waiting = world.submit("waiting", resources={"cpu": 2})
+    world.cycle(1, advance=1)  # its reason and estimate are computed
+    c = world.controller
+    c._pending_info[waiting] = ("waiting for n1 (test)", None)  # a write still to come
+    world.clock.t += 0.5
+    world.store.request_cancel(waiting)  # the cancel lands in between
+    c._write_pending_info()
+    world.cycle(2, advance=1)
+    assert world.state(waiting) is JobState.CANCELLED
+    assert world.state(blocker) is JobState.RUNNING
