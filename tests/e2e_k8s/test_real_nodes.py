@@ -153,11 +153,13 @@ def test_headless_service_names_resolve_and_connect_across_nodes(
         # Serve our name over HTTP; fetch the peer's by its DNS name (and, from b, a's through
         # the ClusterIP Service); keep serving a while so the peer can fetch ours too.
         script = f"""
+fetch() {{ printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 "$1" "$2" 2>/dev/null | tail -n 1; }}
 mkdir -p /tmp/www && echo "hello-from-$(hostname)" > /tmp/www/index.html
 httpd -p 7000 -h /tmp/www
 got=""
 for i in $(seq 1 60); do
-  got=$(wget -q -T 2 -O - http://{peer_name}:7000/ 2>/dev/null) && break
+  got=$(fetch {peer_name} 7000)
+  [ "$got" = "hello-from-{peer}" ] && break
   sleep 1
 done
 echo "peer says: $got"
@@ -165,12 +167,13 @@ nslookup {peer_name} | sed -n 's/^Address: /peer address: /p'
 if [ "{me}" = b ]; then
   via=""
   for i in $(seq 1 30); do
-    via=$(wget -q -T 2 -O - http://web.{namespace}.svc.cluster.local/ 2>/dev/null) && break
+    via=$(fetch web.{namespace}.svc.cluster.local 80)
+    [ "$via" = "hello-from-a" ] && break
     sleep 1
   done
   echo "service says: $via"
 fi
-sleep 15
+sleep 12
 [ "$got" = "hello-from-{peer}" ]
 """
         core.create_namespaced_pod(
@@ -273,7 +276,7 @@ def test_a_pod_over_its_memory_limit_is_oom_killed(
         "hog",
         real_nodes[-1],
         test_image,
-        "dd if=/dev/zero of=/dev/null bs=256M count=1; echo survived",
+        "exec dd if=/dev/zero of=/dev/null bs=256M count=1",
         memory="32Mi",
     )
     p = run_to_end(core, namespace, hog)
