@@ -8,7 +8,9 @@ TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
 Everything is real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet
 controller) except nodes and pod lifecycles, which kwok simulates: `gpu_nodes` creates fake
 GPU nodes that kwok keeps Ready, and kwok moves pods bound to them to Running (and Job pods on to
-Succeeded).
+Succeeded). Beside them `k8s_env` starts TYARD_K8S_REAL_NODES (default 2) real nodes (kubelet,
+containerd, CNI, kube-proxy, CoreDNS; `up --real-nodes`), tainted so that only pods tolerating
+REAL_NODE_TOLERATION run there; `real_nodes` names them.
 """
 
 from __future__ import annotations
