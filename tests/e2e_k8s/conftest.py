@@ -8,7 +8,9 @@ TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
 Everything is real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet
 controller) except nodes and pod lifecycles, which kwok simulates: `gpu_nodes` creates fake
 GPU nodes that kwok keeps Ready, and kwok moves pods bound to them to Running (and Job pods on to
-Succeeded).
+Succeeded). Beside them `k8s_env` starts TYARD_K8S_REAL_NODES (default 2) real nodes (kubelet,
+containerd, CNI, kube-proxy, CoreDNS; `up --real-nodes`), tainted so that only pods tolerating
+REAL_NODE_TOLERATION run there; `real_nodes` names them.
 """
 
 from __future__ import annotations
@@ -95,7 +97,22 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
     if reused:
         yield K8sEnv(kubeconfig=Path(reused), dir=None)
         return
-    yield from _environment(tmp_path_factory, "k8s-testenv")
+    yield from _environment(tmp_path_factory, "k8s-testenv", "--real-nodes", _real_nodes_wanted())
+
+
+REAL_NODE_LABEL = "tensoryard.io/real-node"
+REAL_NODE_TOLERATION = {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+REAL_NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
+
+
+def _real_nodes_wanted() -> str:
+    """How many real nodes (kubelet + containerd) `k8s_env` starts: TYARD_K8S_REAL_NODES
+    (default 2), none when they are not built or this is not root (the real-node tests then
+    report why)."""
+    wanted = os.environ.get("TYARD_K8S_REAL_NODES", "2")
+    if os.geteuid() != 0 or any(not (_bin_dir() / b).is_file() for b in REAL_NODE_BINARIES):
+        return "0"
+    return wanted
 
 
 def _bin_dir() -> Path:
@@ -158,7 +175,7 @@ def k8s_kueue_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
         _unavailable("the `kubernetes` client is not installed: pip install -e '.[k8s]'")
     if not (_bin_dir() / "kueue").is_file():
         _unavailable("kueue is not built: run `scripts/k8s-testenv build`")
-    yield from _environment(tmp_path_factory, "k8s-kueue-env", "--kueue")
+    yield from _environment(tmp_path_factory, "k8s-kueue-env", "--kueue", "--real-nodes", "0")
 
 
 @pytest.fixture
@@ -265,6 +282,27 @@ def gpu_nodes(core: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]
 def _node_ready(core: Any, name: str) -> bool:
     node = core.read_node(name)
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+@pytest.fixture(scope="session")
+def real_nodes(k8s_env: K8sEnv, api_client: Any) -> list[str]:
+    """The names of the environment's real nodes (label tensoryard.io/real-node=true), at
+    least two; otherwise the test is unavailable (fails under CI with TYARD_K8S_REQUIRED=1)."""
+    from kubernetes import client
+
+    if os.geteuid() != 0:
+        _unavailable("real nodes need root (network namespaces, mounts, cgroups)")
+    missing = [b for b in REAL_NODE_BINARIES if not (_bin_dir() / b).is_file()]
+    if missing:
+        _unavailable(f"{', '.join(missing)} not built: run `scripts/k8s-testenv build`")
+    nodes = client.CoreV1Api(api_client).list_node(label_selector=f"{REAL_NODE_LABEL}=true")
+    names = sorted(str(n.metadata.name) for n in nodes.items)
+    if len(names) < 2:
+        _unavailable(
+            f"the environment has {len(names)} real nodes, the tests need 2: "
+            "`scripts/k8s-testenv up --real-nodes 2`"
+        )
+    return names
 
 
 def jobset_served(api_client: Any) -> bool:
