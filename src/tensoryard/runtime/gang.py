@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -75,10 +76,20 @@ def claim_round(folder: Path) -> int:
         return taken
 
 
+def _private_dir(name: str) -> Path:
+    """A directory of this user's own under the temp dir (never a shared /tmp name another user
+    could own first): tyard-<uid>/<name>, the parent made 0700."""
+    parent = Path(tempfile.gettempdir()) / f"tyard-{os.getuid()}"
+    parent.mkdir(mode=0o700, exist_ok=True)
+    if parent.stat().st_uid != os.getuid() or parent.is_symlink():
+        raise RuntimeError(f"{parent} is not this user's own directory (fix: remove it)")
+    return parent / name
+
+
 def round_env(env: Mapping[str, str]) -> dict[str, str]:
     """The worker's environment for this start: its round, and the attempt it reports as."""
     key = "".join(c if c.isalnum() or c in "-_." else "_" for c in env.get("TYARD_ATTEMPT_KEY", ""))
-    base = Path(env.get(ROUNDS_DIR_ENV) or f"/tmp/tyard-rounds-{key or 'job'}")
+    base = Path(env.get(ROUNDS_DIR_ENV) or _private_dir(f"rounds-{key or 'job'}"))
     round_ = claim_round(base / env.get("LOCAL_RANK", "0"))
     out = {**env, "TYARD_RESTART_ROUND": str(round_)}
     launch = env.get("TYARD_ATTEMPT", "")
