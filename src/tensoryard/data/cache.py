@@ -35,6 +35,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -65,6 +66,7 @@ __all__ = [
     "CacheStats",
     "FileCache",
     "FsspecStore",
+    "HdfsStore",
     "RemoteFile",
     "RemoteStore",
     "S3Store",
@@ -134,6 +136,9 @@ class CacheConfig:
     """How long a rank waits for another rank's download of the same file."""
     chunk_bytes: int = 8 * _MiB
     """Read size while streaming a download to disk."""
+    metadata_max_age_s: float = 300.0
+    """A manifest fetched by another process of the node less than this long ago is reused
+    instead of fetched again (0: every process fetches its own)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CacheConfig:
@@ -177,6 +182,8 @@ class CacheStats:
     retries: int = 0
     checksum_mismatches: int = 0
     skipped_prefetches: int = 0
+    metadata_fetches: int = 0
+    """Metadata files (manifest, index, listing) this process fetched from the backend."""
     evicted: deque[str] = field(default_factory=lambda: deque(maxlen=256))
     """The most recently evicted file names (bounded)."""
 
@@ -379,11 +386,62 @@ class FsspecStore:
             raise TransientError(f"{self.url(key)}: {exc}") from exc
 
 
+class HdfsStore(FsspecStore):
+    """``hdfs://namenode:port/path`` through hdfs-native (a native HDFS RPC client; no JVM).
+
+    hdfs-native keeps retrying a NameNode that refuses connections for minutes, so the first
+    download of each process first opens a plain TCP connection to the NameNode with a timeout:
+    an unreachable NameNode is a transient error (retried with our backoff), then a DataError
+    that names the URL and what to check. ``webhdfs://`` URLs go through fsspec's WebHDFS
+    client instead (plain `FsspecStore`); see docs/data.md for why hdfs-native is the default.
+    """
+
+    def __init__(
+        self, root: str, *, connect_timeout_s: float = 5.0, **storage_options: Any
+    ) -> None:
+        try:
+            import hdfs_native.fsspec  # noqa: F401  (registers the hdfs:// protocol)
+        except ImportError as exc:
+            raise DataError(
+                f"reading {root} needs hdfs-native (fix: pip install 'tensoryard[data]')"
+            ) from exc
+        match = re.fullmatch(r"(hdfs|viewfs)://([^/:]+)(?::(\d+))?(/.*)?", root.rstrip("/"))
+        if not match:
+            raise DataError(f"not an HDFS URL: {root!r} (expected hdfs://namenode:port/path)")
+        self._namenode = (match.group(2), int(match.group(3) or 8020))
+        self._connect_timeout_s = connect_timeout_s
+        self._probed_pid = 0
+        super().__init__(root, **storage_options)
+
+    def _probe(self) -> None:
+        if self._probed_pid == os.getpid():
+            return
+        host, port = self._namenode
+        try:
+            with socket.create_connection((host, port), timeout=self._connect_timeout_s):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise TransientError(
+                f"cannot connect to the HDFS NameNode at {host}:{port} ({reason}; fix: check "
+                "the host and the NameNode RPC port in the URL, often 8020 or 9000, and that "
+                "the NameNode is running)"
+            ) from exc
+        self._probed_pid = os.getpid()
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        self._probe()
+        super().download(key, sink, chunk_bytes)
+
+
 def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
-    """The store for ``root``: boto3 for ``s3://``, fsspec for everything else."""
+    """The store for ``root``: boto3 for ``s3://``, hdfs-native for ``hdfs://``, fsspec for
+    everything else (``webhdfs://``, ``gs://``, ``file://``...)."""
     options = dict(storage_options or {})
     if root.startswith(("s3://", "s3a://")):
         return S3Store("s3://" + root.split("://", 1)[1], **options)
+    if root.startswith(("hdfs://", "viewfs://")):
+        return HdfsStore(root, **options)
     return FsspecStore(root, **options)
 
 
@@ -779,22 +837,43 @@ class ShardCache:
     def _load_metadata(self) -> list[ShardEntry]:
         with self._meta_lock:
             if self._entries is None:
-                # The manifest is always fetched fresh (it names the hashes of everything else);
-                # index.bin and shards.json are reused when their hash still matches.
-                self.files.fetch_small(MANIFEST_NAME, self.meta_dir / MANIFEST_NAME)
+                self._fetch_metadata_once_per_node()
                 manifest = read_manifest(self.meta_dir)
-                for name, digest in (
-                    (INDEX_NAME, manifest.index_hash),
-                    (SHARDS_NAME, manifest.shards_hash),
-                ):
-                    local = self.meta_dir / name
-                    if not _matches(local, digest):
-                        self.files.fetch_small(name, local, digest)
                 entries = read_shard_entries(self.meta_dir, manifest)
                 self._itemsize = manifest.np_dtype.itemsize
                 self.config.validate(max(e.tokens for e in entries) * self._itemsize)
                 self._entries = entries
             return self._entries
+
+    def _fetch_metadata_once_per_node(self) -> None:
+        """Bring manifest, index and listing up to date, once for all processes of the node.
+
+        The first process to come takes the node-wide lock and fetches; the ranks and
+        DataLoader workers behind it find a manifest younger than ``metadata_max_age_s`` and
+        read the local copies (a 1,000-rank job on 125 nodes reads the index 125 times, not
+        1,000). index.bin and shards.json are fetched only when their hash differs from the
+        manifest's, so a restarted job on a warm node reads only the manifest.
+        """
+        self.meta_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.meta_dir / ".lock"), timeout=self.config.lock_timeout_s)
+        with lock:
+            manifest_path = self.meta_dir / MANIFEST_NAME
+            try:
+                age = time.time() - manifest_path.stat().st_mtime
+            except FileNotFoundError:
+                age = float("inf")
+            if not 0 <= age <= self.config.metadata_max_age_s:
+                self.files.fetch_small(MANIFEST_NAME, manifest_path)
+                self.stats.metadata_fetches += 1
+            manifest = read_manifest(self.meta_dir)
+            for name, digest in (
+                (INDEX_NAME, manifest.index_hash),
+                (SHARDS_NAME, manifest.shards_hash),
+            ):
+                local = self.meta_dir / name
+                if not _matches(local, digest):
+                    self.files.fetch_small(name, local, digest)
+                    self.stats.metadata_fetches += 1
 
     def _file(self, index: int, name: str) -> RemoteFile:
         entries = self._load_metadata()
