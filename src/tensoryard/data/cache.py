@@ -321,6 +321,11 @@ class S3Store:
         if isinstance(exc, bex.FlexibleChecksumError):
             # S3's own transfer checksum caught corruption in transit: fetch again.
             return TransientError(f"{url}: corrupted in transit ({exc})")
+        if isinstance(exc, bex.ConnectionError):
+            return TransientError(
+                f"{url}: {exc} (fix: check the endpoint URL, AWS_ENDPOINT_URL or the "
+                "storage option endpoint_url, and that the service is running)"
+            )
         if isinstance(exc, bex.HTTPClientError | bex.IncompleteReadError | OSError):
             return TransientError(f"{url}: {exc}")
         if isinstance(exc, bex.BotoCoreError):
