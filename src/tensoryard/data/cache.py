@@ -36,6 +36,9 @@ import logging
 import os
 import re
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -416,7 +419,20 @@ class HdfsStore(FsspecStore):
         self._namenode = (match.group(2), int(match.group(3) or 8020))
         self._connect_timeout_s = connect_timeout_s
         self._probed_pid = 0
-        super().__init__(root, **storage_options)
+        self._owner_pid = os.getpid()
+        self._helper: subprocess.Popen[bytes] | None = None
+        # Kept out of fsspec's instance cache: fsspec clears that cache in every forked child,
+        # and dropping an hdfs-native client there blocks on its runtime's dead threads.
+        super().__init__(root, skip_instance_cache=True, **storage_options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_helper"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._owner_pid = os.getpid()  # unpickled in a fresh process: hdfs-native works here
 
     def _probe(self) -> None:
         if self._probed_pid == os.getpid():
@@ -436,7 +452,51 @@ class HdfsStore(FsspecStore):
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
         self._probe()
-        super().download(key, sink, chunk_bytes)
+        if self._owner_pid == os.getpid():
+            super().download(key, sink, chunk_bytes)
+        else:
+            self._download_via_helper(key, sink)
+
+    def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
+        """In a process forked from the one that opened HDFS (a DataLoader worker), where
+        hdfs-native would hang: read through a helper interpreter (`_hdfs_helper`)."""
+        helper = self._helper
+        if helper is None or helper.poll() is not None or helper._tyard_pid != os.getpid():  # type: ignore[attr-defined]
+            helper = subprocess.Popen(
+                [sys.executable, "-m", "tensoryard.data._hdfs_helper", self._display_root],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            helper._tyard_pid = os.getpid()  # type: ignore[attr-defined]
+            self._helper = helper
+        assert helper.stdin is not None and helper.stdout is not None
+        try:
+            helper.stdin.write(f"{_join(self._root, key)}\n".encode())
+            helper.stdin.flush()
+            while True:
+                header = helper.stdout.read(8)
+                if len(header) < 8:
+                    raise OSError("the HDFS helper process exited")
+                (n,) = struct.unpack("<q", header)
+                if n == 0:
+                    return
+                body = helper.stdout.read(abs(n))
+                if n > 0:
+                    sink(body)
+                    continue
+                kind, _, message = body.decode(errors="replace").partition(" ")
+                if kind == "missing":
+                    raise DataError(
+                        f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
+                    )
+                if kind == "denied":
+                    raise DataError(f"permission denied reading {self.url(key)}: {message}")
+                raise TransientError(f"{self.url(key)}: {message}")
+        except OSError as exc:
+            self._helper = None
+            with contextlib.suppress(OSError):
+                helper.kill()
+            raise TransientError(f"{self.url(key)}: {exc}") from exc
 
 
 def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:

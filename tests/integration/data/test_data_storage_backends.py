@@ -234,3 +234,22 @@ def test_an_unreachable_backend_is_a_clear_error_naming_the_url(
         ShardCache(url, cfg, storage_options=options).metadata_path("manifest.json")
     assert "fix: check" in str(err.value)
     assert f"127.0.0.1:{port}" in str(err.value)
+
+
+def test_two_dataloader_workers_read_the_same_batches_as_one_process(
+    backend: Backend, dataset: Path, tmp_path: Path
+) -> None:
+    """The rank opens the backend before its workers fork (hdfs-native's runtime does not
+    survive a fork: the workers read through a helper process there)."""
+    import itertools
+
+    from tensoryard.data import build_torch_loader
+
+    cfg = {"seq_len": 512, "global_batch": 8, "seed": 3}
+    source = backend.cache(tmp_path / "cache")
+    remote = build_torch_loader(backend.url, sources=[source], num_workers=2, **cfg)  # type: ignore[arg-type]
+    local = build_loader(dataset, **cfg)  # type: ignore[arg-type]
+    got = [t.numpy() for t in itertools.islice(remote, 12)]
+    want = list(itertools.islice(local, 12))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    remote.close()
