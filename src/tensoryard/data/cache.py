@@ -421,6 +421,7 @@ class HdfsStore(FsspecStore):
         self._probed_pid = 0
         self._owner_pid = os.getpid()
         self._helper: subprocess.Popen[bytes] | None = None
+        self._helper_lock = threading.Lock()
         # Kept out of fsspec's instance cache: fsspec clears that cache in every forked child,
         # and dropping an hdfs-native client there blocks on its runtime's dead threads.
         super().__init__(root, skip_instance_cache=True, **storage_options)
@@ -428,10 +429,12 @@ class HdfsStore(FsspecStore):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_helper"] = None
+        del state["_helper_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._helper_lock = threading.Lock()
         self._owner_pid = os.getpid()  # unpickled in a fresh process: hdfs-native works here
 
     def _probe(self) -> None:
@@ -455,7 +458,9 @@ class HdfsStore(FsspecStore):
         if self._owner_pid == os.getpid():
             super().download(key, sink, chunk_bytes)
         else:
-            self._download_via_helper(key, sink)
+            # One helper per process, one request at a time (the download threads share it).
+            with self._helper_lock:
+                self._download_via_helper(key, sink)
 
     def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
         """In a process forked from the one that opened HDFS (a DataLoader worker), where

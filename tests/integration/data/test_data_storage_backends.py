@@ -253,3 +253,37 @@ def test_two_dataloader_workers_read_the_same_batches_as_one_process(
     want = list(itertools.islice(local, 12))
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
     remote.close()
+
+
+def test_download_threads_of_a_forked_worker_share_its_hdfs_helper_safely(
+    hdfs: Any, dataset: Path, tmp_path: Path
+) -> None:
+    """Four threads of a process forked after HDFS was opened fetch different shards at once
+    through the one helper; each file arrives whole and verified."""
+    backend = _hdfs_backend(hdfs, dataset, "hdfs")
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from concurrent.futures import ThreadPoolExecutor
+        from pathlib import Path
+        from tensoryard.data.cache import CacheConfig, ShardCache
+        from tensoryard.data.format import shard_file_name
+        cache = ShardCache(sys.argv[1], CacheConfig(cache_dir=Path(sys.argv[2]), prefetch_shards=0))
+        cache.metadata_path("manifest.json")  # opens HDFS in this process
+        pid = os.fork()
+        if pid == 0:
+            with ThreadPoolExecutor(4) as pool:
+                paths = list(pool.map(lambda i: cache.shard_path(i, shard_file_name(i)), range(8)))
+            print(sum(p.stat().st_size for p in paths), flush=True)
+            os._exit(0)
+        os._exit(os.waitpid(pid, 0)[1])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, backend.url, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == sum((dataset / shard_file_name(i)).stat().st_size for i in range(8))
