@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch  # noqa: F401  (imported before the clock starts: imports are not loader time)
+
 from tensoryard.data import build_torch_loader
 from tensoryard.data.cache import CacheConfig, RemoteStore, ShardCache, open_store
 
