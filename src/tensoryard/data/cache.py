@@ -397,34 +397,35 @@ class FsspecStore:
 class HdfsStore(FsspecStore):
     """``hdfs://namenode:port/path`` through hdfs-native (a native HDFS RPC client; no JVM).
 
-    hdfs-native keeps retrying a NameNode that refuses connections for minutes, so the first
-    download of each process first opens a plain TCP connection to the NameNode with a timeout:
-    an unreachable NameNode is a transient error (retried with our backoff), then a DataError
-    that names the URL and what to check. ``webhdfs://`` URLs go through fsspec's WebHDFS
-    client instead (plain `FsspecStore`); see docs/data.md for why hdfs-native is the default.
+    hdfs-native runs its I/O on a process-wide runtime whose threads do not survive ``fork``:
+    in a forked child (a DataLoader worker) any call into it, even the garbage collection of an
+    object inherited from the parent, blocks for good. So no training process loads it: every
+    process reads through its own helper interpreter (`tensoryard.data._hdfs_helper`, started on
+    first use, bytes over a pipe), and forking stays safe. Before its first read a process
+    opens a plain TCP connection to the NameNode with a timeout: an unreachable NameNode is a
+    transient error (retried with our backoff), then a DataError naming the URL and what to
+    check (hdfs-native itself keeps retrying a refused connection for minutes).
+    ``webhdfs://`` URLs go through fsspec's WebHDFS client instead (plain `FsspecStore`); see
+    docs/data.md for why hdfs-native is the default.
     """
 
-    def __init__(
-        self, root: str, *, connect_timeout_s: float = 5.0, **storage_options: Any
-    ) -> None:
-        try:
-            import hdfs_native.fsspec  # noqa: F401  (registers the hdfs:// protocol)
-        except ImportError as exc:
+    def __init__(self, root: str, *, connect_timeout_s: float = 5.0) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("hdfs_native") is None:
             raise DataError(
                 f"reading {root} needs hdfs-native (fix: pip install 'tensoryard[data]')"
-            ) from exc
+            )
         match = re.fullmatch(r"(hdfs|viewfs)://([^/:]+)(?::(\d+))?(/.*)?", root.rstrip("/"))
         if not match:
             raise DataError(f"not an HDFS URL: {root!r} (expected hdfs://namenode:port/path)")
         self._namenode = (match.group(2), int(match.group(3) or 8020))
         self._connect_timeout_s = connect_timeout_s
+        self._display_root = root
+        self._root = match.group(4) or "/"
         self._probed_pid = 0
-        self._owner_pid = os.getpid()
         self._helper: subprocess.Popen[bytes] | None = None
         self._helper_lock = threading.Lock()
-        # Kept out of fsspec's instance cache: fsspec clears that cache in every forked child,
-        # and dropping an hdfs-native client there blocks on its runtime's dead threads.
-        super().__init__(root, skip_instance_cache=True, **storage_options)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -435,7 +436,6 @@ class HdfsStore(FsspecStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._helper_lock = threading.Lock()
-        self._owner_pid = os.getpid()  # unpickled in a fresh process: hdfs-native works here
 
     def _probe(self) -> None:
         if self._probed_pid == os.getpid():
@@ -455,25 +455,24 @@ class HdfsStore(FsspecStore):
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
         self._probe()
-        if self._owner_pid == os.getpid():
-            super().download(key, sink, chunk_bytes)
-        else:
-            # One helper per process, one request at a time (the download threads share it).
-            with self._helper_lock:
-                self._download_via_helper(key, sink)
+        # One helper per process, one request at a time (the download threads share it).
+        with self._helper_lock:
+            self._download_via_helper(key, sink)
 
-    def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
-        """In a process forked from the one that opened HDFS (a DataLoader worker), where
-        hdfs-native would hang: read through a helper interpreter (`_hdfs_helper`)."""
+    def _helper_here(self) -> subprocess.Popen[bytes]:
         helper = self._helper
-        if helper is None or helper.poll() is not None or helper._tyard_pid != os.getpid():  # type: ignore[attr-defined]
+        if helper is None or helper.poll() is not None or helper.pid_owner != os.getpid():  # type: ignore[attr-defined]
             helper = subprocess.Popen(
                 [sys.executable, "-m", "tensoryard.data._hdfs_helper", self._display_root],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
-            helper._tyard_pid = os.getpid()  # type: ignore[attr-defined]
+            helper.pid_owner = os.getpid()  # type: ignore[attr-defined]
             self._helper = helper
+        return helper
+
+    def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
+        helper = self._helper_here()
         assert helper.stdin is not None and helper.stdout is not None
         try:
             helper.stdin.write(f"{_join(self._root, key)}\n".encode())

@@ -13,7 +13,7 @@ import os
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +90,12 @@ def storage_env(what: str) -> Iterator[StorageEnv]:
 @pytest.fixture(scope="module")
 def hdfs() -> Iterator[StorageEnv]:
     """A MiniDFSCluster (NameNode + one DataNode, WebHDFS on) for this module."""
-    pytest.importorskip("hdfs_native", reason="pip install 'tensoryard[data]'")
+    import importlib.util
+
+    # Not imported here: hdfs-native's runtime does not survive fork, and this process forks
+    # DataLoader workers. Uploads go through a subprocess (`hdfs_upload`).
+    if importlib.util.find_spec("hdfs_native") is None:
+        unavailable("hdfs", "hdfs-native is not installed (pip install 'tensoryard[data]')")
     with storage_env("hdfs") as env:
         yield env
 
@@ -106,3 +111,30 @@ def juicefs() -> Iterator[StorageEnv]:
 def closed_port() -> int:
     """A port of 127.0.0.1 where nothing listens."""
     return next(p for p in range(27399, 27300, -1) if _port_free(p))
+
+
+HDFS_UPLOAD = """
+import sys, hdfs_native
+client = hdfs_native.Client(sys.argv[1])
+for pair in sys.argv[2:]:
+    local, remote = pair.split("=", 1)
+    client.mkdirs(remote.rsplit("/", 1)[0] or "/", create_parent=True)
+    with client.create(remote, hdfs_native.WriteOptions(overwrite=True)) as f:
+        f.write(open(local, "rb").read())
+"""
+
+
+def hdfs_upload(namenode_url: str, files: dict[str, Path]) -> None:
+    """Write local files to HDFS paths ({remote path: local file}) from a subprocess."""
+    import sys
+
+    pairs = [f"{local}={remote}" for remote, local in files.items()]
+    subprocess.run(
+        [sys.executable, "-c", HDFS_UPLOAD, namenode_url, *pairs], check=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="session")
+def hdfs_uploader() -> Callable[[str, dict[str, Path]], None]:
+    """`hdfs_upload`, for the tests."""
+    return hdfs_upload

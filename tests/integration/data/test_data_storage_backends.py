@@ -62,20 +62,19 @@ class Backend:
         return ShardCache(self.url, cfg, storage_options=self.storage_options)
 
 
-def _hdfs_backend(env: Any, dataset: Path, scheme: str) -> Backend:
-    import hdfs_native
-
-    client = hdfs_native.Client(env["TYARD_HDFS_URL"])
+def _hdfs_backend(
+    env: Any, dataset: Path, scheme: str, tmp: Path, hdfs_upload: Callable[..., None]
+) -> Backend:
     root = f"/{scheme}/{PREFIX}"
+    namenode = env["TYARD_HDFS_URL"]
 
     def put(name: str, body: bytes) -> None:
-        with client.create(f"{root}/{name}", hdfs_native.WriteOptions(overwrite=True)) as f:
-            f.write(body)
+        local = tmp / name
+        local.write_bytes(body)
+        hdfs_upload(namenode, {f"{root}/{name}": local})
 
-    client.mkdirs(root, create_parent=True)
-    for path in sorted(dataset.iterdir()):
-        put(path.name, path.read_bytes())
-    base = env["TYARD_HDFS_URL"] if scheme == "hdfs" else env["TYARD_WEBHDFS_URL"]
+    hdfs_upload(namenode, {f"{root}/{p.name}": p for p in sorted(dataset.iterdir())})
+    base = namenode if scheme == "hdfs" else env["TYARD_WEBHDFS_URL"]
     return Backend(scheme, f"{base}{root}", {}, put, {})
 
 
@@ -109,7 +108,9 @@ def _juicefs_backend(env: Any, dataset: Path) -> Backend:
 def backend(request: pytest.FixtureRequest, dataset: Path) -> Backend:
     if request.param == "juicefs":
         return _juicefs_backend(request.getfixturevalue("juicefs"), dataset)
-    return _hdfs_backend(request.getfixturevalue("hdfs"), dataset, request.param)
+    tmp = request.getfixturevalue("tmp_path_factory").mktemp("hdfs-upload")
+    upload = request.getfixturevalue("hdfs_uploader")
+    return _hdfs_backend(request.getfixturevalue("hdfs"), dataset, request.param, tmp, upload)
 
 
 @contextlib.contextmanager
@@ -240,7 +241,7 @@ def test_two_dataloader_workers_read_the_same_batches_as_one_process(
     backend: Backend, dataset: Path, tmp_path: Path
 ) -> None:
     """The rank opens the backend before its workers fork (hdfs-native's runtime does not
-    survive a fork: the workers read through a helper process there)."""
+    survive a fork: every process reads HDFS through a helper interpreter)."""
     import itertools
 
     from tensoryard.data import build_torch_loader
@@ -256,11 +257,11 @@ def test_two_dataloader_workers_read_the_same_batches_as_one_process(
 
 
 def test_download_threads_of_a_forked_worker_share_its_hdfs_helper_safely(
-    hdfs: Any, dataset: Path, tmp_path: Path
+    hdfs: Any, dataset: Path, tmp_path: Path, hdfs_uploader: Callable[..., None]
 ) -> None:
     """Four threads of a process forked after HDFS was opened fetch different shards at once
     through the one helper; each file arrives whole and verified."""
-    backend = _hdfs_backend(hdfs, dataset, "hdfs")
+    backend = _hdfs_backend(hdfs, dataset, "hdfs", tmp_path, hdfs_uploader)
     script = textwrap.dedent(
         """
         import os, sys
