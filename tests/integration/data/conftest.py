@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -85,6 +86,7 @@ def storage_env(what: str) -> Iterator[StorageEnv]:
         subprocess.run(
             [str(SCRIPT), "down", "--dir", str(env_dir)], capture_output=True, timeout=60
         )
+        shutil.rmtree(env_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
