@@ -501,7 +501,18 @@ def main() -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=DATA, help="generated corpora and converted datasets"
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="instead: the cold first epoch from S3 (moto), HDFS and JuiceFS (_data_cold.py)",
+    )
+    parser.add_argument("--ranks", type=int, default=8, help="--cold: ranks on the node")
+    parser.add_argument("--workers", type=int, default=2, help="--cold: DataLoader workers/rank")
+    parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
     args = parser.parse_args()
+    if args.cold:
+        cold_main(args)
+        return
     t0 = time.perf_counter()
     result = run(args)
     result["wall_s"] = time.perf_counter() - t0
@@ -513,6 +524,103 @@ def main() -> None:
     if not args.quick:
         write_results_md(results_line(result, command))
     console.print_json(json.dumps({k: result[k] for k in ("tokens_per_s", "ratios", "goals")}))
+
+
+# ---------------------------------------------------------------------------------------------
+# --cold: remote backends
+
+
+def cold_main(args: argparse.Namespace) -> None:
+    """Run every cold-start arm, write the JSON (and, unless --quick, the RESULTS row)."""
+    import _data_cold
+    import _results
+
+    cfg = {
+        "megabytes": 8 if args.quick else args.cold_mb,
+        "shard_mb": 2 if args.quick else 8,
+        "ranks": 2 if args.quick else args.ranks,
+        "workers": args.workers,
+        "seq_len": 2048,
+        "global_batch": 8 * (2 if args.quick else args.ranks),
+        "nodes": 5 if args.quick else 125,
+        "timeout_s": 600,
+    }
+    t0 = time.perf_counter()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("cold start", total=6)
+
+        def step(name: str) -> None:
+            bar.update(task, advance=1, description=f"cold start: {name}")
+
+        result = _data_cold.run_cold(cfg, progress=step)
+    command = (
+        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold.json"
+    )
+    if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):
+        command += f" --ranks {args.ranks} --workers {args.workers} --cold-mb {args.cold_mb}"
+    result |= {
+        "wall_s": time.perf_counter() - t0,
+        "command": command + (" --quick" if args.quick else ""),
+        "commit": _git_commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": _machine(),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if not args.quick:
+        text, goal, met = cold_results_cells(result)
+        _results.write_results_line("data_loader_cold", command, text, goal, met)
+    console.print_json(json.dumps(result["arms"]))
+
+
+def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
+    """The RESULTS.md cells of a cold-start run, from its JSON."""
+    arms, cfg, idx = r["arms"], r["config"], r["thousand_rank_start"]
+    local = arms["local (page cache)"]["tokens_per_s"]
+    parts = []
+    for name, a in arms.items():
+        ratio = a["fetched_over_needed"]
+        fetched = "" if ratio is None else f", fetched/needed {ratio:.2f}, {a['file_reads']} reads"
+        parts.append(
+            f"{name} {a['tokens_per_s'] / 1e6:.1f}M tok/s "
+            f"({a['tokens_per_s'] / local:.2f}x local), "
+            f"first batch {a['first_batch_s_max']:.2f}s{fetched}"
+        )
+    text = (
+        f"{cfg['ranks']} ranks x {cfg['workers']} workers, {cfg['megabytes']} MB: "
+        + "; ".join(parts)
+        + f"; {idx['ranks']}-rank start on {idx['nodes']} nodes: "
+        f"{idx['per_node']['metadata_reads']} metadata reads "
+        f"({idx['per_node']['per_node']:.0f}/node) "
+        f"vs {idx['per_rank']['metadata_reads']} when each rank fetches its own; "
+        "litdata/streaming remote modes not run"
+    )
+    remote = {k: a for k, a in arms.items() if a["fetched_over_needed"] is not None}
+    once = all(abs(a["fetched_over_needed"] - 1.0) < 1e-9 for a in remote.values())
+    fast = all(a["first_batch_s_max"] < 1.0 for a in remote.values())
+    met = (
+        f"each byte once per node: {'met' if once else 'not met'}; "
+        f"first batch <1s: {'met' if fast else 'not met'}; "
+        ">=2x best peer cold tokens/s: not measured (no peer arm)"
+    )
+    return text, "bytes fetched = dataset; first batch <1s; >=2x best peer cold", met
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _machine() -> str:
+    import platform
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {mem:.0f} GiB, {platform.platform()}"
 
 
 if __name__ == "__main__":

@@ -464,6 +464,7 @@ def describe(
                 "checkpoints": checkpoints,
                 "checkpoints_removed": removed,
                 "retention": retention_policy_text(job["spec"].get("checkpoint") or {}),
+                "data_wait": _rank_data_wait(job),
             }
         )
         return
@@ -490,6 +491,9 @@ def describe(
     for line in _goodput_lines(summary):
         console.print(line, highlight=False)
     console.print(_checkpoint_line(job, checkpoints, removed), highlight=False)
+    data_line = data_wait_line(_rank_data_wait(job))
+    if data_line:
+        console.print(data_line, highlight=False)
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "STATE", "STARTED", "EXIT", "RESUMED FROM", "REASON"):
         table.add_column(col, overflow="fold")
@@ -510,6 +514,44 @@ def describe(
     for e in events[-30:]:
         etable.add_row(e["ts"][11:19], e["kind"], escape(e["message"]))
     console.print(etable)
+
+
+STALL_SHARE = 0.3
+"""The share of a step spent waiting on data above which JobDataLoaderStall fires
+(deploy/prometheus/rules/jobs.yml)."""
+
+
+def _rank_data_wait(job: dict[str, Any]) -> list[dict[str, float]] | None:
+    """Each rank's last data-loader wait, from the run directory when this machine can read it
+    (the local executor, a shared filesystem); None when it cannot."""
+    from tensoryard.runtime.rank_stats import read_rank_stats
+
+    run_dir = Path(str(job.get("run_dir") or ""))
+    if not job.get("run_dir") or not (run_dir / "ranks").is_dir():
+        return None
+    return read_rank_stats(run_dir)
+
+
+def data_wait_line(rows: list[dict[str, float]] | None, *, shown: int = 4) -> str:
+    """``data loader: ...``: the ranks that waited longest for their batch in their last step,
+    as a share of the step; "" when there is nothing to show."""
+    if not rows:
+        return ""
+    worst = sorted(rows, key=lambda r: r["data_wait_share"], reverse=True)
+    parts = [
+        f"rank {int(r['rank'])} {r['data_wait_s']:.3f}s of {r['step_time_s']:.3f}s "
+        f"({r['data_wait_share']:.0%})"
+        for r in worst[:shown]
+    ]
+    more = f" and {len(rows) - shown} more" if len(rows) > shown else ""
+    stalled = [r for r in rows if r["data_wait_share"] > STALL_SHARE]
+    verdict = (
+        f"{len(stalled)} rank(s) stalled on data (over {STALL_SHARE:.0%} of the step: "
+        "JobDataLoaderStall)"
+        if stalled
+        else f"no rank over {STALL_SHARE:.0%}"
+    )
+    return f"data loader wait in the last step: {', '.join(parts)}{more}; {verdict}"
 
 
 def retention_policy_text(checkpoint: dict[str, Any]) -> str:

@@ -35,6 +35,10 @@ import hashlib
 import logging
 import os
 import re
+import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -65,6 +69,7 @@ __all__ = [
     "CacheStats",
     "FileCache",
     "FsspecStore",
+    "HdfsStore",
     "RemoteFile",
     "RemoteStore",
     "S3Store",
@@ -134,6 +139,9 @@ class CacheConfig:
     """How long a rank waits for another rank's download of the same file."""
     chunk_bytes: int = 8 * _MiB
     """Read size while streaming a download to disk."""
+    metadata_max_age_s: float = 300.0
+    """A manifest fetched by another process of the node less than this long ago is reused
+    instead of fetched again (0: every process fetches its own)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CacheConfig:
@@ -177,6 +185,8 @@ class CacheStats:
     retries: int = 0
     checksum_mismatches: int = 0
     skipped_prefetches: int = 0
+    metadata_fetches: int = 0
+    """Metadata files (manifest, index, listing) this process fetched from the backend."""
     evicted: deque[str] = field(default_factory=lambda: deque(maxlen=256))
     """The most recently evicted file names (bounded)."""
 
@@ -314,6 +324,11 @@ class S3Store:
         if isinstance(exc, bex.FlexibleChecksumError):
             # S3's own transfer checksum caught corruption in transit: fetch again.
             return TransientError(f"{url}: corrupted in transit ({exc})")
+        if isinstance(exc, bex.ConnectionError):
+            return TransientError(
+                f"{url}: {exc} (fix: check the endpoint URL, AWS_ENDPOINT_URL or the "
+                "storage option endpoint_url, and that the service is running)"
+            )
         if isinstance(exc, bex.HTTPClientError | bex.IncompleteReadError | OSError):
             return TransientError(f"{url}: {exc}")
         if isinstance(exc, bex.BotoCoreError):
@@ -379,11 +394,123 @@ class FsspecStore:
             raise TransientError(f"{self.url(key)}: {exc}") from exc
 
 
+class HdfsStore(FsspecStore):
+    """``hdfs://namenode:port/path`` through hdfs-native (a native HDFS RPC client; no JVM).
+
+    hdfs-native runs its I/O on a process-wide runtime whose threads do not survive ``fork``:
+    in a forked child (a DataLoader worker) any call into it, even the garbage collection of an
+    object inherited from the parent, blocks for good. So no training process loads it: every
+    process reads through its own helper interpreter (`tensoryard.data._hdfs_helper`, started on
+    first use, bytes over a pipe), and forking stays safe. Before its first read a process
+    opens a plain TCP connection to the NameNode with a timeout: an unreachable NameNode is a
+    transient error (retried with our backoff), then a DataError naming the URL and what to
+    check (hdfs-native itself keeps retrying a refused connection for minutes).
+    ``webhdfs://`` URLs go through fsspec's WebHDFS client instead (plain `FsspecStore`); see
+    docs/data.md for why hdfs-native is the default.
+    """
+
+    def __init__(self, root: str, *, connect_timeout_s: float = 5.0) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("hdfs_native") is None:
+            raise DataError(
+                f"reading {root} needs hdfs-native (fix: pip install 'tensoryard[data]')"
+            )
+        match = re.fullmatch(r"(hdfs|viewfs)://([^/:]+)(?::(\d+))?(/.*)?", root.rstrip("/"))
+        if not match:
+            raise DataError(f"not an HDFS URL: {root!r} (expected hdfs://namenode:port/path)")
+        self._namenode = (match.group(2), int(match.group(3) or 8020))
+        self._connect_timeout_s = connect_timeout_s
+        self._display_root = root
+        self._root = match.group(4) or "/"
+        self._probed_pid = 0
+        self._helper: subprocess.Popen[bytes] | None = None
+        self._helper_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_helper"] = None
+        del state["_helper_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._helper_lock = threading.Lock()
+
+    def _probe(self) -> None:
+        if self._probed_pid == os.getpid():
+            return
+        host, port = self._namenode
+        try:
+            with socket.create_connection((host, port), timeout=self._connect_timeout_s):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise TransientError(
+                f"cannot connect to the HDFS NameNode at {host}:{port} ({reason}; fix: check "
+                "the host and the NameNode RPC port in the URL, often 8020 or 9000, and that "
+                "the NameNode is running)"
+            ) from exc
+        self._probed_pid = os.getpid()
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        self._probe()
+        # One helper per process, one request at a time (the download threads share it).
+        with self._helper_lock:
+            self._download_via_helper(key, sink)
+
+    def _helper_here(self) -> subprocess.Popen[bytes]:
+        helper = self._helper
+        if helper is None or helper.poll() is not None or helper.pid_owner != os.getpid():  # type: ignore[attr-defined]
+            helper = subprocess.Popen(
+                [sys.executable, "-m", "tensoryard.data._hdfs_helper", self._display_root],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            helper.pid_owner = os.getpid()  # type: ignore[attr-defined]
+            self._helper = helper
+        return helper
+
+    def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
+        helper = self._helper_here()
+        assert helper.stdin is not None and helper.stdout is not None
+        try:
+            helper.stdin.write(f"{_join(self._root, key)}\n".encode())
+            helper.stdin.flush()
+            while True:
+                header = helper.stdout.read(8)
+                if len(header) < 8:
+                    raise OSError("the HDFS helper process exited")
+                (n,) = struct.unpack("<q", header)
+                if n == 0:
+                    return
+                body = helper.stdout.read(abs(n))
+                if n > 0:
+                    sink(body)
+                    continue
+                kind, _, message = body.decode(errors="replace").partition(" ")
+                if kind == "missing":
+                    raise DataError(
+                        f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
+                    )
+                if kind == "denied":
+                    raise DataError(f"permission denied reading {self.url(key)}: {message}")
+                raise TransientError(f"{self.url(key)}: {message}")
+        except OSError as exc:
+            self._helper = None
+            with contextlib.suppress(OSError):
+                helper.kill()
+            raise TransientError(f"{self.url(key)}: {exc}") from exc
+
+
 def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
-    """The store for ``root``: boto3 for ``s3://``, fsspec for everything else."""
+    """The store for ``root``: boto3 for ``s3://``, hdfs-native for ``hdfs://``, fsspec for
+    everything else (``webhdfs://``, ``gs://``, ``file://``...)."""
     options = dict(storage_options or {})
     if root.startswith(("s3://", "s3a://")):
         return S3Store("s3://" + root.split("://", 1)[1], **options)
+    if root.startswith(("hdfs://", "viewfs://")):
+        return HdfsStore(root, **options)
     return FsspecStore(root, **options)
 
 
@@ -779,22 +906,43 @@ class ShardCache:
     def _load_metadata(self) -> list[ShardEntry]:
         with self._meta_lock:
             if self._entries is None:
-                # The manifest is always fetched fresh (it names the hashes of everything else);
-                # index.bin and shards.json are reused when their hash still matches.
-                self.files.fetch_small(MANIFEST_NAME, self.meta_dir / MANIFEST_NAME)
+                self._fetch_metadata_once_per_node()
                 manifest = read_manifest(self.meta_dir)
-                for name, digest in (
-                    (INDEX_NAME, manifest.index_hash),
-                    (SHARDS_NAME, manifest.shards_hash),
-                ):
-                    local = self.meta_dir / name
-                    if not _matches(local, digest):
-                        self.files.fetch_small(name, local, digest)
                 entries = read_shard_entries(self.meta_dir, manifest)
                 self._itemsize = manifest.np_dtype.itemsize
                 self.config.validate(max(e.tokens for e in entries) * self._itemsize)
                 self._entries = entries
             return self._entries
+
+    def _fetch_metadata_once_per_node(self) -> None:
+        """Bring manifest, index and listing up to date, once for all processes of the node.
+
+        The first process to come takes the node-wide lock and fetches; the ranks and
+        DataLoader workers behind it find a manifest younger than ``metadata_max_age_s`` and
+        read the local copies (a 1,000-rank job on 125 nodes reads the index 125 times, not
+        1,000). index.bin and shards.json are fetched only when their hash differs from the
+        manifest's, so a restarted job on a warm node reads only the manifest.
+        """
+        self.meta_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.meta_dir / ".lock"), timeout=self.config.lock_timeout_s)
+        with lock:
+            manifest_path = self.meta_dir / MANIFEST_NAME
+            try:
+                age = time.time() - manifest_path.stat().st_mtime
+            except FileNotFoundError:
+                age = float("inf")
+            if not 0 <= age <= self.config.metadata_max_age_s:
+                self.files.fetch_small(MANIFEST_NAME, manifest_path)
+                self.stats.metadata_fetches += 1
+            manifest = read_manifest(self.meta_dir)
+            for name, digest in (
+                (INDEX_NAME, manifest.index_hash),
+                (SHARDS_NAME, manifest.shards_hash),
+            ):
+                local = self.meta_dir / name
+                if not _matches(local, digest):
+                    self.files.fetch_small(name, local, digest)
+                    self.stats.metadata_fetches += 1
 
     def _file(self, index: int, name: str) -> RemoteFile:
         entries = self._load_metadata()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["RankStats", "process_start_ticks", "rank_stats_path"]
+__all__ = ["RankStats", "process_start_ticks", "rank_stats_path", "read_rank_stats"]
 
 
 def process_start_ticks(pid: int, proc: str | Path = "/proc") -> int | None:
@@ -95,3 +95,24 @@ class RankStats:
             os.replace(tmp, self.path)
         except OSError:
             self._failed = True  # a read-only or full disk must not cost the job a step
+
+
+def read_rank_stats(run_dir: str | Path) -> list[dict[str, float]]:
+    """The last record of every rank of a job (sorted by rank): ``rank``, ``step``,
+    ``step_time_s``, ``data_wait_s`` and ``data_wait_share`` (wait / step time). Files that
+    are unreadable or half-written are left out; a run directory without ranks gives []."""
+    out: list[dict[str, float]] = []
+    try:
+        paths = sorted((Path(run_dir) / "ranks").glob("rank-*.json"))
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            step_s, wait_s = float(record["step_time_s"]), float(record["data_wait_s"])
+            row = {"rank": int(record["rank"]), "step": int(record["step"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        share = wait_s / step_s if step_s > 0 else 0.0
+        out.append(row | {"step_time_s": step_s, "data_wait_s": wait_s, "data_wait_share": share})
+    return sorted(out, key=lambda r: r["rank"])

@@ -1,0 +1,258 @@
+"""Cold start from remote storage (``data_loader.py --cold``): every backend in one run.
+
+One prepared dataset of random uint16 tokens (64 MB by default, 8 MB shards) is uploaded to
+S3 (moto_server), HDFS (a MiniDFSCluster, read through hdfs-native and through WebHDFS) and
+JuiceFS (its S3 gateway), all started here through scripts/storage-testenv. For each backend
+``ranks`` processes on one node (one shared, empty node-local cache directory) each read their
+share of one epoch with ``workers`` DataLoader workers. Reported per backend: aggregate tokens/s
+(all tokens over the slowest rank's wall time, from process start), time to first batch (the
+slowest rank), bytes fetched from the backend over the bytes the epoch needs (metadata plus
+every token shard: 1.0 means each byte crossed the network once for the node), file reads
+(GETs / HDFS opens), and peak RSS of a rank and of its workers. The same ranks read the same
+dataset from a local directory (page cache) as the reference.
+
+Then a 1,000-rank start against HDFS: 125 nodes x 8 ranks open the dataset (manifest, index,
+listing), once with the node-wide metadata cache and once with every rank fetching its own.
+
+Peers' remote modes (litdata, mosaicml-streaming) are not run here: neither reads HDFS, and
+their S3 modes were not set up against moto in this run (see docs/data.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RANK = HERE / "_data_cold_rank.py"
+ROOT = HERE.parent
+TESTENV = ROOT / "scripts" / "storage-testenv"
+BUCKET = "tyard-bench"
+PREFIX = "corpus"
+CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret"}
+
+
+def _free_port(start: int) -> int:
+    for port in range(start, 27400):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in the benchmark's range")
+
+
+def _wait_port(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+@contextlib.contextmanager
+def backends(work: Path) -> Iterator[dict[str, str]]:
+    """moto_server plus storage-testenv's HDFS and JuiceFS; yields their addresses."""
+    moto_port = _free_port(27380)
+    moto = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("moto_server")),
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(moto_port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env_dir = work / "storage-env"
+    env = os.environ | {"TYARD_STORAGE_PORT_BASE": str(_free_port(27370))}
+    try:
+        _wait_port(moto_port)
+        subprocess.run([str(TESTENV), "up", "--dir", str(env_dir)], env=env, check=True)
+        values = dict(
+            line.split("=", 1) for line in (env_dir / "env").read_text().splitlines() if line
+        )
+        values["MOTO_ENDPOINT"] = f"http://127.0.0.1:{moto_port}"
+        yield values
+    finally:
+        subprocess.run([str(TESTENV), "down", "--dir", str(env_dir)], check=False)
+        moto.terminate()
+        moto.wait(timeout=10)
+
+
+def make_dataset(out: Path, megabytes: int, shard_mb: int) -> Path:
+    from tensoryard.data import write_token_dataset
+
+    tokens = megabytes * (1 << 20) // 2
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 50304, size=tokens, dtype=np.uint16)
+    write_token_dataset(
+        out, [data], vocab_size=50304, eos_id=None, shard_tokens=shard_mb * (1 << 20) // 2
+    )
+    return out
+
+
+def upload(dataset: Path, env: dict[str, str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Put the dataset on every backend; backend name -> (URL, storage options)."""
+    import boto3
+    import hdfs_native
+
+    files = sorted(p for p in dataset.iterdir() if p.is_file())
+    urls: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name, endpoint, bucket, key, secret in (
+        (
+            "s3 (moto)",
+            env["MOTO_ENDPOINT"],
+            BUCKET,
+            CREDS["AWS_ACCESS_KEY_ID"],
+            CREDS["AWS_SECRET_ACCESS_KEY"],
+        ),
+        (
+            "juicefs (S3 gateway)",
+            env["TYARD_JUICEFS_S3_ENDPOINT"],
+            env["TYARD_JUICEFS_S3_BUCKET"],
+            env["TYARD_JUICEFS_S3_ACCESS_KEY"],
+            env["TYARD_JUICEFS_S3_SECRET_KEY"],
+        ),
+    ):
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+        )
+        if name.startswith("s3"):
+            client.create_bucket(Bucket=bucket)
+        for f in files:
+            client.upload_file(str(f), bucket, f"{PREFIX}/{f.name}")
+        urls[name] = (
+            f"s3://{bucket}/{PREFIX}",
+            {"endpoint_url": endpoint, "_creds": [key, secret]},
+        )
+    hdfs = hdfs_native.Client(env["TYARD_HDFS_URL"])
+    hdfs.mkdirs(f"/{PREFIX}", create_parent=True)
+    for f in files:
+        with hdfs.create(f"/{PREFIX}/{f.name}", hdfs_native.WriteOptions(overwrite=True)) as out:
+            out.write(f.read_bytes())
+    urls["hdfs (hdfs-native)"] = (f"{env['TYARD_HDFS_URL']}/{PREFIX}", {})
+    urls["hdfs (webhdfs)"] = (f"{env['TYARD_WEBHDFS_URL']}/{PREFIX}", {})
+    return urls
+
+
+def needed_bytes(dataset: Path) -> int:
+    """What one epoch needs from the backend: the metadata and every token shard."""
+    names = ["manifest.json", "index.bin", "shards.json"]
+    return sum((dataset / n).stat().st_size for n in names) + sum(
+        p.stat().st_size for p in dataset.glob("shard-*.tok")
+    )
+
+
+def run_arm(
+    url: str, options: dict[str, Any], work: Path, cfg: dict[str, Any], dataset: Path
+) -> dict[str, Any]:
+    """`ranks` processes reading one epoch together through one empty node cache."""
+    cache, stats = work / "cache", work / "stats"
+    shutil.rmtree(work, ignore_errors=True)
+    stats.mkdir(parents=True)
+    options = dict(options)
+    creds = options.pop("_creds", None)
+    env = os.environ.copy()
+    if creds:
+        env |= {"AWS_ACCESS_KEY_ID": creds[0], "AWS_SECRET_ACCESS_KEY": creds[1]}
+    env["AWS_DEFAULT_REGION"] = "us-east-1"
+    argv = [url, json.dumps(options), str(cache), str(stats)]
+    shape = [str(cfg[k]) for k in ("ranks", "workers", "seq_len", "global_batch")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RANK), *argv, str(r), *shape],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for r in range(cfg["ranks"])
+    ]
+    ranks = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=cfg["timeout_s"])
+        if proc.returncode != 0:
+            raise RuntimeError(f"rank failed on {url}: {err.decode()[-2000:]}")
+        ranks.append(json.loads(out.decode().strip().splitlines()[-1]))
+    fetched = [line.split() for log in stats.glob("*.log") for line in log.read_text().splitlines()]
+    tokens = sum(r["tokens"] for r in ranks)
+    wall = max(r["seconds"] for r in ranks)
+    need = needed_bytes(dataset)
+    got = sum(int(n) for _, n in fetched)
+    return {
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "first_batch_s_max": max(r["first_batch_s"] for r in ranks),
+        "first_batch_s_median": statistics.median(r["first_batch_s"] for r in ranks),
+        "bytes_fetched": got,
+        "bytes_needed": need,
+        "fetched_over_needed": got / need if "://" in url else None,
+        "file_reads": len(fetched) if "://" in url else None,
+        "files_needed": 3 + len(list(dataset.glob("shard-*.tok"))),
+        "peak_rss_mb_rank_max": max(r["peak_rss_mb"] for r in ranks),
+        "peak_rss_mb_worker_max": max(r["peak_rss_worker_mb"] for r in ranks),
+    }
+
+
+def thousand_ranks(url: str, work: Path, nodes: int, per_node: int) -> dict[str, Any]:
+    """`nodes` x `per_node` ranks open the dataset; metadata fetches with and without the
+    node-wide metadata cache."""
+    sys.path.insert(0, str(HERE))
+    from _data_cold_rank import CountingStore
+
+    from tensoryard.data.cache import CacheConfig, ShardCache, open_store
+
+    out: dict[str, Any] = {"ranks": nodes * per_node, "nodes": nodes}
+    for mode, max_age in (("per_node", 300.0), ("per_rank", 0.0)):
+        stats = work / f"index-{mode}"
+        shutil.rmtree(stats, ignore_errors=True)
+        stats.mkdir(parents=True)
+        store = CountingStore(open_store(url), str(stats))
+        started = time.perf_counter()
+        for node in range(nodes):
+            cfg = CacheConfig(cache_dir=stats / f"node-{node}", metadata_max_age_s=max_age)
+            for _ in range(per_node):
+                ShardCache(url, cfg, store=store).metadata_path("manifest.json")  # type: ignore[arg-type]
+        seconds = time.perf_counter() - started
+        reads = sum(len(p.read_text().splitlines()) for p in stats.glob("*.log"))
+        out[mode] = {"metadata_reads": reads, "per_node": reads / nodes, "seconds": seconds}
+    return out
+
+
+def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
+    """Every arm of the cold-start benchmark; returns the results dict."""
+    work = Path(tempfile.mkdtemp(prefix=f"tensoryard-{os.getuid()}-cold-"))
+    try:
+        dataset = make_dataset(work / "dataset", cfg["megabytes"], cfg["shard_mb"])
+        arms: dict[str, Any] = {}
+        with backends(work) as env:
+            urls = upload(dataset, env)
+            arms["local (page cache)"] = run_arm(str(dataset), {}, work / "arm-local", cfg, dataset)
+            for name, (url, options) in urls.items():
+                if progress is not None:
+                    progress(name)
+                arms[name] = run_arm(url, options, work / f"arm-{len(arms)}", cfg, dataset)
+            index = thousand_ranks(urls["hdfs (hdfs-native)"][0], work, cfg["nodes"], 8)
+        return {"arms": arms, "thousand_rank_start": index, "config": cfg}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
