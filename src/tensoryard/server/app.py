@@ -198,23 +198,14 @@ def create_app(
                     for x in exc.issues
                 ]
         for i, spec in enumerate(specs):
-            try:
-                fits(spec)
-            except SpecError as exc:
-                issues += [
-                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
-                    for x in exc.issues
-                ]
-        if issues:
-            raise SpecError(issues, source="request")
-        for i, spec in enumerate(specs):
-            try:
-                _check_paths(spec, protected)
-            except SpecError as exc:
-                issues += [
-                    FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
-                    for x in exc.issues
-                ]
+            for check in (fits, lambda s: _check_paths(s, protected)):
+                try:
+                    check(spec)
+                except SpecError as exc:
+                    issues += [
+                        FieldIssue(f"specs.{i}.{x.path}".rstrip("."), x.message, x.fix)
+                        for x in exc.issues
+                    ]
         if issues:
             raise SpecError(issues, source="request")
         for spec in {s.team: s for s in specs}.values():

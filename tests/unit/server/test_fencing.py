@@ -4,25 +4,13 @@ tests/e2e/test_e2e_fencing.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from tests.unit.server.test_controller import Clock, ScriptedExecutor, World, make_controller
+from tests.unit.server.test_controller import World, make_controller
+from tests.unit.server.test_controller import world as world  # the fixture
 
 from tensoryard.errors import FencedOut
 from tensoryard.spec.states import JobState
-from tensoryard.store import Fence, Store
-
-
-@pytest.fixture
-def world(migrated_sqlite_url: str, tmp_path: Path) -> World:
-    clock = Clock()
-    store = Store.open(migrated_sqlite_url, clock=clock.dt)
-    store.ensure_team("default")
-    executor = ScriptedExecutor(store)
-    controller = make_controller(store, executor, clock)
-    assert controller.lead()
-    return World(store, executor, clock, controller, tmp_path)
+from tensoryard.store import Fence
 
 
 def test_a_fenced_write_under_a_stale_epoch_changes_nothing_and_says_why(world: World) -> None:

@@ -477,17 +477,21 @@ class KubernetesExecutor:
         pods = [p for p in self._observe(h)[1] if pod_rank(p) == rank and alive(p)]
         if not pods:
             return None
-        name = str(get(pods[-1], "metadata", "name"))
         try:
-            text = self.kube.call(
-                f"get pods/log in namespace {h.namespace}",
-                self.kube.core.read_namespaced_pod_log,
-                name,
-                h.namespace,
-            )
+            return self._pod_log(h, str(get(pods[-1], "metadata", "name"))).encode("utf-8")
         except ExecutorError:  # not started yet, or a node without a kubelet (kwok)
             return None
-        return str(text).encode("utf-8")
+
+    def _pod_log(self, h: KubernetesHandle, name: str, tail_lines: int | None = None) -> str:
+        extra = {"tail_lines": tail_lines} if tail_lines is not None else {}
+        text = self.kube.call(
+            f"get pods/log in namespace {h.namespace}",
+            self.kube.core.read_namespaced_pod_log,
+            name,
+            h.namespace,
+            **extra,
+        )
+        return str(text)
 
     def observed_pods(self) -> list[Obj]:
         """Every pod of a platform job in the namespace (for metrics): from the watch cache
@@ -572,13 +576,7 @@ class KubernetesExecutor:
 
     def _keep_log(self, h: KubernetesHandle, name: str, path: Path) -> None:
         try:
-            text = self.kube.call(
-                f"get pods/log in namespace {h.namespace}",
-                self.kube.core.read_namespaced_pod_log,
-                name,
-                h.namespace,
-                tail_lines=self.config.log_tail_lines,
-            )
+            text = self._pod_log(h, name, self.config.log_tail_lines)
         except ExecutorError as exc:
             text = f"[tensoryard] the log of pod {name} could not be read: {exc}\n"
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
