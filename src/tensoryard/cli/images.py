@@ -35,7 +35,7 @@ RegistryOpt = Annotated[
         show_default=False,
     ),
 ]
-BUILD_PHASES = 8
+BUILD_PHASES = 7
 
 
 def _matrix(path: Path | None) -> Matrix:

@@ -155,7 +155,9 @@ class _Log:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
 
-    def run(self, cmd: list[str], *, env: dict[str, str] | None = None) -> str:
+    def run(
+        self, cmd: list[str], *, env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)
+    ) -> str:
         with self.path.open("a") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
@@ -163,7 +165,7 @@ class _Log:
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
             )
             log.write(proc.stdout)
-        if proc.returncode != 0:
+        if proc.returncode not in ok:
             tail = "\n".join(proc.stdout.splitlines()[-15:])
             raise ImageBuildError(
                 f"{cmd[0]} failed (exit {proc.returncode}); log {self.path}:\n{tail}"
@@ -297,32 +299,31 @@ def tensoryard_wheel(source: Path, root: Path, source_hash: str, log: _Log) -> P
 
 @dataclass(frozen=True)
 class Plan:
-    """What goes into the venv: wheels installed without dependencies, then requirements."""
+    """What goes into the venv: ``no_deps`` wheels (torch) and ``requirements`` with their
+    dependencies (the deps layer), then tensoryard's own wheel without dependencies (the app
+    layer, so a change to tensoryard repacks only a small layer)."""
 
     no_deps: list[Path]
     requirements: list[str]
+    tensoryard: Path
+
+    def digest(self) -> str:
+        names = [p.name for p in self.no_deps] + self.requirements
+        return hashlib.sha256(json.dumps(names).encode()).hexdigest()
 
 
 def plan(entry: ImageEntry, wheels: Path, tyard_wheel: Path, log: _Log) -> Plan:
     """Download what the entry needs into the wheelhouse; say what to install."""
     wheels.mkdir(parents=True, exist_ok=True)
-    no_deps = [tyard_wheel]
+    no_deps: list[Path] = []
     requirements: list[str] = []
     pruned = {canonicalize_name(p) for p in entry.prune}
     if entry.torch is not None:
-        _pip(
-            [
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "-d",
-                str(wheels),
-                f"torch=={entry.torch}",
-            ],
-            log,
-        )
+        if not list(wheels.glob(f"torch-{entry.torch}-*.whl")):
+            args = ["download", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
+            _pip([*args, f"torch=={entry.torch}"], log)
         torch_wheel = _find_wheel(wheels, "torch", entry.torch)
-        no_deps.insert(0, torch_wheel)
+        no_deps.append(torch_wheel)
         requirements += [
             str(r) for r in _wheel_requires(torch_wheel) if canonicalize_name(r.name) not in pruned
         ]
@@ -332,8 +333,12 @@ def plan(entry: ImageEntry, wheels: Path, tyard_wheel: Path, log: _Log) -> Plan:
         if canonicalize_name(r.name) != "torch"
     ]
     requirements += [f"{LAYERS[layer]}=={version}" for layer, version in entry.layers.items()]
-    _pip(["download", "--only-binary=:all:", "-d", str(wheels), *requirements], log)
-    return Plan(no_deps=no_deps, requirements=requirements)
+    marker = wheels / ".resolved" / hashlib.sha256(json.dumps(requirements).encode()).hexdigest()
+    if not marker.exists():  # the same requirements were downloaded before: no index queries
+        _pip(["download", "--only-binary=:all:", "-d", str(wheels), *requirements], log)
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text("\n".join(requirements) + "\n")
+    return Plan(no_deps=no_deps, requirements=requirements, tensoryard=tyard_wheel)
 
 
 # ---- 4-5. bundle, install --------------------------------------------------------------------
@@ -380,20 +385,22 @@ def _add_user(rootfs: Path) -> None:
     os.chown(home, USER_ID, USER_ID)
 
 
-def install(entry: ImageEntry, rootfs: Path, wheels: Path, the_plan: Plan, log: _Log) -> None:
-    wheel_args = " ".join(f"/wheels/{p.name}" for p in the_plan.no_deps[:-1])
-    tyard = f"/tyard/{the_plan.no_deps[-1].name}"
-    reqs = " ".join(f'"{r}"' for r in the_plan.requirements).replace("'", "")
+def install_deps(rootfs: Path, wheels: Path, the_plan: Plan, log: _Log) -> None:
+    """The venv with every dependency, offline from the wheelhouse."""
     pip = f"{VENV}/bin/pip install -q --no-index --find-links /wheels --no-compile"
-    script = "; ".join(
-        [
-            f"python3 -m venv {VENV}",
-            f"{pip} --no-deps {wheel_args} {tyard}" if wheel_args else f"{pip} --no-deps {tyard}",
-            f"{pip} {reqs}",
-            f"rm -rf /root/.cache {VENV}/share/man",
-        ]
-    )
-    _chroot_script(rootfs, {"/wheels": wheels, "/tyard": the_plan.no_deps[-1].parent}, script, log)
+    reqs = " ".join(f'"{r}"' for r in the_plan.requirements).replace("'", "")
+    steps = [f"python3 -m venv {VENV}"]
+    if the_plan.no_deps:
+        steps.append(f"{pip} --no-deps " + " ".join(f"/wheels/{p.name}" for p in the_plan.no_deps))
+    steps += [f"{pip} {reqs}", f"rm -rf /root/.cache {VENV}/share/man"]
+    _chroot_script(rootfs, {"/wheels": wheels}, "; ".join(steps), log)
+
+
+def install_app(rootfs: Path, the_plan: Plan, log: _Log) -> None:
+    """tensoryard itself (no dependencies: they are in the deps layer) and the user."""
+    pip = f"{VENV}/bin/pip install -q --no-index --no-compile --no-deps"
+    script = f"{pip} /tyard/{the_plan.tensoryard.name}; rm -rf /root/.cache"
+    _chroot_script(rootfs, {"/tyard": the_plan.tensoryard.parent}, script, log)
     _add_user(rootfs)
 
 
@@ -429,7 +436,7 @@ def record(entry: ImageEntry, rootfs: Path, ref: str, log: _Log) -> dict[str, An
     return manifest
 
 
-def _compile(rootfs: Path, log: _Log) -> None:
+def _compile(rootfs: Path, log: _Log, path: str = VENV) -> None:
     """Bytecode that does not depend on mtimes (pip's would go stale once mtimes are fixed)."""
     log.run(
         [
@@ -443,8 +450,9 @@ def _compile(rootfs: Path, log: _Log) -> None:
             "0",
             "--invalidation-mode",
             "unchecked-hash",
-            VENV,
-        ]
+            path,
+        ],
+        ok=(0, 1),  # 1: a file that does not compile (torch ships Python 3.12-only tests); as pip
     )
 
 
@@ -514,6 +522,53 @@ def find_built(name: str, root: Path | None = None) -> dict[str, Any] | None:
     return json.loads(records[-1].read_text()) if records else None
 
 
+def deps_stage(
+    entry: ImageEntry, debian: str, base: Path, the_plan: Plan, root: Path, log: _Log
+) -> Path:
+    """Layers 1 (the Debian base) and 2 (the venv with every dependency), cached as an OCI
+    layout plus the unpacked umoci bundle under CACHE/stages/KEY; shared by every build whose
+    dependencies are the same, whatever tensoryard's source."""
+    parts = [
+        RECIPE_REVISION,
+        entry.digest(),
+        debian,
+        DEBIAN_MIRROR,
+        BASE_PACKAGES,
+        _epoch(),
+        the_plan.digest(),
+    ]
+    key = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    done = root / "stages" / f"{entry.name}-{key}"
+    if (done / "complete").exists():
+        return done
+    work = Path(tempfile.mkdtemp(prefix=f"stage-{entry.name}-", dir=root))
+    try:
+        layout, bundle = work / "oci", work / "bundle"
+        tagged = f"{layout}:{entry.name}"
+        log.run(["umoci", "init", "--layout", str(layout)])
+        log.run(["umoci", "new", "--image", tagged])
+        log.run(["umoci", "unpack", "--image", tagged, str(bundle)])
+        rootfs = bundle / "rootfs"
+        log.run(["cp", "-a", f"{base}/.", str(rootfs)])
+        _touch_all(rootfs, _epoch())
+        _repack(tagged, bundle, log)
+        install_deps(rootfs, root / "wheels", the_plan, log)
+        _compile(rootfs, log)
+        _touch_all(rootfs, _epoch())
+        _repack(tagged, bundle, log)
+        (work / "complete").write_text(json.dumps(parts) + "\n")
+        shutil.rmtree(done, ignore_errors=True)
+        done.parent.mkdir(parents=True, exist_ok=True)
+        work.rename(done)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return done
+
+
+def _repack(tagged: str, bundle: Path, log: _Log) -> None:
+    log.run(["umoci", "repack", "--no-history", "--refresh-bundle", "--image", tagged, str(bundle)])
+
+
 def build(
     entry: ImageEntry,
     *,
@@ -555,28 +610,22 @@ def build(
         progress("downloading wheels (cached in the wheelhouse)")
         tyard = tensoryard_wheel(source, root, _source_hash(source), log)
         the_plan = plan(entry, root / "wheels", tyard, log)
-        # 4. bundle: layer 1 = the base
-        progress("packing the base layer")
+        # 4. layers 1-2: base and dependencies (cached stage)
+        progress("base and dependency layers (cached stage)")
+        stage = deps_stage(entry, debian, base, the_plan, root, log)
         layout, bundle = work / "oci", work / "bundle"
+        log.run(["cp", "-al", str(stage / "oci"), str(layout)])
+        log.run(["cp", "-a", str(stage / "bundle"), str(bundle)])
         tagged = f"{layout}:{entry.name}"
-        log.run(["umoci", "init", "--layout", str(layout)])
-        log.run(["umoci", "new", "--image", tagged])
-        log.run(["umoci", "unpack", "--image", tagged, str(bundle)])
+        # 5. layer 3: tensoryard, the user, the manifest
+        progress("installing tensoryard (the app layer)")
         rootfs = bundle / "rootfs"
-        log.run(["cp", "-a", f"{base}/.", str(rootfs)])
-        _touch_all(rootfs, _epoch())
-        log.run(
-            ["umoci", "repack", "--no-history", "--refresh-bundle", "--image", tagged, str(bundle)]
-        )
-        # 5. install: layer 2 = the venv, the user, the manifest
-        progress("installing the pinned wheels (offline, in the rootfs)")
-        install(entry, rootfs, root / "wheels", the_plan, log)
+        install_app(rootfs, the_plan, log)
         manifest = record(entry, rootfs, ref, log)
-        progress("compiling bytecode")
-        _compile(rootfs, log)
+        _compile(rootfs, log, f"{VENV}/lib/python{entry.python}/site-packages/tensoryard")
         _touch_all(rootfs, _epoch())
-        progress("packing the package layer")
-        log.run(["umoci", "repack", "--no-history", "--image", tagged, str(bundle)])
+        progress("packing the app layer")
+        _repack(tagged, bundle, log)
         # 6. config
         configure(tagged, entry, manifest, log)
         log.run(["umoci", "gc", "--layout", str(layout)])
@@ -585,7 +634,6 @@ def build(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.unlink(missing_ok=True)
         log.run(["skopeo", "copy", "--quiet", f"oci:{tagged}", f"oci-archive:{out}:{ref}"])
-        layers = _layers(layout, entry.name)
         result = BuildResult(
             name=entry.name,
             ref=ref,
@@ -594,7 +642,7 @@ def build(
             cached=False,
             build_s=round(time.monotonic() - started, 1),
             archive_bytes=out.stat().st_size,
-            layers=layers,
+            layers=_layers(layout, entry.name),
             packages=len(manifest["python_packages"]),
         )
         result_file.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
