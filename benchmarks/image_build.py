@@ -46,6 +46,7 @@ from tensoryard.images.builder import (  # noqa: E402
     base_rootfs,
     build,
     cache_root,
+    find_built,
     find_source,
     plan,
     tensoryard_wheel,
@@ -65,6 +66,7 @@ def tensoryard_arm(shared: Path, work: Path) -> dict[str, Any]:
     root.mkdir()
     for name in ("base", "wheels", "tensoryard-wheels"):
         (root / name).symlink_to(shared / name)
+    earlier = find_built("cpu", shared)  # the same inputs built before in the shared cache
     started = time.monotonic()
     result = build(default_matrix().get("cpu"), root=root, force=True)
     seconds = time.monotonic() - started
@@ -75,6 +77,10 @@ def tensoryard_arm(shared: Path, work: Path) -> dict[str, Any]:
         "rootfs_bytes": _du(rootfs),
         "layers": len(result.layers),
         "packages": result.packages,
+        # Same inputs, same layers? Compared with the shared cache's build of the same key.
+        "same_layers_as_earlier_build": (
+            earlier["layers"] == result.layers if earlier and earlier["key"] == result.key else None
+        ),
     }
 
 

@@ -42,6 +42,7 @@ from packaging.utils import canonicalize_name
 
 from tensoryard import __version__
 from tensoryard.errors import TensoryardError
+from tensoryard.images.elf import prune_unlinked
 from tensoryard.images.matrix import LAYERS, ImageEntry
 from tensoryard.images.refs import image_ref_for
 
@@ -64,6 +65,7 @@ BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 USER_ID = 1000
 VENV = "/opt/venv"
 IMAGE_JSON = "/opt/tensoryard/image.json"
+PRUNED_JSON = "/opt/tensoryard/pruned-files.json"
 LABEL = "org.tensoryard"
 TOOLS = ("debootstrap", "umoci", "skopeo", "chroot", "unshare")
 
@@ -429,11 +431,20 @@ def record(entry: ImageEntry, rootfs: Path, ref: str, log: _Log) -> dict[str, An
         "python_packages": dict(sorted(python_packages.items(), key=lambda kv: kv[0].lower())),
         "debian_packages": sorted(line for line in debs.splitlines() if line),
         "pruned": list(entry.prune),
+        "pruned_files": _pruned_files(rootfs),
     }
     path = rootfs / IMAGE_JSON.lstrip("/")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
+
+
+def _pruned_files(rootfs: Path) -> dict[str, int]:
+    path = rootfs / PRUNED_JSON.lstrip("/")
+    if not path.exists():
+        return {}
+    removed: dict[str, int] = json.loads(path.read_text())
+    return {"files": len(removed), "bytes": sum(removed.values())}
 
 
 def _compile(rootfs: Path, log: _Log, path: str = VENV) -> None:
@@ -553,6 +564,12 @@ def deps_stage(
         _touch_all(rootfs, _epoch())
         _repack(tagged, bundle, log)
         install_deps(rootfs, root / "wheels", the_plan, log)
+        if entry.prune_unlinked:
+            site = rootfs / VENV.lstrip("/") / "lib" / f"python{entry.python}" / "site-packages"
+            removed = prune_unlinked(site)
+            pruned = rootfs / PRUNED_JSON.lstrip("/")
+            pruned.parent.mkdir(parents=True, exist_ok=True)
+            pruned.write_text(json.dumps(removed, indent=1, sort_keys=True) + "\n")
         _compile(rootfs, log)
         _touch_all(rootfs, _epoch())
         _repack(tagged, bundle, log)

@@ -51,6 +51,7 @@ _KNOWN_FIELDS = {
     "gpu",
     "layers",
     "prune",
+    "prune_unlinked",
 }
 
 
@@ -70,6 +71,7 @@ class ImageEntry:
     gpu: bool = False
     layers: dict[str, str] = field(default_factory=dict)
     prune: tuple[str, ...] = ()
+    prune_unlinked: bool = False
     description: str = ""
 
     def combination(self) -> Combination | None:
@@ -144,6 +146,7 @@ def _entry(name: str, raw: Any, where: str) -> ImageEntry:
         gpu=bool(raw.get("gpu", False)),
         layers=layers,
         prune=tuple(str(x) for x in raw.get("prune") or ()),
+        prune_unlinked=bool(raw.get("prune_unlinked", False)),
         description=str(raw.get("description", "")),
     )
     _check_entry(entry, where)
@@ -153,6 +156,11 @@ def _entry(name: str, raw: Any, where: str) -> ImageEntry:
 def _check_entry(entry: ImageEntry, where: str) -> None:
     if entry.flavour == "train" and entry.torch is None:
         raise ConfigError(f"{where}.torch: a train image needs torch; set a version")
+    if entry.prune_unlinked and entry.cuda is not None:
+        raise ConfigError(
+            f"{where}.prune_unlinked: only for CPU images (it drops CUDA files a GPU needs); "
+            "remove it or set cuda: null"
+        )
     if entry.gpu and entry.cuda is None:
         raise ConfigError(f"{where}.gpu: true needs a CUDA image; set cuda or gpu: false")
     combo = entry.combination()

@@ -162,6 +162,10 @@ def test_an_impossible_matrix_entry_is_refused_naming_it() -> None:
         ({"torch": "2.13.0", "layers": {"deepspeed": "1"}}, "layers: unknown deepspeed"),
         ({"torch": "2.13.0", "gpu": True}, "gpu: true needs a CUDA image"),
         ({"flavour": "train", "torch": None}, "a train image needs torch"),
+        (
+            {"torch": "2.13.0", "cuda": "13.0", "min_driver": "580.65.06", "prune_unlinked": True},
+            "prune_unlinked: only for CPU images",
+        ),
     ],
     ids=[
         "an unknown flavour",
@@ -169,6 +173,7 @@ def test_an_impossible_matrix_entry_is_refused_naming_it() -> None:
         "an unknown layer",
         "a GPU image without CUDA",
         "a train image without torch",
+        "pruning CUDA files from a GPU image",
     ],
 )
 def test_a_malformed_entry_names_the_field(entry: dict[str, object], message: str) -> None:
