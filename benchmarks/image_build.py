@@ -77,6 +77,8 @@ def tensoryard_arm(shared: Path, work: Path) -> dict[str, Any]:
         "rootfs_bytes": _du(rootfs),
         "layers": len(result.layers),
         "packages": result.packages,
+        "layer_digests": result.layers,
+        "earlier_layer_digests": earlier["layers"] if earlier else None,
         # Same inputs, same layers? Compared with the shared cache's build of the same key.
         "same_layers_as_earlier_build": (
             earlier["layers"] == result.layers if earlier and earlier["key"] == result.key else None

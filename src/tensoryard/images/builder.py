@@ -58,7 +58,7 @@ __all__ = [
     "find_source",
 ]
 
-RECIPE_REVISION = 1  # bump when the recipe below changes what an image holds
+RECIPE_REVISION = 2  # bump when the recipe below changes what an image holds
 DEFAULT_EPOCH = 1767225600  # 2026-01-01T00:00:00Z: every file's mtime unless SOURCE_DATE_EPOCH
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -354,6 +354,16 @@ def _touch_all(rootfs: Path, epoch: int) -> None:
     os.utime(rootfs, (epoch, epoch))
 
 
+# Python run during the build writes no bytecode: a .pyc it wrote would carry the time of the
+# build (timestamp-based), and compileall would keep it as up to date.
+CHROOT_ENV = {
+    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
 def _chroot_script(rootfs: Path, mounts: dict[str, Path], script: str, log: _Log) -> None:
     """Run ``script`` (sh) chrooted in ``rootfs``, host paths bind-mounted read-only, in a
     private mount namespace (so nothing stays mounted after it exits)."""
@@ -364,10 +374,9 @@ def _chroot_script(rootfs: Path, mounts: dict[str, Path], script: str, log: _Log
         lines.append(f"mount --bind '{host}' '{target}' && mount -o remount,bind,ro '{target}'")
     lines.append(f"mount -t proc proc '{rootfs / 'proc'}'")
     lines.append(f"exec chroot '{rootfs}' /bin/sh -ec '{script}'")
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C.UTF-8"}
     log.run(
         ["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", "\n".join(lines)],
-        env=env,
+        env=CHROOT_ENV,
     )
     for inside in mounts:
         (rootfs / inside.lstrip("/")).rmdir()
@@ -418,9 +427,12 @@ def record(entry: ImageEntry, rootfs: Path, ref: str, log: _Log) -> dict[str, An
             "list",
             "--format=json",
             "--disable-pip-version-check",
-        ]
+        ],
+        env=CHROOT_ENV,
     )
-    debs = log.run(["chroot", str(rootfs), "dpkg-query", "-W", "-f=${Package}=${Version}\\n"])
+    debs = log.run(
+        ["chroot", str(rootfs), "dpkg-query", "-W", "-f=${Package}=${Version}\\n"], env=CHROOT_ENV
+    )
     python_packages = {p["name"]: p["version"] for p in json.loads(pip_list.strip() or "[]")}
     manifest = {
         "name": entry.name,
@@ -448,7 +460,8 @@ def _pruned_files(rootfs: Path) -> dict[str, int]:
 
 
 def _compile(rootfs: Path, log: _Log, path: str = VENV) -> None:
-    """Bytecode that does not depend on mtimes (pip's would go stale once mtimes are fixed)."""
+    """Bytecode that does not depend on mtimes (pip's would go stale once mtimes are fixed);
+    forced, so that no timestamp-based .pyc survives."""
     log.run(
         [
             "chroot",
@@ -457,12 +470,14 @@ def _compile(rootfs: Path, log: _Log, path: str = VENV) -> None:
             "-m",
             "compileall",
             "-q",
+            "-f",
             "-j",
             "0",
             "--invalidation-mode",
             "unchecked-hash",
             path,
         ],
+        env=CHROOT_ENV,
         ok=(0, 1),  # 1: a file that does not compile (torch ships Python 3.12-only tests); as pip
     )
 
