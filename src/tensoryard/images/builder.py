@@ -681,9 +681,21 @@ def build(
         # The unpacked rootfs stays beside the archive: `tyard images check` runs in it.
         shutil.rmtree(out.parent / "rootfs", ignore_errors=True)
         rootfs.rename(out.parent / "rootfs")
+        _drop_older(root, entry.name, out.parent, stage)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _drop_older(root: Path, name: str, built: Path, stage: Path) -> None:
+    """Keep one build and one dependency stage per image: each build of changed inputs would
+    otherwise leave several GB behind (CI builds after every change to tensoryard)."""
+    for old in (root / "built" / name).iterdir():
+        if old != built:
+            shutil.rmtree(old, ignore_errors=True)
+    for old in (root / "stages").glob(f"{name}-*"):
+        if old != stage:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _layers(layout: Path, tag: str) -> list[str]:
