@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,10 +36,7 @@ import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from typing import TYPE_CHECKING, Any
 
 from tensoryard import __version__
 from tensoryard.errors import TensoryardError
@@ -68,6 +66,9 @@ IMAGE_JSON = "/opt/tensoryard/image.json"
 PRUNED_JSON = "/opt/tensoryard/pruned-files.json"
 LABEL = "org.tensoryard"
 TOOLS = ("debootstrap", "umoci", "skopeo", "chroot", "unshare")
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 Progress = Callable[[str], None]
 
@@ -236,6 +237,8 @@ def base_rootfs(debian: str, root: Path, log: _Log) -> Path:
 
 def _wheel_requires(wheel: Path, extras: Iterable[str] = ()) -> list[Requirement]:
     """The requirements a wheel declares for Linux x86_64 CPython 3.11 with ``extras``."""
+    from packaging.requirements import Requirement  # the `images` extra; only builds need it
+
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(name).decode().splitlines()
@@ -251,8 +254,12 @@ def _wheel_requires(wheel: Path, extras: Iterable[str] = ()) -> list[Requirement
     return out
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _find_wheel(wheels: Path, name: str, version: str) -> Path:
-    prefix = f"{canonicalize_name(name).replace('-', '_')}-{version}-"
+    prefix = f"{_canonical(name).replace('-', '_')}-{version}-"
     found = sorted(p for p in wheels.glob("*.whl") if p.name.lower().startswith(prefix))
     if not found:
         raise ImageBuildError(f"no wheel {name} {version} in {wheels}")
@@ -319,7 +326,7 @@ def plan(entry: ImageEntry, wheels: Path, tyard_wheel: Path, log: _Log) -> Plan:
     wheels.mkdir(parents=True, exist_ok=True)
     no_deps: list[Path] = []
     requirements: list[str] = []
-    pruned = {canonicalize_name(p) for p in entry.prune}
+    pruned = {_canonical(p) for p in entry.prune}
     if entry.torch is not None:
         if not list(wheels.glob(f"torch-{entry.torch}-*.whl")):
             args = ["download", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
@@ -327,12 +334,10 @@ def plan(entry: ImageEntry, wheels: Path, tyard_wheel: Path, log: _Log) -> Plan:
         torch_wheel = _find_wheel(wheels, "torch", entry.torch)
         no_deps.append(torch_wheel)
         requirements += [
-            str(r) for r in _wheel_requires(torch_wheel) if canonicalize_name(r.name) not in pruned
+            str(r) for r in _wheel_requires(torch_wheel) if _canonical(r.name) not in pruned
         ]
     requirements += [
-        str(r)
-        for r in _wheel_requires(tyard_wheel, entry.extras)
-        if canonicalize_name(r.name) != "torch"
+        str(r) for r in _wheel_requires(tyard_wheel, entry.extras) if _canonical(r.name) != "torch"
     ]
     requirements += [f"{LAYERS[layer]}=={version}" for layer, version in entry.layers.items()]
     marker = wheels / ".resolved" / hashlib.sha256(json.dumps(requirements).encode()).hexdigest()
