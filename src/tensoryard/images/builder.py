@@ -408,14 +408,14 @@ def install_deps(rootfs: Path, wheels: Path, the_plan: Plan, log: _Log) -> None:
     steps = [f"python3 -m venv {VENV}"]
     if the_plan.no_deps:
         steps.append(f"{pip} --no-deps " + " ".join(f"/wheels/{p.name}" for p in the_plan.no_deps))
-    steps += [f"{pip} {reqs}", f"rm -rf /root/.cache {VENV}/share/man"]
+    steps += [f"{pip} {reqs}", f"rm -rf $HOME/.cache {VENV}/share/man"]
     _chroot_script(rootfs, {"/wheels": wheels}, "; ".join(steps), log)
 
 
 def install_app(rootfs: Path, the_plan: Plan, log: _Log) -> None:
     """tensoryard itself (no dependencies: they are in the deps layer) and the user."""
     pip = f"{VENV}/bin/pip install -q --no-index --no-compile --no-deps"
-    script = f"{pip} /tyard/{the_plan.tensoryard.name}; rm -rf /root/.cache"
+    script = f"{pip} /tyard/{the_plan.tensoryard.name}; rm -rf $HOME/.cache"
     _chroot_script(rootfs, {"/tyard": the_plan.tensoryard.parent}, script, log)
     _add_user(rootfs)
 
