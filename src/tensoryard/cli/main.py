@@ -12,6 +12,7 @@ from tensoryard.cli import (
     cluster,
     data,
     demo,
+    images,
     jobs,
     k8s,
     models,
@@ -45,6 +46,7 @@ for module in (
     top,
     chaos,
     serving,
+    images,
 ):
     module.register(app)
 
