@@ -35,6 +35,7 @@ from tensoryard.errors import (
     Unauthenticated,
 )
 from tensoryard.executors.base import Executor
+from tensoryard.images import ImageRefError, validate_image_ref
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.paths import protected_overlap
 from tensoryard.registry.pruning import CheckpointPruner, job_paths
@@ -666,8 +667,14 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
 
 def _check_paths(spec: JobSpec, protected: tuple[Path, ...]) -> None:
     """422 for a spec whose checkpoint directory lies in the control plane's own state
-    directory (registry/paths.py); checkpoints reported from there would be refused anyway."""
+    directory (registry/paths.py; checkpoints reported from there would be refused anyway), or
+    whose `image` is no OCI reference (whitespace, upper case, a bad tag or digest)."""
     issues = []
+    if spec.image is not None:
+        try:
+            validate_image_ref(spec.image)
+        except ImageRefError as exc:
+            issues.append(FieldIssue("image", f"{exc.value!r} {exc.problem}", exc.fix))
     value = spec.checkpoint.dir
     if value:
         guarded = protected_overlap(value, protected)

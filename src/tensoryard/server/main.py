@@ -143,6 +143,7 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
     from tensoryard.executors.kubernetes.cluster import KubernetesCluster
     from tensoryard.executors.kubernetes.executor import KubernetesExecutor
     from tensoryard.executors.kubernetes.nodes import NodeCordoner, NodeIntent
+    from tensoryard.images import ImageRefError, resolve_image
 
     try:
         kube = connect(config.kubernetes)
@@ -156,9 +157,14 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         raise ConfigError(f"--executor kubernetes: {exc}") from exc
 
     def fits(spec: JobSpec) -> None:
-        if not (spec.image or config.kubernetes.default_image):
+        image = spec.image or config.kubernetes.default_image
+        if not image:
             fix = "set `image:` to the training image (or start the server with --default-image)"
             raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
+        try:  # a matrix name (`cpu`) or a full reference; refused before anything is created
+            resolve_image(image)
+        except ImageRefError as exc:
+            raise SpecError([FieldIssue("image", f"{exc.value!r} {exc.problem}", exc.fix)]) from exc
         cluster.check_fits(spec)
         if executor.kueue is not None:
             try:

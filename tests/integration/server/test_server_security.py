@@ -352,3 +352,16 @@ def test_no_response_model_can_carry_an_unredacted_spec_or_env(world: World) -> 
     )
     assert any(o.get("x-redacted") for o in schemas["VersionOut"]["properties"]["spec"]["anyOf"])
     assert schemas["JobOut"]["properties"]["spec"].get("x-redacted")
+
+
+@pytest.mark.parametrize(
+    "image", ["trainer:1.0 ", "Registry.example.com/Team/Trainer:1", "trainer:bad tag"]
+)
+def test_an_image_reference_off_the_oci_grammar_is_refused_at_submit(
+    world: World, image: str
+) -> None:
+    spec = {"name": "img", "team": "nlp", "command": ["x"], "image": image}
+    answer = world.as_("mo").post("/api/v1/jobs", json={"spec": spec})
+    assert answer.status_code == 422, answer.text
+    issue = answer.json()["detail"][0]
+    assert issue["path"] == "image" and issue["fix"], issue

@@ -51,6 +51,7 @@ from tensoryard.executors.kubernetes.status import (
     pod_rank,
 )
 from tensoryard.executors.kubernetes.watch import WatchCache
+from tensoryard.images import ImageRefError, resolve_image
 
 __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
 
@@ -124,6 +125,11 @@ def workload_for(
         else None
     )
     image = spec.image or config.default_image
+    if image:
+        try:  # a matrix name (`cpu`) becomes its full reference
+            image = resolve_image(image)
+        except ImageRefError as exc:
+            raise ExecutorError(str(exc)) from exc
     if not image:
         raise ExecutorError(
             f"job {request.job_id} names no container image (fix: set `image:` in the job spec, "
