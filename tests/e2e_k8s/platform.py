@@ -161,18 +161,24 @@ def tyard(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def job_spec(path: Path, *, nodes: int = 2, gpus: int = 8, image: str = IMAGE) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "name": "pretrain",
-                "image": image,
-                "command": ["python", "-m", "train", "--steps", "100"],
-                "env": {"WANDB_MODE": "offline"},
-                "resources": {"nodes": nodes, "gpus_per_node": gpus},
-                "restart": {"max_restarts": 2, "backoff": "0s"},
-                "scheduling": {"topology": "required"},
-            }
-        )
-    )
+def job_spec(
+    path: Path,
+    *,
+    nodes: int = 2,
+    gpus: int = 8,
+    image: str = IMAGE,
+    checkpoint_dir: str | None = None,
+) -> Path:
+    spec = {
+        "name": "pretrain",
+        "image": image,
+        "command": ["python", "-m", "train", "--steps", "100"],
+        "env": {"WANDB_MODE": "offline"},
+        "resources": {"nodes": nodes, "gpus_per_node": gpus},
+        "restart": {"max_restarts": 2, "backoff": "0s"},
+        "scheduling": {"topology": "required"},
+    }
+    if checkpoint_dir is not None:  # e.g. on the pods' shared volume
+        spec["checkpoint"] = {"dir": checkpoint_dir}
+    path.write_text(yaml.safe_dump(spec))
     return path

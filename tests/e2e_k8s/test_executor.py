@@ -245,7 +245,9 @@ def test_a_failed_pod_makes_attempt_two_resume_from_the_last_checkpoint(
 ) -> None:  # fmt: skip
     switch_nodes(["leaf-a", "leaf-a"])
     server, client = _start(servers, tmp_path, identity, namespace, *LONG_RUNNING)
-    job_id = _submit(server, job_spec(tmp_path / "job.yaml"))
+    # Its checkpoints go to the pods' shared volume (a job reports paths inside its own run or
+    # checkpoint directory only: docs/access.md, "Trust model").
+    job_id = _submit(server, job_spec(tmp_path / "job.yaml", checkpoint_dir="/mnt/shared/ckpt"))
     wait_for(client, job_id, {"RUNNING"}, timeout=60)
     pods = _running_pods(core, namespace, job_id, 1, 2)
 
