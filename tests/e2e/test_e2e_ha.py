@@ -30,36 +30,38 @@ def leader_of(*servers: ServerProcess) -> ServerProcess | None:
     return None
 
 
+@pytest.mark.parametrize("replicas", [2, 3], ids=["two replicas", "three replicas"])
 def test_the_follower_takes_over_within_seconds_when_the_leader_is_sigkilled(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, replicas: int
 ) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (tmp_path / "job.py").write_text(JOB_SCRIPT)
     args = ["--cpu-slots", "4", "--db-url", pg_url, "--lease-ttl", str(LEASE_TTL_S)]
-    a = ServerProcess(home=home, port=free_port(), extra_args=args)
-    b = ServerProcess(home=home, port=free_port(), extra_args=args)
+    planes = [ServerProcess(home=home, port=free_port(), extra_args=args) for _ in range(replicas)]
     try:
-        client_a, client_b = a.start(), b.start()
+        clients = [p.start() for p in planes]
         deadline = time.monotonic() + 20
-        while (leader := leader_of(a, b)) is None and time.monotonic() < deadline:
+        while (leader := leader_of(*planes)) is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert leader is not None, "no replica took the lead"
-        follower = b if leader is a else a
-        assert leader_of(follower) is None, "two leaders at once"
+        followers = [p for p in planes if p is not leader]
+        assert leader_of(*followers) is None, "two leaders at once"
 
-        # The follower serves the API: a job submitted there is run by the leader.
-        via_follower = client_b if follower is b else client_a
+        # A follower serves the API: a job submitted there is run by the leader.
+        via_follower = clients[planes.index(followers[0])]
         job_id = via_follower.submit(job_spec(tmp_path, "long", 12.0))["id"]
         wait_for(via_follower, job_id, {"RUNNING"}, timeout=60)
 
         leader.kill()
         killed_at = time.monotonic()
-        while leader_of(follower) is None and time.monotonic() < killed_at + 30:
+        while (new := leader_of(*followers)) is None and time.monotonic() < killed_at + 30:
             time.sleep(0.1)
         takeover_s = time.monotonic() - killed_at
-        print(f"ha: takeover after {takeover_s:.1f}s (lease ttl {LEASE_TTL_S:g}s)")
-        assert leader_of(follower) is follower
+        print(f"ha: takeover after {takeover_s:.1f}s (lease ttl {LEASE_TTL_S:g}s, {replicas})")
+        assert new in followers
+        others = [p for p in followers if p is not new]
+        assert all(leader_of(p) is None for p in others), "two leaders at once"
         assert takeover_s < LEASE_TTL_S + 5
 
         job = wait_for(via_follower, job_id, TERMINAL, timeout=120)
@@ -69,6 +71,6 @@ def test_the_follower_takes_over_within_seconds_when_the_leader_is_sigkilled(
         events = [e["message"] for e in via_follower.events(job_id)]
         assert any("took the lead" in m for m in events), events
     finally:
-        a.stop()
-        b.stop()
+        for p in planes:
+            p.stop()
         _kill_leftovers(home)
