@@ -61,7 +61,7 @@ def test_a_mixed_queue_of_three_teams_keeps_quotas_and_runs_each_job_once(
         client.update_team("default", gpu_quota=0)
         for team, quota in QUOTAS.items():
             client.create_team(team, gpu_quota=quota)
-        ids = []
+        specs = []
         for i in range(2 * max(QUOTAS.values())):
             for team in [t for t, q in QUOTAS.items() if i < 2 * q]:
                 spec = {
@@ -73,7 +73,11 @@ def test_a_mixed_queue_of_three_teams_keeps_quotas_and_runs_each_job_once(
                     "env": {"LEDGER": str(ledger)},
                     "resources": {"gpus_per_node": 1, "cpu": 1, "memory": "64Mi"},
                 }
-                ids.append(client.submit(spec)["id"])
+                specs.append(spec)
+        # One transaction: the scheduler sees the whole queue at once. Submitted one by one, a
+        # team may borrow the quota of teams whose jobs have not arrived yet (one cohort), and
+        # then runs more than its own quota, as lending allows.
+        ids = client.submit_batch(specs)
 
         seen: set[str] = set()
 
