@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # This file names the patterns it looks for; it is the one exception.
 SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
-MACHINE = re.compile(r"/work/(main|shared|wt|\.library|\.mirror)\b|/root/|/home/[a-z][\w-]*/")
+MACHINE = re.compile(r"/wor[k]/(main|shared|wt|\.library|\.mirror)\b|/roo[t]/|/home/[a-z][\w-]*/")
 SHARED_TMP = re.compile(r"""["'=]/tmp/[A-Za-z]""")  # a fixed name under /tmp, in code
 
 

@@ -84,8 +84,8 @@ def test_a_launch_after_a_checkpoint_resumes_from_the_save_dir_without_fresh_sta
 
 def test_the_save_dir_is_the_commands_relative_to_the_workdir_else_the_jobs() -> None:
     spec = parse_job_spec({"name": "m", "command": [*MEGATRON_CMD, "--save", "ck"]})
-    spec.workdir = "/work/llm"
-    assert job_checkpoint_root("/runs/3", spec) == Path("/work/llm/ck")
+    spec.workdir = "/srv/llm"
+    assert job_checkpoint_root("/runs/3", spec) == Path("/srv/llm/ck")
     plain = parse_job_spec({"name": "m", "command": MEGATRON_CMD})
     assert job_checkpoint_root("/runs/3", plain) == Path("/runs/3/checkpoints")
     other = parse_job_spec({"name": "t", "command": ["train.py", "--save", "ck"]})

@@ -541,8 +541,8 @@ C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py
 STACKS = f"""\
 Current thread 0x00007f269e06fb80 (most recent call first):
   File "{C10D}", line 2810 in all_reduce
-  File "/work/llm/train.py", line 188 in train
-  File "/work/llm/train.py", line 217 in <module>
+  File "/srv/llm/train.py", line 188 in train
+  File "/srv/llm/train.py", line 217 in <module>
 """
 
 
