@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,8 +13,6 @@ from tensoryard import __version__
 from tensoryard.images.builder import IMAGE_JSON, BuildResult, build, env_defaults
 from tensoryard.images.matrix import default_matrix
 from tensoryard.images.operate import built_rootfs, check_in_rootfs, push
-
-from .conftest import Containerd
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +71,8 @@ def test_check_passes_in_the_image_rootfs_with_a_gloo_all_reduce(cpu_image: Buil
 
 
 def test_containerd_imports_the_archive_and_runs_the_check(
-    cpu_image: BuildResult, containerd: Containerd
+    cpu_image: BuildResult,
+    containerd: Any,  # conftest.Containerd
 ) -> None:
     imported = containerd.ctr("images", "import", cpu_image.archive)
     assert imported.returncode == 0, imported.stderr
