@@ -48,6 +48,7 @@ from tensoryard.images.builder import (  # noqa: E402
     cache_root,
     find_built,
     find_source,
+    new_image,
     plan,
     tensoryard_wheel,
 )
@@ -96,13 +97,8 @@ def plain_arm(shared: Path, work: Path) -> dict[str, Any]:
     # The same packages without pruning, all in the wheelhouse.
     plan(dataclasses.replace(entry, prune=()), shared / "wheels", tyard, log)
     started = time.monotonic()
-    layout, bundle = work / "plain-oci", work / "plain-bundle"
-    tagged = f"{layout}:plain"
-    log.run(["umoci", "init", "--layout", str(layout)])
-    log.run(["umoci", "new", "--image", tagged])
-    log.run(["umoci", "unpack", "--image", tagged, str(bundle)])
-    rootfs = bundle / "rootfs"
-    log.run(["cp", "-a", f"{base}/.", str(rootfs)])
+    (work / "plain").mkdir(parents=True, exist_ok=True)
+    tagged, bundle, rootfs = new_image(work / "plain", "plain", base, log)
     log.run(["umoci", "repack", "--refresh-bundle", "--image", tagged, str(bundle)])
     extras = ",".join(entry.extras)
     script = (

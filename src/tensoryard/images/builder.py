@@ -574,13 +574,7 @@ def deps_stage(
         return done
     work = Path(tempfile.mkdtemp(prefix=f"stage-{entry.name}-", dir=root))
     try:
-        layout, bundle = work / "oci", work / "bundle"
-        tagged = f"{layout}:{entry.name}"
-        log.run(["umoci", "init", "--layout", str(layout)])
-        log.run(["umoci", "new", "--image", tagged])
-        log.run(["umoci", "unpack", "--image", tagged, str(bundle)])
-        rootfs = bundle / "rootfs"
-        log.run(["cp", "-a", f"{base}/.", str(rootfs)])
+        tagged, bundle, rootfs = new_image(work, entry.name, base, log)
         _touch_all(rootfs, _epoch())
         _repack(tagged, bundle, log)
         install_deps(rootfs, root / "wheels", the_plan, log)
@@ -600,6 +594,19 @@ def deps_stage(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return done
+
+
+def new_image(work: Path, tag: str, base: Path, log: _Log) -> tuple[str, Path, Path]:
+    """A new OCI layout under `work` whose unpacked rootfs holds a copy of the `base` rootfs:
+    (the tagged image, its bundle, its rootfs), ready for a first layer."""
+    layout, bundle = work / "oci", work / "bundle"
+    tagged = f"{layout}:{tag}"
+    log.run(["umoci", "init", "--layout", str(layout)])
+    log.run(["umoci", "new", "--image", tagged])
+    log.run(["umoci", "unpack", "--image", tagged, str(bundle)])
+    rootfs = bundle / "rootfs"
+    log.run(["cp", "-a", f"{base}/.", str(rootfs)])
+    return tagged, bundle, rootfs
 
 
 def _repack(tagged: str, bundle: Path, log: _Log) -> None:

@@ -167,7 +167,7 @@ def create_app(
         time instead of storing a copy (the CLI and the Python client always send one)."""
         key = _idempotency_key(idempotency_key)
         spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
-        _check_paths(spec, protected)
+        _check_inputs(spec, protected)
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
         fits(spec)
@@ -199,7 +199,7 @@ def create_app(
                     for x in exc.issues
                 ]
         for i, spec in enumerate(specs):
-            for check in (fits, lambda s: _check_paths(s, protected)):
+            for check in (fits, lambda s: _check_inputs(s, protected)):
                 try:
                     check(spec)
                 except SpecError as exc:
@@ -665,7 +665,7 @@ def _check_report(caller: Reporter, body: ReportIn) -> None:
         )
 
 
-def _check_paths(spec: JobSpec, protected: tuple[Path, ...]) -> None:
+def _check_inputs(spec: JobSpec, protected: tuple[Path, ...]) -> None:
     """422 for a spec whose checkpoint directory lies in the control plane's own state
     directory (registry/paths.py; checkpoints reported from there would be refused anyway), or
     whose `image` is no OCI reference (whitespace, upper case, a bad tag or digest)."""

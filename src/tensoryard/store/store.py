@@ -138,9 +138,14 @@ class Store(
             raise FencedOut("this replica does not hold the leader lease; nothing was written")
         if self.dialect == "postgresql":
             ms = max(100, int(token.ttl_s * 1000))
-            s.execute(text(f"SET LOCAL lock_timeout = {ms // 3}"))
-            s.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms // 2}"))
-            s.execute(text(f"SET LOCAL statement_timeout = {ms}"))
+            s.execute(  # one round trip; each setting lasts until the transaction ends
+                text(
+                    "SELECT set_config('lock_timeout', :lock, true), "
+                    "set_config('idle_in_transaction_session_timeout', :idle, true), "
+                    "set_config('statement_timeout', :stmt, true)"
+                ),
+                {"lock": str(ms // 3), "idle": str(ms // 2), "stmt": str(ms)},
+            )
         query = select(Lease.holder, Lease.epoch).where(Lease.name == token.lease)
         if self.dialect == "postgresql":
             query = query.with_for_update(read=True)
