@@ -78,7 +78,9 @@ def axe_source() -> str:
     return Path(path).read_text()
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an asyncio loop running in this thread
+# while it is open, and every later test that calls asyncio.run() would fail under it.
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
