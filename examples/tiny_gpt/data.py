@@ -65,9 +65,14 @@ def stdlib_sources() -> list[Path]:
 
 def default_data_dir(env: Mapping[str, str]) -> Path:
     """``$TYARD_RUN_DIR/../data/tiny-gpt-stdlib``: next to the job's run directory, so every
-    attempt of the job (and later jobs of the same control plane) reuse one prepared copy."""
-    run_dir = env.get("TYARD_RUN_DIR") or os.path.join(".tyard", "tiny-gpt-local")
-    return Path(run_dir).resolve().parent / "data" / "tiny-gpt-stdlib"
+    attempt of the job (and later jobs of the same control plane) reuse one prepared copy.
+    Where that parent is not writable (a pod that mounts only its job's run directory), inside
+    the run directory: every attempt of the job still reuses it."""
+    run_dir = Path(env.get("TYARD_RUN_DIR") or os.path.join(".tyard", "tiny-gpt-local")).resolve()
+    shared = run_dir.parent / "data"
+    if shared.is_dir() or not run_dir.parent.is_dir() or os.access(run_dir.parent, os.W_OK):
+        return shared / "tiny-gpt-stdlib"
+    return run_dir / "tiny-gpt-data"
 
 
 @dataclass(frozen=True)

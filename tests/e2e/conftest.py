@@ -37,15 +37,16 @@ class ServerProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the next start
+    host: str = "127.0.0.1"  # --host: the address it listens on, and pods report to
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> Client:
         log = (self.home / "server.out").open("ab")
         cmd = [sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(self.home)]
-        cmd += ["--port", str(self.port), *self.extra_args]
+        cmd += ["--host", self.host, "--port", str(self.port), *self.extra_args]
         self.proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **self.env}
         )

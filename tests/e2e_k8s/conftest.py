@@ -95,7 +95,11 @@ def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
         _unavailable("the `kubernetes` client is not installed: pip install -e '.[k8s]'")
     reused = os.environ.get("TYARD_K8S_KUBECONFIG")
     if reused:
-        yield K8sEnv(kubeconfig=Path(reused), dir=None)
+        # An environment of `scripts/k8s-testenv up` keeps its kubeconfig in its directory.
+        parent = Path(reused).resolve().parent
+        yield K8sEnv(
+            kubeconfig=Path(reused), dir=parent if (parent / "port-base").is_file() else None
+        )
         return
     yield from _environment(tmp_path_factory, "k8s-testenv", "--real-nodes", _real_nodes_wanted())
 

@@ -148,6 +148,28 @@ def server(
             help="[kubernetes] KEY=VALUE: only nodes with this label are tensoryard's (repeatable)."
         ),
     ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[kubernetes] KEY[=VALUE]:EFFECT every training pod tolerates, beside "
+            "nvidia.com/gpu (repeatable), e.g. --toleration dedicated=training:NoSchedule."
+        ),
+    ] = None,
+    runs_claim: Annotated[
+        str | None,
+        typer.Option(
+            help="[kubernetes] PersistentVolumeClaim (ReadWriteMany) holding the run "
+            "directories: mount it at <home>/runs here; each pod mounts its job's directory at "
+            "the same path (metrics, logs, checkpoints). Without it pods write no run dir."
+        ),
+    ] = None,
+    run_as_user: Annotated[
+        int,
+        typer.Option(
+            help="[kubernetes] uid (and gid) the training pods run as; the images of "
+            "`tyard images build` use 1000. -1: the image's user."
+        ),
+    ] = 1000,
     switch_label: Annotated[
         str, typer.Option(help="[kubernetes] Node label naming a node's leaf switch.")
     ] = "tensoryard.io/switch",
@@ -294,6 +316,9 @@ def server(
             workload=workload,
             admission=admission,
             node_selector=node_selector or [],
+            tolerations=toleration or [],
+            runs_claim=runs_claim,
+            run_as_user=None if run_as_user < 0 else run_as_user,
             switch_label=switch_label,
             block_label=block_label,
             pod_annotations=pod_annotation or [],

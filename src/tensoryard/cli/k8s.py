@@ -34,6 +34,30 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     return out
 
 
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _toleration(text: str) -> dict[str, str]:
+    """`KEY[=VALUE]:EFFECT` as a toleration (Exists without a value, Equal with one)."""
+    key_value, _, effect = text.rpartition(":")
+    key, eq, value = key_value.partition("=")
+    if not key or effect not in _EFFECTS:
+        raise SpecError(
+            [
+                FieldIssue(
+                    "--toleration",
+                    f"{text!r} is not KEY[=VALUE]:EFFECT",
+                    f"write it like --toleration dedicated=training:NoSchedule (EFFECT one of "
+                    f"{', '.join(_EFFECTS)})",
+                )
+            ],
+            source="command line",
+        )
+    if eq:
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
 def kubernetes_config(
     *,
     kubeconfig: Path | None = None,
@@ -43,6 +67,9 @@ def kubernetes_config(
     workload: str = "auto",
     admission: str = "tensoryard",
     node_selector: list[str] | None = None,
+    tolerations: list[str] | None = None,
+    runs_claim: str | None = None,
+    run_as_user: int | None = 1000,
     switch_label: str = "tensoryard.io/switch",
     block_label: str = "tensoryard.io/block",
     pod_annotations: list[str] | None = None,
@@ -79,6 +106,12 @@ def kubernetes_config(
         workload=workload,  # type: ignore[arg-type]  # checked above
         admission=admission,  # type: ignore[arg-type]  # checked above
         node_selector=_pairs(node_selector or [], "--node-selector"),
+        tolerations=(
+            *KubernetesConfig.tolerations,
+            *(_toleration(t) for t in tolerations or []),
+        ),
+        runs_claim=runs_claim,
+        run_as_user=run_as_user,
         switch_label=switch_label,
         block_label=block_label,
         pod_annotations=_pairs(pod_annotations or [], "--pod-annotation"),

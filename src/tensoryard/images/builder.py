@@ -63,6 +63,7 @@ BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 USER_ID = 1000
 VENV = "/opt/venv"
 IMAGE_JSON = "/opt/tensoryard/image.json"
+EXAMPLES = "/opt/tensoryard/examples"  # the repository's examples/, e.g. the tiny GPT
 PRUNED_JSON = "/opt/tensoryard/pruned-files.json"
 LABEL = "org.tensoryard"
 TOOLS = ("debootstrap", "umoci", "skopeo", "chroot", "unshare")
@@ -129,6 +130,7 @@ def _source_hash(source: Path) -> str:
     digest = hashlib.sha256()
     files = [source / "pyproject.toml", source / "README.md"]
     files += sorted(p for p in (source / "src").rglob("*") if p.is_file() and _shipped(p))
+    files += _example_files(source)
     for path in files:
         digest.update(str(path.relative_to(source)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -137,6 +139,11 @@ def _source_hash(source: Path) -> str:
 
 def _shipped(path: Path) -> bool:
     return "__pycache__" not in path.parts and ".egg-info" not in str(path)
+
+
+def _example_files(source: Path) -> list[Path]:
+    """The examples the image ships (EXAMPLES): a job can run the tiny GPT from the image."""
+    return sorted(p for p in (source / "examples").rglob("*") if p.is_file() and _shipped(p))
 
 
 def _check_tools() -> None:
@@ -412,12 +419,20 @@ def install_deps(rootfs: Path, wheels: Path, the_plan: Plan, log: _Log) -> None:
     _chroot_script(rootfs, {"/wheels": wheels}, "; ".join(steps), log)
 
 
-def install_app(rootfs: Path, the_plan: Plan, log: _Log) -> None:
-    """tensoryard itself (no dependencies: they are in the deps layer) and the user."""
+def install_app(rootfs: Path, the_plan: Plan, log: _Log, source: Path | None = None) -> None:
+    """tensoryard itself (no dependencies: they are in the deps layer), the user, and the
+    repository's examples under EXAMPLES (read-only to the user)."""
     pip = f"{VENV}/bin/pip install -q --no-index --no-compile --no-deps"
     script = f"{pip} /tyard/{the_plan.tensoryard.name}; rm -rf $HOME/.cache"
     _chroot_script(rootfs, {"/tyard": the_plan.tensoryard.parent}, script, log)
     _add_user(rootfs)
+    if source is not None:
+        examples = source / "examples"
+        for path in _example_files(source):
+            target = rootfs / EXAMPLES.lstrip("/") / path.relative_to(examples)
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            shutil.copyfile(path, target)
+            target.chmod(0o644)
 
 
 def record(entry: ImageEntry, rootfs: Path, ref: str, log: _Log) -> dict[str, Any]:
@@ -664,7 +679,7 @@ def build(
         # 5. layer 3: tensoryard, the user, the manifest
         progress("installing tensoryard (the app layer)")
         rootfs = bundle / "rootfs"
-        install_app(rootfs, the_plan, log)
+        install_app(rootfs, the_plan, log, source)
         manifest = record(entry, rootfs, ref, log)
         _compile(rootfs, log, f"{VENV}/lib/python{entry.python}/site-packages/tensoryard")
         _touch_all(rootfs, _epoch())

@@ -56,6 +56,17 @@ CASES = {
         "shm_size": "128Gi",
     },
     "a CPU-only debug attempt": {"nodes": 2, "gpus_per_node": 0, "tolerations": ()},
+    "a CPU gang with requests, its run dir on the runs claim, a workdir and a user": {
+        "nodes": 2,
+        "gpus_per_node": 0,
+        "processes_per_node": 2,
+        "cpu": 1.5,
+        "memory_bytes": 4 * 1024**3,
+        "run_dir": "/var/lib/tensoryard/runs/job-42",
+        "runs_claim": "tensoryard-runs",
+        "run_as_user": 1000,
+        "workdir": "/opt/tensoryard/examples/tiny_gpt",
+    },
     "deleted an hour after it finished, with its team": {
         "ttl_after_finished_s": 3600,
         "team": "vision",
@@ -295,3 +306,55 @@ def test_pods_carry_the_team_label_when_the_job_has_a_team() -> None:
     assert template["metadata"]["labels"]["tensoryard.io/team"] == "vision"
     with pytest.raises(ExecutorError, match="team"):
         workload(team="not a label!")
+
+
+def test_a_cpu_pod_requests_its_cores_and_memory_and_is_limited_to_that_memory() -> None:
+    w = workload(gpus_per_node=0, processes_per_node=2, cpu=0.5, memory_bytes=2 * 1024**3)
+    pod = pod_spec_of(render_jobset(w))
+    (container,) = pod["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": str(2 * 1024**3)},
+        "limits": {"memory": str(2 * 1024**3)},
+    }
+    assert env_of(render_jobset(w))["NPROC_PER_NODE"] == "2"
+
+
+def test_a_script_runs_under_the_images_python_and_a_program_as_it_is() -> None:
+    script = pod_spec_of(render_jobset(workload(command=["train.py", "--steps", "3"])))
+    assert script["containers"][0]["command"][-3:] == ["train.py", "--steps", "3"]
+    assert "--no-python" not in script["containers"][0]["command"]
+    program = pod_spec_of(render_jobset(workload(command=["python", "-m", "train"])))
+    assert program["containers"][0]["command"][-4:] == ["--no-python", "python", "-m", "train"]
+    # Under the gang's round wrapper (in-place restarts of a multi-node job) a script gets an
+    # explicit interpreter: the wrapper starts a program.
+    wrapped = pod_spec_of(render_jobset(workload(command=["train.py"], in_place_restarts=1)))
+    assert wrapped["containers"][0]["command"][-8:] == [
+        "--no-python", "python", "-m", "tensoryard.runtime.gang", "round", "--",
+        "python", "train.py",
+    ]  # fmt: skip
+
+
+def test_the_run_dir_is_the_jobs_directory_of_the_runs_claim_at_the_same_path() -> None:
+    w = workload(
+        run_dir="/var/lib/tensoryard/runs/job-42",
+        runs_claim="tensoryard-runs",
+        run_as_user=1000,
+        workdir="/opt/tensoryard/examples/tiny_gpt",
+    )
+    pod = pod_spec_of(render_jobset(w))
+    (container,) = pod["containers"]
+    assert {
+        "name": "run-dir",
+        "mountPath": "/var/lib/tensoryard/runs/job-42",
+        "subPath": "job-42",
+    } in container["volumeMounts"]
+    assert {
+        "name": "run-dir",
+        "persistentVolumeClaim": {"claimName": "tensoryard-runs"},
+    } in pod["volumes"]
+    assert container["workingDir"] == "/opt/tensoryard/examples/tiny_gpt"
+    assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+    bare = pod_spec_of(render_jobset(workload()))
+    assert "securityContext" not in bare and "workingDir" not in bare["containers"][0]
+    with pytest.raises(ExecutorError, match="run_dir"):
+        workload(runs_claim="tensoryard-runs", run_dir="runs/job-42")

@@ -61,6 +61,16 @@ class KubernetesConfig:
     pvc_name: str | None = None
     """PersistentVolumeClaim mounted at `pvc_mount_path` (checkpoints, run dirs)."""
     pvc_mount_path: str = "/mnt/shared"
+    runs_claim: str | None = None
+    """PersistentVolumeClaim (ReadWriteMany) holding the run directories: the control plane
+    mounts it at its runs directory (`<home>/runs`), and each pod mounts its own job's
+    subdirectory at the same path, so metrics, logs and checkpoints are written by the pods and
+    read by the control plane (checkpoints, the registry, `tyard ckpt`) through the volume.
+    None: run directories stay on the control plane's disk, where pods cannot write them."""
+    run_as_user: int | None = 1000
+    """runAsUser / runAsGroup / fsGroup of the training pods: the user of the images `tyard
+    images build` makes. A control plane running as root makes each job's directory on
+    `runs_claim` this user's; otherwise run it as the same user. None: the image's user."""
     shm_size: str = "64Gi"
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     """Extra annotations on every pod."""

@@ -19,6 +19,7 @@ When an attempt ends, the last lines of each pod's log are kept in the run dir
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -148,6 +149,13 @@ def workload_for(
         env=env,
         token_secret=f"ty-{_slug(request.job_id)}-{request.attempt}-token",
         nodes=spec.resources.nodes,
+        processes_per_node=spec.resources.procs,
+        cpu=spec.resources.cpu,
+        memory_bytes=spec.resources.memory,
+        workdir=spec.workdir,
+        run_dir=str(request.run_dir) if config.runs_claim else None,
+        runs_claim=config.runs_claim,
+        run_as_user=config.run_as_user,
         in_place_restarts=request.in_place_restarts,
         gpus_per_node=spec.resources.gpus_per_node,
         node_names=sorted(request.placement),
@@ -167,6 +175,16 @@ def workload_for(
         kueue_priority_class=kueue_priority_class if kueue else None,
         kueue_topology=tas,
     )
+
+
+def _hand_over(run_dir: Path, attempt_dir: Path, uid: int | None) -> None:
+    """Make the job's run directory and this attempt's directory writable by the pods' user
+    (they are on the runs claim, which the pods mount). Only a control plane running as root
+    can give them away; one running as the pods' user owns them already."""
+    if uid is None or os.geteuid() != 0:
+        return
+    for path in (run_dir, attempt_dir):
+        os.chown(path, uid, uid)
 
 
 def _attempt_key_of(obj: Obj) -> list[str]:
@@ -311,6 +329,8 @@ class KubernetesExecutor:
         w = self._workload(request)
         h = self._handle(request, w)
         Path(h.attempt_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.config.runs_claim:
+            _hand_over(Path(request.run_dir), Path(h.attempt_dir), self.config.run_as_user)
         token = request.env.get("TYARD_JOB_TOKEN", "")
         objects = render_attempt(w, self.kind)
         secret = {**objects[0], "stringData": {TOKEN_KEY: token}}

@@ -118,6 +118,25 @@ class AttemptWorkload:
     """Kueue Topology-Aware Scheduling request of the pods: ("required" | "preferred", the node
     label of a level of the Kueue Topology, e.g. the leaf switch): the pod-template annotation
     `kueue.x-k8s.io/podset-<required|preferred>-topology`. None: no request."""
+    processes_per_node: int | None = None
+    """torchrun's --nproc-per-node; None: one per GPU (1 without GPUs)."""
+    cpu: float | None = None
+    """CPU cores each pod requests (None: no request)."""
+    memory_bytes: int | None = None
+    """Memory each pod requests and is limited to (None: neither); above it the container is
+    OOMKilled, and tensoryard reports the limit."""
+    workdir: str | None = None
+    """The container's working directory (the spec's `workdir`, a path inside the image or on a
+    volume); None: the image's."""
+    run_dir: str | None = None
+    """The job's run directory (TYARD_RUN_DIR), where the pods write metrics, checkpoints and
+    logs; with `runs_claim` it is mounted from there."""
+    runs_claim: str | None = None
+    """PersistentVolumeClaim holding every job's run directory: each pod mounts its own job's
+    subdirectory (subPath, the last part of `run_dir`) at `run_dir`, so the pods and the
+    control plane (which mounts the claim at its runs directory) use the same paths."""
+    run_as_user: int | None = None
+    """runAsUser, runAsGroup and fsGroup of the pods (None: the image's user)."""
     in_place_restarts: int = 0
     """torchrun's --max-restarts inside each pod: worker restarts the control plane granted
     this launch (restart.in_place), each reported as the next attempt; on a multi-node gang
@@ -137,6 +156,16 @@ class AttemptWorkload:
         _check(self.nodes >= 1, "nodes", "must be at least 1")
         _check(self.in_place_restarts >= 0, "in_place_restarts", "must be 0 or more")
         _check(self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more")
+        _check(
+            self.processes_per_node is None or self.processes_per_node >= 1,
+            "processes_per_node",
+            "must be 1 or more",
+        )
+        _check(
+            not self.runs_claim or bool(self.run_dir and self.run_dir.startswith("/")),
+            "run_dir",
+            "must be an absolute path when runs_claim mounts it",
+        )
         _check(self.termination_grace_s >= 0, "termination_grace_s", "must be 0 or more")
         _check(
             self.ttl_after_finished_s is None or self.ttl_after_finished_s >= 0,
@@ -168,6 +197,11 @@ class AttemptWorkload:
                 field_name,
                 f"{value!r} is not a valid label value (63 chars of [A-Za-z0-9-_.])",
             )
+
+    @property
+    def procs(self) -> int:
+        """Worker processes per pod."""
+        return self.processes_per_node or max(self.gpus_per_node, 1)
 
     def labels(self) -> dict[str, str]:
         labels = {
@@ -214,7 +248,7 @@ def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
         {"name": "TYARD_JOB_TOKEN", "valueFrom": token},
         {"name": "NODE_RANK", "valueFrom": rank_from_index},
         {"name": "NNODES", "value": str(w.nodes)},
-        {"name": "NPROC_PER_NODE", "value": str(max(w.gpus_per_node, 1))},
+        {"name": "NPROC_PER_NODE", "value": str(w.procs)},
         {"name": "MASTER_ADDR", "value": master_addr},
         {"name": "MASTER_PORT", "value": str(w.rendezvous_port)},
     ]
@@ -254,10 +288,19 @@ def _torchrun(w: AttemptWorkload) -> list[str]:
         "--nproc-per-node=$(NPROC_PER_NODE)",
         *rendezvous,
         f"--max-restarts={w.in_place_restarts}",
-        "--no-python",
-        *([*gang, "round", "--"] if elastic else []),
-        *w.command,
+        *_entry(w.command, wrapped=elastic),
     ]
+
+
+def _entry(command: Sequence[str], *, wrapped: bool) -> list[str]:
+    """What torchrun starts per worker: a script `train.py ...` runs under the image's Python
+    (as the local executor runs it); anything else is a program (`--no-python`)."""
+    gang_round = ["python", "-m", "tensoryard.runtime.gang", "round", "--"] if wrapped else []
+    if command[0].endswith(".py") and not wrapped:
+        return list(command)
+    if command[0].endswith(".py"):
+        return ["--no-python", *gang_round, "python", *command]
+    return ["--no-python", *gang_round, *command]
 
 
 def _affinity(w: AttemptWorkload) -> dict[str, Any]:
@@ -281,9 +324,7 @@ def _affinity(w: AttemptWorkload) -> dict[str, Any]:
 
 
 def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if w.gpus_per_node:
-        resources = {"limits": {GPU_RESOURCE: str(w.gpus_per_node)}}
+    resources = _resources(w)
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": w.shm_size}}
@@ -291,6 +332,10 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
     if w.pvc_name:
         mounts.append({"name": "shared", "mountPath": w.pvc_mount_path})
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": w.pvc_name}})
+    if w.runs_claim and w.run_dir:
+        sub = w.run_dir.rstrip("/").rsplit("/", 1)[-1]
+        mounts.append({"name": "run-dir", "mountPath": w.run_dir, "subPath": sub})
+        volumes.append({"name": "run-dir", "persistentVolumeClaim": {"claimName": w.runs_claim}})
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": w.termination_grace_s,
@@ -309,6 +354,14 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
         "affinity": _affinity(w),
         "tolerations": [dict(t) for t in w.tolerations],
     }
+    if w.workdir:
+        spec["containers"][0]["workingDir"] = w.workdir
+    if w.run_as_user is not None:
+        spec["securityContext"] = {
+            "runAsUser": w.run_as_user,
+            "runAsGroup": w.run_as_user,
+            "fsGroup": w.run_as_user,
+        }
     if w.priority_class:
         spec["priorityClassName"] = w.priority_class
     if w.image_pull_secrets:
@@ -318,6 +371,25 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
         how, level = w.kueue_topology
         annotations[f"{KUEUE_TAS_PREFIX}{how}-topology"] = level
     return {"metadata": {"labels": w.labels(), "annotations": annotations}, "spec": spec}
+
+
+def _resources(w: AttemptWorkload) -> dict[str, Any]:
+    """Requests and limits of a pod: its GPUs (limit), CPU (request: no throttling), memory
+    (request and limit alike, so the scheduler's view and the OOM killer's agree)."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if w.gpus_per_node:
+        limits[GPU_RESOURCE] = str(w.gpus_per_node)
+    if w.cpu is not None:
+        requests["cpu"] = f"{round(w.cpu * 1000)}m"
+    if w.memory_bytes is not None:
+        requests["memory"] = limits["memory"] = str(w.memory_bytes)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
 
 
 def _job_spec(w: AttemptWorkload, pod_template: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,318 @@
+"""Training in real containers: tensoryard's Kubernetes executor runs the tiny GPT on the real
+nodes of the test cluster (kubelet, containerd, runc, CNI, kube-proxy, CoreDNS), from the CPU
+image `tyard images build cpu` makes, with run directories and checkpoints on a volume.
+
+The control plane is `tyard server --executor kubernetes` as the least-privilege ServiceAccount
+of deploy/kubernetes/rbac.yaml, listening on the host's address on the nodes' network (where the
+pods report to), with `--runs-claim`: a ReadWriteMany claim it mounts at its runs directory
+(here a hostPath volume of the same directory: every "node" of this machine shares its disk, as
+the nodes of a real cluster share an NFS, JuiceFS or GPFS volume) and that each pod mounts its
+job's directory of. The job's code comes with the image (/opt/tensoryard/examples).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tensoryard.client import Client
+from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
+from tests.e2e.conftest import ServerProcess, free_port, wait_for
+from tests.e2e_k8s.conftest import REAL_NODE_LABEL, SCRIPT, K8sEnv, _unavailable, wait_until
+from tests.e2e_k8s.platform import tyard
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+IN_IMAGE = "/opt/tensoryard/examples/tiny_gpt"  # the image's copy of examples/tiny_gpt
+TEXT = "README.md"  # the same bytes in the repository and in the image: both arms train on it
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+RUNS_CLAIM = "tensoryard-runs"
+
+
+@pytest.fixture(scope="module")
+def cpu_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
+    """The CPU image's reference, imported into every real node's containerd."""
+    from tensoryard.images.builder import find_built
+
+    built = find_built("cpu")
+    if built is None or not Path(built["archive"]).is_file():
+        _unavailable("the CPU image is not built: run `tyard images build cpu` (as root)")
+    if k8s_env.dir is None:
+        _unavailable("the test environment's directory is unknown (reused by kubeconfig)")
+    assert built is not None and k8s_env.dir is not None
+    subprocess.run(
+        [SCRIPT, "load-image", built["archive"], "--dir", str(k8s_env.dir)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    return str(built["ref"])
+
+
+@pytest.fixture(scope="module")
+def gateway(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
+    """The host's address on the real nodes' network: the control plane listens there."""
+    return subprocess.run(
+        [SCRIPT, "gateway", "--dir", str(k8s_env.dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@dataclass
+class Platform:
+    server: ServerProcess
+    client: Client
+    namespace: str
+
+    @property
+    def runs(self) -> Path:
+        return self.server.home / "runs"
+
+    def run_dir(self, job_id: int) -> Path:
+        return Path(self.client.job(job_id)["run_dir"])
+
+
+def runs_volume(core: Any, namespace: str, path: Path) -> None:
+    """A ReadWriteMany claim bound to a hostPath volume of `path` (the runs directory)."""
+    pv_name = f"runs-{namespace}"
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": pv_name},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": RUNS_CLAIM},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": RUNS_CLAIM},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        },
+    )
+
+
+@pytest.fixture
+def platform(
+    core: Any,
+    namespace: str,
+    identity: Path,
+    gateway: str,
+    cpu_image: str,
+    tmp_path: Path,
+) -> Iterator[Platform]:
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    runs_volume(core, namespace, home / "runs")
+    server = ServerProcess(
+        home=home,
+        port=free_port(),
+        host=gateway,
+        extra_args=[
+            "--executor", "kubernetes",
+            "--kubeconfig", str(identity),
+            "--namespace", namespace,
+            "--node-selector", f"{REAL_NODE_LABEL}=true",
+            "--toleration", f"{REAL_NODE_LABEL}:NoSchedule",
+            "--runs-claim", RUNS_CLAIM,
+            "--cancel-grace", "5",
+        ],
+    )  # fmt: skip
+    client = server.start()
+    try:
+        yield Platform(server, client, namespace)
+    finally:
+        server.stop()
+        core.delete_persistent_volume(f"runs-{namespace}")
+
+
+def tiny_gpt(
+    tmp_path: Path, *, steps: int, nodes: int = 2, procs: int = 1, workdir: str = IN_IMAGE
+) -> Path:
+    spec = {
+        "name": "tiny-gpt",
+        "image": "cpu",
+        "command": [
+            "train.py", "--text-file", TEXT, "--steps", str(steps),
+            "--d-model", "64", "--seq-len", "64", "--batch-size", "8", "--warmup", "5",
+        ],
+        "workdir": workdir,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "resources": {
+            "nodes": nodes, "gpus_per_node": 0, "processes_per_node": procs,
+            "cpu": 0.5, "memory": "2Gi",
+        },
+        "checkpoint": {"interval": 10},
+        "restart": {"max_restarts": 2, "backoff": "0s"},
+    }  # fmt: skip
+    path = tmp_path / f"tiny-gpt-{nodes}x{procs}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def submit(server: ServerProcess, spec: Path) -> int:
+    done = tyard(server, "submit", str(spec), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(json.loads(done.stdout)["id"])
+
+
+def losses(client: Client, job_id: int) -> dict[int, float]:
+    """The loss of each step, from the newest attempt that reported it."""
+    out: dict[int, float] = {}
+    for m in sorted(client.metrics(job_id), key=lambda m: (m["attempt"], m["step"])):
+        if "loss" in m["values"]:
+            out[m["step"]] = float(m["values"]["loss"])
+    return out
+
+
+def job_pods(core: Any, namespace: str, job_id: int) -> list[Any]:
+    return list(
+        core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB_ID}={job_id}").items
+    )
+
+
+def explain(platform: Platform, job_id: int) -> str:
+    events = "\n".join(e["message"] for e in platform.client.events(job_id))
+    described = tyard(platform.server, "describe", str(job_id))
+    return f"events:\n{events}\n\ndescribe:\n{described.stdout}{described.stderr}"
+
+
+def test_a_two_pod_gang_trains_across_two_real_nodes_like_the_local_executor(
+    platform: Platform, core: Any, real_nodes: list[str], tmp_path: Path
+) -> None:
+    steps = 30
+    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+    client = platform.client
+    wait_for(client, job_id, {"RUNNING"} | TERMINAL, timeout=180)
+    wait_until(lambda: client.metrics(job_id) or None, timeout=180, what="the first reported step")
+    # Live logs from the running pods, through the API (rank 1 is the second pod's worker).
+    live = tyard(platform.server, "logs", str(job_id), "--rank", "1")
+    assert live.returncode == 0, live.stderr
+    assert live.stdout.strip(), "rank 1's log is empty while it trains"
+
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+    assert job["attempts"] == 1 and job["restarts"] == 0
+
+    pods = job_pods(core, platform.namespace, job_id)
+    assert sorted(p.spec.node_name for p in pods) == sorted(real_nodes[:2])  # one per node
+    assert all(p.status.phase == "Succeeded" for p in pods)
+    assert all(p.spec.security_context.run_as_user == 1000 for p in pods)
+
+    summary = client.summary(job_id)
+    assert summary["steps"] == steps
+    assert summary["final_loss"] < summary["initial_loss"]
+    assert 0 < summary["goodput"] <= 1
+
+    # The pods wrote metrics and checkpoints to the volume; the control plane reads them there.
+    run_dir = platform.run_dir(job_id)
+    assert (run_dir / "attempt-1" / "metrics.jsonl").is_file()
+    checkpoints = client.checkpoints(job_id)
+    assert {c["step"] for c in checkpoints} >= {10, 20, 30}
+    assert all(Path(c["path"]).is_relative_to(run_dir) for c in checkpoints)
+    assert all(Path(c["path"]).exists() for c in checkpoints)
+    assert Path(checkpoints[-1]["path"]).stat().st_uid == 1000  # written by the pods' user
+
+    # The same job and seed under the local executor: one node, two processes (the same world
+    # size and data), from the repository's copy of the example.
+    local = ServerProcess(
+        home=tmp_path / "local", port=free_port(), extra_args=["--cpu-slots", "2"]
+    )
+    local.home.mkdir()
+    local_client = local.start()
+    try:
+        spec = tiny_gpt(
+            tmp_path, steps=steps, nodes=1, procs=2, workdir=str(REPO / "examples" / "tiny_gpt")
+        )
+        local_id = submit(local, spec)
+        local_job = wait_for(local_client, local_id, TERMINAL, timeout=300)
+        assert local_job["state"] == "SUCCEEDED", local_job["reason"]
+        ours, theirs = losses(client, job_id), losses(local_client, local_id)
+        local_summary = local_client.summary(local_id)
+    finally:
+        local.stop()
+    assert sorted(ours) == sorted(theirs) == list(range(1, steps + 1))
+    for step in ours:
+        assert ours[step] == pytest.approx(theirs[step], rel=1e-3, abs=1e-4), step
+    assert local_summary["steps"] == summary["steps"]
+    assert 0 < local_summary["goodput"] <= 1
+    # The least-privilege identity could do all it tried (its watches included).
+    assert "forbidden" not in (platform.server.home / "server.out").read_text().lower()
+
+
+def workers_of(run_dir: Path, rank: int) -> list[psutil.Process]:
+    """The training worker of `rank` of the job whose TYARD_RUN_DIR is `run_dir` (its
+    container's processes are this machine's processes, seen from the host)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+        if env.get("TYARD_RUN_DIR") == str(run_dir) and env.get("RANK") == str(rank):
+            found.append(p)
+    return found
+
+
+def test_a_killed_training_container_resumes_from_the_checkpoint_on_the_volume(
+    platform: Platform, core: Any, tmp_path: Path
+) -> None:
+    steps = 60
+    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+    client = platform.client
+    wait_until(
+        lambda: [c for c in client.checkpoints(job_id) if c["step"] >= 20] or None,
+        timeout=300,
+        what="a checkpoint at step 20",
+    )
+    run_dir = platform.run_dir(job_id)
+    victims = workers_of(run_dir, 1)
+    assert victims, "rank 1's worker is not running"
+    for p in victims:
+        os.kill(p.pid, signal.SIGKILL)
+    killed_after = max(m["step"] for m in client.metrics(job_id))
+
+    job = wait_for(client, job_id, TERMINAL, timeout=400)
+    assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+    assert job["restarts"] == 1
+
+    described = tyard(platform.server, "describe", str(job_id), "--json")
+    info = json.loads(described.stdout)
+    first, second = info["attempts_detail"]
+    assert first["state"] == "failed", first
+    resumed = second["resumed_from_step"]
+    assert resumed is not None and 20 <= resumed <= killed_after + 1
+    assert resumed % 10 == 0  # a checkpoint step
+    metrics = client.metrics(job_id)
+    again = sorted(m["step"] for m in metrics if m["attempt"] == 2)
+    assert again[0] == resumed + 1 and again[-1] == steps  # only the steps since it ran again
+    curve = losses(client, job_id)
+    first_losses = [curve[s] for s in range(1, 6)]
+    assert curve[resumed + 1] < min(first_losses)  # the curve continues, not from scratch
+    assert client.summary(job_id)["steps"] == steps
+    # The failed attempt's log outlives its pod: kept in the run dir on the volume.
+    kept = tyard(platform.server, "logs", str(job_id), "--attempt", "1", "--rank", "0")
+    assert kept.returncode == 0 and kept.stdout.strip(), kept.stderr
