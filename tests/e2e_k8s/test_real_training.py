@@ -16,6 +16,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,3 +318,76 @@ def test_a_killed_training_container_resumes_from_the_checkpoint_on_the_volume(
     # The failed attempt's log outlives its pod: kept in the run dir on the volume.
     kept = tyard(platform.server, "logs", str(job_id), "--attempt", "1", "--rank", "0")
     assert kept.returncode == 0 and kept.stdout.strip(), kept.stderr
+
+
+def events_of(client: Client, job_id: int) -> list[str]:
+    return [e["message"] for e in client.events(job_id)]
+
+
+def test_an_image_that_cannot_be_pulled_is_reported_within_seconds_and_cancel_leaves_nothing(
+    platform: Platform, core: Any, tmp_path: Path
+) -> None:
+    spec = yaml.safe_load(tiny_gpt(tmp_path, steps=5).read_text())
+    spec["image"] = "localhost/tensoryard/no-such-image:0.0"
+    path = tmp_path / "missing-image.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job_id = submit(platform.server, path)
+    client = platform.client
+    started = time.monotonic()
+    pulled = wait_until(
+        lambda: [m for m in events_of(client, job_id) if "cannot be pulled" in m] or None,
+        timeout=60,
+        what="the image pull failure reported",
+    )
+    assert time.monotonic() - started < 60
+    assert "localhost/tensoryard/no-such-image:0.0" in pulled[0]
+    assert "ErrImagePull" in pulled[0] or "ImagePullBackOff" in pulled[0]
+    described = tyard(platform.server, "describe", str(job_id))
+    assert "cannot be pulled" in described.stdout
+
+    done = tyard(platform.server, "cancel", str(job_id))
+    assert done.returncode == 0, done.stderr
+    assert wait_for(client, job_id, TERMINAL, timeout=60)["state"] == "CANCELLED"
+    wait_until(
+        lambda: not job_pods(core, platform.namespace, job_id),
+        timeout=60,
+        what="the job's pods deleted",
+    )
+
+
+def test_an_oom_killed_pod_fails_the_attempt_naming_the_memory_limit(
+    platform: Platform, tmp_path: Path
+) -> None:
+    spec = {
+        "name": "too-big",
+        "image": "cpu",
+        "command": ["python", "-c", "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])"],
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpu": 0.5, "memory": "256Mi"},
+        "restart": {"max_restarts": 0},
+    }
+    path = tmp_path / "oom.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job_id = submit(platform.server, path)
+    job = wait_for(platform.client, job_id, TERMINAL, timeout=180)
+    assert job["state"] == "FAILED"
+    described = tyard(platform.server, "describe", str(job_id))
+    assert "OOMKilled" in described.stdout, explain(platform, job_id)
+    assert "memory limit 256Mi" in described.stdout
+
+
+def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming_it(
+    namespace: str, identity: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
+            "--port", str(free_port()), "--executor", "kubernetes",
+            "--kubeconfig", str(identity), "--namespace", namespace,
+            "--runs-claim", "no-such-claim",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    # 1, like a missing namespace: the cluster lacks something (2 is a malformed option)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no-such-claim" in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -313,8 +313,8 @@ def test_a_cpu_pod_requests_its_cores_and_memory_and_is_limited_to_that_memory()
     pod = pod_spec_of(render_jobset(w))
     (container,) = pod["containers"]
     assert container["resources"] == {
-        "requests": {"cpu": "500m", "memory": str(2 * 1024**3)},
-        "limits": {"memory": str(2 * 1024**3)},
+        "requests": {"cpu": "500m", "memory": "2Gi"},
+        "limits": {"memory": "2Gi"},
     }
     assert env_of(render_jobset(w))["NPROC_PER_NODE"] == "2"
 

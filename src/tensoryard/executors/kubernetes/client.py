@@ -32,8 +32,12 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
     ("get", "", "pods/log", True),
     *((v, "", "secrets", True) for v in ("get", "list", "create", "patch", "delete")),
     *((v, "", "services", True) for v in ("get", "list", "create", "delete")),
-    *((v, "batch", "jobs", True) for v in ("get", "list", "create", "delete")),
-    *((v, "jobset.x-k8s.io", "jobsets", True) for v in ("get", "list", "create", "delete")),
+    *((v, "batch", "jobs", True) for v in ("get", "list", "watch", "create", "delete")),
+    *(
+        (v, "jobset.x-k8s.io", "jobsets", True)
+        for v in ("get", "list", "watch", "create", "delete")
+    ),
+    ("get", "", "persistentvolumeclaims", True),  # the runs claim exists (config.runs_claim)
     ("update", "batch", "jobs/finalizers", True),
     ("update", "jobset.x-k8s.io", "jobsets/finalizers", True),
     # model serving on GPUs (serving/kubernetes.py): a Deployment or LeaderWorkerSet each
@@ -186,7 +190,30 @@ def connect(config: KubernetesConfig, *, check_access: bool = True) -> Kube:
                 + "; ".join(missing)
                 + " (fix: apply deploy/kubernetes/rbac.yaml and run as its ServiceAccount)"
             )
+    if config.runs_claim:
+        check_runs_claim(kube)
     return kube
+
+
+def check_runs_claim(kube: Kube) -> None:
+    """ExecutorError unless the runs claim exists in the namespace (pods would wait forever
+    for it: the scheduler only says it is missing)."""
+    name, ns = kube.config.runs_claim, kube.config.namespace
+    try:
+        kube.call(
+            f"get persistentvolumeclaims in namespace {ns}",
+            kube.core.read_namespaced_persistent_volume_claim,
+            name,
+            ns,
+        )
+    except KubeApiError as exc:
+        if exc.status != 404:
+            raise
+        raise ExecutorError(
+            f"--runs-claim {name}: no PersistentVolumeClaim {name!r} in namespace {ns} (fix: "
+            f"create a ReadWriteMany claim named {name} there and mount it at the control "
+            "plane's runs directory; see docs/kubernetes.md)"
+        ) from exc
 
 
 def missing_access(kube: Kube) -> list[str]:
@@ -199,6 +226,8 @@ def missing_access(kube: Kube) -> list[str]:
         if group == JOBSET[0] and kube.config.workload == "job":
             continue
         if (verb, resource) == ("patch", "nodes") and not kube.config.cordon_nodes:
+            continue
+        if resource == "persistentvolumeclaims" and not kube.config.runs_claim:
             continue
         sub, _, subresource = resource.partition("/")
         attrs: dict[str, Any] = {"verb": verb, "group": group, "resource": sub}

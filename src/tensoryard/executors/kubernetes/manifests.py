@@ -383,13 +383,21 @@ def _resources(w: AttemptWorkload) -> dict[str, Any]:
     if w.cpu is not None:
         requests["cpu"] = f"{round(w.cpu * 1000)}m"
     if w.memory_bytes is not None:
-        requests["memory"] = limits["memory"] = str(w.memory_bytes)
+        requests["memory"] = limits["memory"] = _bytes_quantity(w.memory_bytes)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
     if limits:
         out["limits"] = limits
     return out
+
+
+def _bytes_quantity(n: int) -> str:
+    """Bytes as the quantity a person reads back in `kubectl describe` ("2Gi", "512Mi")."""
+    for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
 
 
 def _job_spec(w: AttemptWorkload, pod_template: dict[str, Any]) -> dict[str, Any]:
