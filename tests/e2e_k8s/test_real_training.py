@@ -282,7 +282,7 @@ def workers_of(run_dir: Path, rank: int) -> list[psutil.Process]:
 def test_a_killed_training_container_resumes_from_the_checkpoint_on_the_volume(
     platform: Platform, core: Any, tmp_path: Path
 ) -> None:
-    steps = 60
+    steps = 300  # long enough to be killed mid-run (about 20 ms a step)
     job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
     client = platform.client
     wait_until(
@@ -391,3 +391,56 @@ def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no-such-claim" in done.stderr and "fix:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def node_script(k8s_env: K8sEnv, verb: str, node: str, *args: str) -> None:
+    subprocess.run(
+        [SCRIPT, verb, node, *args, "--dir", str(k8s_env.dir)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+# Last in this module: it stops a real node (and starts it again).
+def test_a_gang_on_a_lost_node_waits_for_it_with_that_reason_and_resumes_when_it_is_back(
+    platform: Platform, k8s_env: K8sEnv, real_nodes: list[str], tmp_path: Path
+) -> None:
+    steps = 1500  # still training when the node is found NotReady (20 s and more)
+    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+    client = platform.client
+    wait_until(
+        lambda: [c for c in client.checkpoints(job_id) if c["step"] >= 10] or None,
+        timeout=300,
+        what="a checkpoint at step 10",
+    )
+    lost = real_nodes[1]
+    # Its kubelet stops: the node goes NotReady after the controller-manager's grace period
+    # (20 s in the test cluster); its container keeps running, cut off from the gang once its
+    # peer on the other node is deleted.
+    node_script(k8s_env, "node-stop", lost, "--kubelet-only")
+    try:
+        waiting = wait_until(
+            lambda: ((j := client.job(job_id))["state"] == "PENDING" and j) or None,
+            timeout=180,
+            what=f"the job requeued after {lost} went NotReady",
+        )
+        assert f"waiting for a node to replace {lost}" in waiting["reason"], waiting["reason"]
+        assert waiting["restarts"] == 0  # the cluster's failure, not the job's
+        first = client.attempts(job_id)[0]
+        assert first["state"] == "failed" and lost in first["reason"], first
+        trained = max(m["step"] for m in client.metrics(job_id))
+        assert trained < steps, "the job ended before its node was lost: make it longer"
+        pending = tyard(platform.server, "describe", str(job_id)).stdout
+        assert "only 1 of 2 are schedulable now" in pending, pending
+        time.sleep(5)
+        still = client.job(job_id)
+        assert still["state"] == "PENDING", explain(platform, job_id)  # no node: it waits
+        assert len(client.attempts(job_id)) == 1  # and launches nothing meanwhile
+    finally:
+        node_script(k8s_env, "node-start", lost)
+    job = wait_for(client, job_id, TERMINAL, timeout=400)
+    assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+    second = client.attempts(job_id)[-1]
+    assert second["resumed_from_step"] is not None and second["resumed_from_step"] >= 10
+    assert client.summary(job_id)["steps"] == steps

@@ -356,6 +356,13 @@ def _unschedulable(d: Mapping[str, object], w: Workload | None) -> str:
             f"needs {w.total_gpus} {w.gpu_model} but queue {w.queue} can never hold more than "
             f"{_n(quota_max)} (nominal plus borrowing); fix: ask for fewer GPUs or more quota"
         )
+    usable = d.get("schedulable_nodes")
+    if isinstance(usable, int) and isinstance(total, int) and usable < w.nodes <= total:
+        return (
+            f"needs {w.nodes} node(s) but only {usable} of {total} are schedulable now (the "
+            "others are cordoned, draining or NotReady: `tyard nodes list` says why); it starts "
+            "when enough are back"
+        )
     return (
         f"needs {w.nodes} node(s) x {w.gpus_per_node} GPUs and no GPU model with quota for "
         f"queue {w.queue} has that many schedulable nodes (fix: shrink the gang or add quota)"

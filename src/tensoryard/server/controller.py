@@ -218,6 +218,14 @@ class _Memory:
     stacks_dumped: set[tuple[int, int]] = field(default_factory=set)  # hung attempts asked
     # job -> (its attempt count when computed, the nodes its next placement avoids, why)
     avoid: dict[int, tuple[int, frozenset[str], str]] = field(default_factory=dict)
+    # node -> when an attempt's executor reported it lost: closed to placement until the
+    # capacity view has caught up (it is cached and fed by its own watch, a moment behind).
+    lost_nodes: dict[str, float] = field(default_factory=dict)
+
+
+# How long a node an executor reported lost stays closed when the capacity view never shows
+# it closed (it came back at once, or the view cannot see readiness).
+LOST_NODE_HOLD_S = 60.0
 
 
 class Controller:
@@ -998,12 +1006,22 @@ class Controller:
         return self._node_states
 
     def _nodes(self, now: float) -> tuple[NodeCapacity, ...]:
-        """The executor's capacity with each node's cordon state from the store."""
+        """The executor's capacity with each node's cordon state from the store, and the
+        nodes an executor just reported lost closed until the capacity view shows it too."""
         states = self._read_nodes(now)
-        return tuple(
+        nodes = tuple(
             dataclasses.replace(n, state=states[n.name].state) if n.name in states else n
             for n in self.capacity()
         )
+        lost = self._mem.lost_nodes
+        if not lost:
+            return nodes
+        seen = {n.name: n for n in nodes}
+        for name, at in list(lost.items()):
+            node = seen.get(name)
+            if node is None or node.cordoned or now - at > LOST_NODE_HOLD_S:
+                del lost[name]  # the view has it (or it is gone from the view): it decides
+        return tuple(dataclasses.replace(n, cordoned=True) if n.name in lost else n for n in nodes)
 
     def _drain(self, now: float) -> None:
         """Jobs placed on a draining node: a running attempt gets the checkpoint signal (its
@@ -1099,7 +1117,10 @@ class Controller:
         """Nodes of the job's placement that its next attempt must not use: the ones the
         executor saw lost under this attempt, and any that is gone from the cluster, not
         Ready, cordoned or draining right now."""
-        nodes = {n.name: n for n in self._nodes(self.clock())}
+        now = self.clock()
+        for name in status.lost_nodes:
+            self._mem.lost_nodes.setdefault(name, now)
+        nodes = {n.name: n for n in self._nodes(now)}
         bad = set(status.lost_nodes)
         for name in job.placement:
             node = nodes.get(name)
