@@ -393,6 +393,44 @@ def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming
     assert "Traceback" not in done.stderr
 
 
+def jobsets_of(custom: Any, namespace: str, job_id: int) -> list[str]:
+    listed = custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        namespace,
+        "jobsets",
+        label_selector=f"{LABEL_JOB_ID}={job_id}",
+    )
+    return sorted(o["metadata"]["name"] for o in listed["items"])
+
+
+@pytest.mark.parametrize("point", ["launch.after_intent", "launch.after_start"])
+def test_a_control_plane_killed_mid_launch_launches_the_gang_once_and_loses_no_job(
+    platform: Platform, api_client: Any, tmp_path: Path, point: str
+) -> None:
+    from kubernetes import client as k8s
+
+    custom = k8s.CustomObjectsApi(api_client)
+    server = platform.server
+    server.stop()
+    server.env = {"TYARD_CRASH_AT": point}  # SIGKILLs itself there, as a power cut would
+    server.start()
+    job_id = submit(server, tiny_gpt(tmp_path, steps=40))
+    assert server.proc is not None
+    server.proc.wait(timeout=60)  # it died at the crash point
+    assert server.proc.returncode == -signal.SIGKILL
+    launched = jobsets_of(custom, platform.namespace, job_id)
+    assert launched == ([] if point == "launch.after_intent" else [f"ty-{job_id}-1"])
+
+    server.env = {}
+    client = server.start()
+    job = wait_for(client, job_id, TERMINAL, timeout=300)
+    assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+    assert job["attempts"] == 1  # re-attached or launched once: never a second attempt
+    assert jobsets_of(custom, platform.namespace, job_id) == [f"ty-{job_id}-1"]
+    assert client.summary(job_id)["steps"] == 40
+
+
 def node_script(k8s_env: K8sEnv, verb: str, node: str, *args: str) -> None:
     subprocess.run(
         [SCRIPT, verb, node, *args, "--dir", str(k8s_env.dir)],
