@@ -210,12 +210,27 @@ def test_a_two_pod_gang_trains_across_two_real_nodes_like_the_local_executor(
     client = platform.client
     wait_for(client, job_id, {"RUNNING"} | TERMINAL, timeout=180)
     wait_until(lambda: client.metrics(job_id) or None, timeout=180, what="the first reported step")
-    # Live logs from the running pods, through the API (rank 1 is the second pod's worker).
+    # Live logs from the running pods, through the API (rank 1 is the second pod's worker);
+    # `tyard logs -f` streams until the job ends, as a user following it would.
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "tensoryard.cli.main", "logs", "-f", str(job_id), "--rank", "0"],
+        env={
+            **os.environ,
+            "TYARD_SERVER": platform.server.url,
+            "TYARD_TOKEN": (platform.server.home / "admin.token").read_text().strip(),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     live = tyard(platform.server, "logs", str(job_id), "--rank", "1")
     assert live.returncode == 0, live.stderr
     assert live.stdout.strip(), "rank 1's log is empty while it trains"
 
     job = wait_for(client, job_id, TERMINAL, timeout=300)
+    followed, errors = follow.communicate(timeout=60)  # it ends by itself with the job
+    assert follow.returncode == 0, errors
+    assert f"attempt 1 ran {steps} steps" in followed, followed[-2000:]
     assert job["state"] == "SUCCEEDED", explain(platform, job_id)
     assert job["attempts"] == 1 and job["restarts"] == 0
 
