@@ -8,7 +8,7 @@ TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
 Everything is real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet
 controller) except nodes and pod lifecycles, which kwok simulates: `gpu_nodes` creates fake
 GPU nodes that kwok keeps Ready, and kwok moves pods bound to them to Running (and Job pods on to
-Succeeded). Beside them `k8s_env` starts TYARD_K8S_REAL_NODES (default 2) real nodes (kubelet,
+Succeeded). Beside them `k8s_env` starts TYARD_K8S_REAL_NODES (default 3) real nodes (kubelet,
 containerd, CNI, kube-proxy, CoreDNS; `up --real-nodes`), tainted so that only pods tolerating
 REAL_NODE_TOLERATION run there; `real_nodes` names them.
 """
@@ -111,9 +111,9 @@ REAL_NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
 
 def _real_nodes_wanted() -> str:
     """How many real nodes (kubelet + containerd) `k8s_env` starts: TYARD_K8S_REAL_NODES
-    (default 2), none when they are not built or this is not root (the real-node tests then
-    report why)."""
-    wanted = os.environ.get("TYARD_K8S_REAL_NODES", "2")
+    (default 3: a gang of two has a spare), none when they are not built or this is not root
+    (the real-node tests then report why)."""
+    wanted = os.environ.get("TYARD_K8S_REAL_NODES", "3")
     if os.geteuid() != 0 or any(not (_bin_dir() / b).is_file() for b in REAL_NODE_BINARIES):
         return "0"
     return wanted

@@ -235,7 +235,8 @@ def test_a_two_pod_gang_trains_across_two_real_nodes_like_the_local_executor(
     assert job["attempts"] == 1 and job["restarts"] == 0
 
     pods = job_pods(core, platform.namespace, job_id)
-    assert sorted(p.spec.node_name for p in pods) == sorted(real_nodes[:2])  # one per node
+    on = sorted(p.spec.node_name for p in pods)
+    assert len(set(on)) == 2 and set(on) <= set(real_nodes)  # one pod per real node
     assert all(p.status.phase == "Succeeded" for p in pods)
     assert all(p.spec.security_context.run_as_user == 1000 for p in pods)
 
@@ -455,23 +456,68 @@ def node_script(k8s_env: K8sEnv, verb: str, node: str, *args: str) -> None:
     )
 
 
-# Last in this module: it stops a real node (and starts it again).
-def test_a_gang_on_a_lost_node_waits_for_it_with_that_reason_and_resumes_when_it_is_back(
-    platform: Platform, k8s_env: K8sEnv, real_nodes: list[str], tmp_path: Path
-) -> None:
-    steps = 1500  # still training when the node is found NotReady (20 s and more)
-    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+# Last in this module: they stop a real node (and start it again).
+def lose_a_node_mid_run(
+    platform: Platform, k8s_env: K8sEnv, job_id: int, steps: int
+) -> tuple[str, list[str]]:
+    """Wait for a checkpoint, then stop the kubelet of the job's last node: the node goes
+    NotReady after the controller-manager's grace period (20 s in the test cluster); its
+    container keeps running, cut off from the gang once its peers are deleted. Returns the
+    lost node and the placement it was lost from."""
     client = platform.client
     wait_until(
         lambda: [c for c in client.checkpoints(job_id) if c["step"] >= 10] or None,
         timeout=300,
         what="a checkpoint at step 10",
     )
-    lost = real_nodes[1]
-    # Its kubelet stops: the node goes NotReady after the controller-manager's grace period
-    # (20 s in the test cluster); its container keeps running, cut off from the gang once its
-    # peer on the other node is deleted.
+    placement = sorted(client.job(job_id)["placement"])
+    lost = placement[-1]
     node_script(k8s_env, "node-stop", lost, "--kubelet-only")
+    return lost, placement
+
+
+def test_a_gang_on_a_lost_node_moves_to_the_spare_node_uncharged(
+    platform: Platform, k8s_env: K8sEnv, real_nodes: list[str], tmp_path: Path
+) -> None:
+    if len(real_nodes) < 3:
+        _unavailable("a gang of 2 moving off a lost node needs 3 real nodes (--real-nodes 3)")
+    steps = 1500  # still training when the node is found NotReady (20 s and more)
+    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+    client = platform.client
+    lost, placement = lose_a_node_mid_run(platform, k8s_env, job_id, steps)
+    try:
+        moved = wait_until(
+            lambda: len(client.attempts(job_id)) >= 2 or None,
+            timeout=180,
+            what=f"a second attempt after {lost} went NotReady",
+        )
+        assert moved
+        first = client.attempts(job_id)[0]
+        assert first["state"] == "failed" and lost in first["reason"], first
+        assert max(m["step"] for m in client.metrics(job_id)) < steps, "make the job longer"
+        job = wait_for(client, job_id, TERMINAL, timeout=400)
+    finally:
+        node_script(k8s_env, "node-start", lost)
+    assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+    assert job["restarts"] == 0  # a lost node is the cluster's failure, not the job's
+    now = sorted(job["placement"])
+    kept = sorted(set(placement) - {lost})
+    assert lost not in now and set(kept) <= set(now) and len(now) == 2, (placement, now)
+    events = events_of(client, job_id)
+    assert any(f"{lost} replaced by" in m for m in events), events
+    second = client.attempts(job_id)[-1]
+    assert second["resumed_from_step"] is not None and second["resumed_from_step"] >= 10
+    assert client.summary(job_id)["steps"] == steps
+
+
+def test_a_gang_on_every_node_waits_for_the_lost_one_and_resumes_when_it_is_back(
+    platform: Platform, k8s_env: K8sEnv, real_nodes: list[str], tmp_path: Path
+) -> None:
+    steps = 1500
+    every = len(real_nodes)
+    job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps, nodes=every))
+    client = platform.client
+    lost, _ = lose_a_node_mid_run(platform, k8s_env, job_id, steps)
     try:
         waiting = wait_until(
             lambda: ((j := client.job(job_id))["state"] == "PENDING" and j) or None,
@@ -482,10 +528,9 @@ def test_a_gang_on_a_lost_node_waits_for_it_with_that_reason_and_resumes_when_it
         assert waiting["restarts"] == 0  # the cluster's failure, not the job's
         first = client.attempts(job_id)[0]
         assert first["state"] == "failed" and lost in first["reason"], first
-        trained = max(m["step"] for m in client.metrics(job_id))
-        assert trained < steps, "the job ended before its node was lost: make it longer"
+        assert max(m["step"] for m in client.metrics(job_id)) < steps, "make the job longer"
         pending = tyard(platform.server, "describe", str(job_id)).stdout
-        assert "only 1 of 2 are schedulable now" in pending, pending
+        assert f"only {every - 1} of {every} are schedulable now" in pending, pending
         time.sleep(5)
         still = client.job(job_id)
         assert still["state"] == "PENDING", explain(platform, job_id)  # no node: it waits

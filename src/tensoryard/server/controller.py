@@ -870,8 +870,10 @@ class Controller:
             if moved:
                 to, why = JobState.PENDING, f"{why}; {moved}"
         count_restart: bool | None = True if moved else None  # a restart all the same
-        if lost and moved.startswith("requeued: waiting for a node"):
-            count_restart = False  # a lost node is the cluster's failure, not the job's
+        # A lost node is the cluster's failure, not the job's: no restart is charged for it.
+        cluster_fault = bool(lost) and moved.startswith("requeued: waiting for a node")
+        if cluster_fault:
+            count_restart = False
         placement: dict[str, Any] | None = {} if to is JobState.PENDING else None
         drained = _drained_node(attempt.reason) if to is JobState.PENDING else None
         gone = avoided or (frozenset({drained}) if drained else frozenset())
@@ -886,7 +888,8 @@ class Controller:
                     f"{new} (partial gang recovery: the other nodes are kept, no queueing), "
                     "resuming from the last checkpoint"
                 )
-                count_restart = bool(moved)  # a drained node is not the job's failure
+                # neither a drained node nor a lost one is the job's failure
+                count_restart = bool(moved) and not cluster_fault
                 swap_event = (
                     f"attempt {attempt.number}: {', '.join(sorted(gone))} replaced by {new}; "
                     f"the gang restarts on {', '.join(swapped)}"

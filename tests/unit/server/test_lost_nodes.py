@@ -88,6 +88,7 @@ def test_with_a_spare_only_the_lost_node_is_swapped_on_the_first_failure(
     world.cycle(3, advance=1)
     job = world.store.get_job(job_id)
     assert job.attempts == 2 and job.state is JobState.RUNNING
+    assert job.restarts == 0  # the cluster's failure, not the job's
     assert lost not in job.placement and kept in job.placement and "n3" in job.placement
     first = world.store.get_attempt(job_id, 1)
     assert first.reason == f"node {lost} deleted under rank 1"
