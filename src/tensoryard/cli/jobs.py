@@ -44,6 +44,18 @@ def _state(value: str) -> str:
     return f"[{STATE_STYLE.get(value, 'white')}]{value}[/]"
 
 
+def _public_url(url: str | None) -> str | None:
+    """--public-url, checked: an http(s) URL with a host (exit 2 naming the option otherwise)."""
+    if url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        die(f"--public-url {url!r}: write an http(s) URL with a host, like http://10.0.0.5:8642", 2)
+    return url.rstrip("/")
+
+
 def server(
     home: Annotated[
         Path | None, typer.Option(help="State directory (default $TYARD_HOME or ~/.tyard).")
@@ -56,6 +68,15 @@ def server(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            help="URL jobs (pods, Slurm tasks) and agents report to, e.g. the Service's "
+            "http://tensoryard.tensoryard.svc:8642 (default: http://HOST:PORT; set it when "
+            "listening on 0.0.0.0 or behind a Service).",
+            show_default=False,
+        ),
+    ] = None,
     cpu_slots: Annotated[
         float | None, typer.Option(help="CPU cores jobs may use (default: all usable).")
     ] = None,
@@ -343,6 +364,7 @@ def server(
         db_url=db_url,
         host=host,
         port=port,
+        public_url=_public_url(public_url),
         cpu_slots=cpu_slots,
         lease_ttl_s=lease_ttl,
         rate_limit_per_s=rate_limit,
