@@ -31,28 +31,21 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line  # noqa: E402
+from _k8s_real import NAMESPACE, REPO, RealCluster, git_commit, run, wait
+from _results import write_results_line
 
-from tensoryard.client import Client  # noqa: E402
+from tensoryard.client import Client
 
 NAME = "k8s_pods"
-SCRIPT = REPO / "scripts" / "k8s-testenv"
 GOAL_RATIO = 1.10
-NAMESPACE = "bench"
-RUNS_CLAIM = "tensoryard-runs"
-REAL_NODE = "tensoryard.io/real-node"
 # Each rank writes when it started to <out>/rank-<RANK>: out is the job's run dir (tensoryard)
 # or the directory the kubectl / container arm mounts there.
 MARKER = (
@@ -63,16 +56,6 @@ MARKER = (
 )
 
 
-def wait(check: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 def started_at(out: Path, ranks: int) -> float | None:
     files = [out / f"rank-{r}" for r in range(ranks)]
     if not all(f.exists() for f in files):
@@ -80,29 +63,11 @@ def started_at(out: Path, ranks: int) -> float | None:
     return max(float(f.read_text()) for f in files)
 
 
-def run(argv: list[Any], **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True, **kw)
-
-
 class Bench:
-    def __init__(self, work: Path, env_dir: Path, image: str) -> None:
-        self.work, self.env_dir, self.image = work, env_dir, image
-        self.kubeconfig = env_dir / "kubeconfig"
-        self.runs = work / "home" / "runs"
+    def __init__(self, cluster: RealCluster) -> None:
+        self.cluster = cluster
         self.count = 0
         self.templates: dict[int, dict[str, Any]] = {}
-
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
-        return run(["kubectl", "--kubeconfig", self.kubeconfig, *args], input=stdin).stdout
-
-    def idle(self) -> None:
-        def none_alive() -> bool:
-            pods = json.loads(self.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json"))
-            return not [
-                p for p in pods["items"] if p["status"].get("phase") in ("Pending", "Running")
-            ]
-
-        wait(none_alive, 180, "the cluster to be idle", every=0.2)
 
     def tensoryard(self, client: Client, nodes: int) -> float:
         spec = {
@@ -127,32 +92,34 @@ class Bench:
         )
         if nodes not in self.templates:
             self.templates[nodes] = json.loads(
-                self.kubectl("get", "jobset", "-n", NAMESPACE, f"ty-{job['id']}-1", "-o", "json")
+                self.cluster.kubectl(
+                    "get", "jobset", "-n", NAMESPACE, f"ty-{job['id']}-1", "-o", "json"
+                )
             )
         return float(last) - t0
 
     def kubectl_apply(self, nodes: int) -> float:
         self.count += 1
         name = f"plain-{nodes}-{self.count}"
-        out = self.runs / name
+        out = self.cluster.runs / name
         out.mkdir(mode=0o777)
         os.chown(out, 1000, 1000)
         obj = _plain_jobset(self.templates[nodes], name, str(out))
-        path = self.work / f"{name}.yaml"
+        path = self.cluster.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(obj))
         t0 = time.time()
-        self.kubectl("apply", "-f", str(path))
+        self.cluster.kubectl("apply", "-f", str(path))
         last = wait(lambda: started_at(out, nodes), 300, f"kubectl apply, {nodes} pod(s)")
-        self.kubectl("delete", "jobset", "-n", NAMESPACE, name, "--wait=false")
+        self.cluster.kubectl("delete", "jobset", "-n", NAMESPACE, name, "--wait=false")
         return float(last) - t0
 
     def container(self) -> float:
         """The same command in the same image on real-1's containerd, without Kubernetes."""
         self.count += 1
-        out = self.work / f"ctr-{self.count}"
+        out = self.cluster.work / f"ctr-{self.count}"
         out.mkdir()
         os.chown(out, 1000, 1000)
-        sock = self.env_dir / "nodes" / "real-1" / "containerd.sock"
+        sock = self.cluster.env_dir / "nodes" / "real-1" / "containerd.sock"
         t0 = time.time()
         run(
             [
@@ -169,7 +136,7 @@ class Bench:
                 "BENCH_OUT=/out",
                 "--mount",
                 f"type=bind,src={out},dst=/out,options=rbind:rw",
-                self.image,
+                self.cluster.image,
                 f"bench-ctr-{self.count}",
                 "python",
                 "-c",
@@ -217,100 +184,16 @@ def _plain_jobset(template: dict[str, Any], name: str, out: str) -> dict[str, An
     return obj
 
 
-def pv_and_claim(bench: Bench) -> None:
-    pv: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"bench-runs-{bench.work.name}".lower()[:60]},
-        "spec": {
-            "capacity": {"storage": "10Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "hostPath": {"path": str(bench.runs), "type": "Directory"},
-            "claimRef": {"namespace": NAMESPACE, "name": RUNS_CLAIM},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": RUNS_CLAIM, "namespace": NAMESPACE},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": pv["metadata"]["name"],
-            "resources": {"requests": {"storage": "10Gi"}},
-        },
-    }
-    bench.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([pv, pvc]))
-
-
-def start_plane(bench: Bench, gateway: str) -> tuple[subprocess.Popen[bytes], Client]:
-    import socket
-
-    home = bench.work / "home"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    log = (bench.work / "server.out").open("ab")
-    argv = [
-        sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(home),
-        "--host", gateway, "--port", str(port), "--executor", "kubernetes",
-        "--kubeconfig", str(bench.kubeconfig), "--namespace", NAMESPACE,
-        "--node-selector", f"{REAL_NODE}=true", "--toleration", f"{REAL_NODE}:NoSchedule",
-        "--runs-claim", RUNS_CLAIM,
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://{gateway}:{port}"
-    probe = Client(url, None, timeout=2)
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError((bench.work / "server.out").read_text()[-3000:])
-        try:
-            probe.healthz()
-        except Exception:
-            return False
-        return True
-
-    wait(up, 60, "the control plane", every=0.2)
-    return proc, Client(url, (home / "admin.token").read_text().strip())
-
-
-def git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from tensoryard.images.builder import find_built
-
-    built = find_built("cpu")
-    if built is None:
-        raise SystemExit("the CPU image is not built: run `tyard images build cpu` first")
-    work = Path(tempfile.mkdtemp(prefix="tensoryard-k8s-pods-"))
-    env_dir = work / "cluster"
-    (work / "home" / "runs").mkdir(parents=True)
-    real = max(args.nodes)
-    started = time.monotonic()
-    run([SCRIPT, "up", "--dir", env_dir, "--real-nodes", real], timeout=900)
-    proc = None
-    try:
-        run([SCRIPT, "load-image", built["archive"], "--dir", env_dir], timeout=1200)
-        setup_s = time.monotonic() - started
-        gateway = run([SCRIPT, "gateway", "--dir", env_dir]).stdout.strip()
-        bench = Bench(work, env_dir, str(built["ref"]))
-        bench.kubectl("create", "namespace", NAMESPACE)
-        pv_and_claim(bench)
-        proc, client = start_plane(bench, gateway)
-        samples: dict[int, dict[str, list[float]]] = {
-            n: {"tensoryard": [], "kubectl": [], "container": []} for n in args.nodes
-        }
+    samples: dict[int, dict[str, list[float]]] = {
+        n: {"tensoryard": [], "kubectl": [], "container": []} for n in args.nodes
+    }
+    with RealCluster("tensoryard-k8s-pods-", max(args.nodes)) as cluster:
+        bench, client = Bench(cluster), cluster.client
         # One unmeasured tensoryard run per size first: it makes the JobSet the kubectl arm
         # applies, and warms the image's page cache on every node alike for both arms.
         for nodes in args.nodes:
-            bench.idle()
+            cluster.idle()
             bench.tensoryard(client, nodes)
         for repeat in range(args.repeats):
             for nodes in args.nodes:
@@ -318,7 +201,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if repeat % 2:
                     order.reverse()
                 for arm in order:
-                    bench.idle()
+                    cluster.idle()
                     if arm == "tensoryard":
                         took = bench.tensoryard(client, nodes)
                     elif arm == "kubectl":
@@ -331,12 +214,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         f"submit -> running {took:.3f} s",
                         flush=True,
                     )
-        bench.idle()
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        subprocess.run([str(SCRIPT), "down", "--dir", str(env_dir)], timeout=300)
+        cluster.idle()
     per_size: dict[str, Any] = {}
     for nodes, arms in samples.items():
         ours, plain = statistics.median(arms["tensoryard"]), statistics.median(arms["kubectl"])
@@ -359,9 +237,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "commit": git_commit(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
-        "image": {"ref": built["ref"], "archive_bytes": built["archive_bytes"]},
-        "real_nodes": real,
-        "setup_s": round(setup_s, 1),
+        "image": {"ref": cluster.image, "archive_bytes": cluster.built["archive_bytes"]},
+        "real_nodes": cluster.real_nodes,
+        "setup_s": round(cluster.setup_s, 1),
         "repeats": args.repeats,
         "pods": per_size,
         "goal": {"ratio_max": GOAL_RATIO},
