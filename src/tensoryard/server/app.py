@@ -45,7 +45,7 @@ from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
-from tensoryard.server.limits import BodyLimit, RateLimiter
+from tensoryard.server.limits import BodyLimit, NoNulInUrl, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_nodes import add_node_routes
@@ -138,6 +138,7 @@ def create_app(
     # from a job or a spec may point into it, but for the jobs' own run directories.
     protected = (runs_dir.parent,)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(NoNulInUrl)
     guard = Guard(
         store, RateLimiter(rate_per_s=rate_limit_per_s, burst=rate_limit_burst, clock=clock)
     )
@@ -276,7 +277,7 @@ def create_app(
         job_id: JobId,
         request: Request,
         who: Principal = Depends(guard.user),
-        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        after: Annotated[int, Query(ge=0, le=INT32)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[EventOut]:
         visible_job(request, who, job_id)
