@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,7 +45,7 @@ from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
-from tensoryard.server.limits import BodyLimit, RateLimiter
+from tensoryard.server.limits import BodyLimit, NoNulInUrl, RateLimiter
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_nodes import add_node_routes
@@ -137,6 +138,7 @@ def create_app(
     # from a job or a spec may point into it, but for the jobs' own run directories.
     protected = (runs_dir.parent,)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(NoNulInUrl)
     guard = Guard(
         store, RateLimiter(rate_per_s=rate_limit_per_s, burst=rate_limit_burst, clock=clock)
     )
@@ -275,7 +277,7 @@ def create_app(
         job_id: JobId,
         request: Request,
         who: Principal = Depends(guard.user),
-        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        after: Annotated[int, Query(ge=0, le=INT32)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[EventOut]:
         visible_job(request, who, job_id)
@@ -641,11 +643,28 @@ def _restarted_in_place(store: Store, job_id: int, caller: Reporter, body: Repor
         return False  # another launch's token: _check_report refuses it
     if caller.attempt == body.attempt:
         return False  # recorded already; the token moved with it
+    granted = _in_place_granted(store.get_job(job_id))
+    if body.attempt - launch > granted:
+        # Each restart is an attempt row: an unbounded number would let one report (a job's
+        # own code holds its token) write millions of rows in one transaction.
+        raise Forbidden(
+            f"attempt {body.attempt} would be in-place restart {body.attempt - launch} of "
+            f"launch {launch}, and job {job_id} grants at most {granted} (restart.in_place); "
+            "this report is not accepted"
+        )
     try:
         store.restart_in_place(job_id, launch=launch, number=body.attempt)
     except Conflict as exc:
         raise Forbidden(f"{exc}; this report is not accepted") from exc
     return True
+
+
+def _in_place_granted(job: JobRecord) -> int:
+    """The most in-place restarts the job's spec grants one launch (restart.in_place)."""
+    try:
+        return JobSpec.model_validate(job.spec).restart.in_place
+    except ValidationError:
+        return 0  # a stored spec this version cannot read grants nothing
 
 
 def _check_report(caller: Reporter, body: ReportIn) -> None:

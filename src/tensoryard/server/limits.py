@@ -1,7 +1,8 @@
 """Limits against hostile or runaway clients: request body size, and requests per token.
 
 ``BodyLimit`` is plain ASGI middleware: a request whose Content-Length (or streamed body) is
-over the limit gets 413 before any route reads it. ``RateLimiter`` is a token bucket per key
+over the limit gets 413 before any route reads it. ``NoNulInUrl`` answers 422 to a URL with a
+NUL character, which PostgreSQL's text cannot hold. ``RateLimiter`` is a token bucket per key
 (a token id, a job, or a client address for unauthenticated calls) with an injected clock.
 """
 
@@ -14,15 +15,51 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from tensoryard.errors import RateLimited
 
-__all__ = ["BodyLimit", "RateLimiter"]
+__all__ = ["BodyLimit", "NoNulInUrl", "RateLimiter"]
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
+
+
+class NoNulInUrl:
+    """Answer 422 to a request whose path or query string holds a NUL character (raw or
+    ``%00``): PostgreSQL's text cannot hold one, so such a value (a team, a user, a filter)
+    would reach the database only to fail there, as a 503 on PostgreSQL and not on SQLite."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+            "\x00" in scope.get("path", "")
+            or b"\x00" in unquote_to_bytes(scope.get("query_string", b""))
+        ):
+            issue = {
+                "path": "url",
+                "message": "the path or query string holds a NUL character (%00)",
+                "fix": "leave NUL characters out of names and filters",
+            }
+            message = f"invalid request: {issue['message']}"
+            body = json.dumps({"message": message, "detail": [issue]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 422,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from tensoryard.errors import Forbidden, NotFound
 from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Guard
+from tensoryard.server.guard import INT32, Guard
 from tensoryard.server.schemas import (
     AuditOut,
     MemberIn,
@@ -191,7 +191,7 @@ def add_access_routes(app: FastAPI, *, store: Store, guard: Guard, prefix: str) 
         request: Request,
         who: Principal = Depends(guard.user),
         filters: dict[str, object] = Depends(audit_filters),
-        after_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        after_id: Annotated[int, Query(ge=0, le=INT32)] = 0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[AuditOut]:
         """Audit lines oldest first (page with after_id); platform admins only."""

@@ -56,7 +56,9 @@ def world(tmp_path: Path, migrated_sqlite_url: str) -> Iterator[World]:
     tokens["outsider"] = store.create_token("outsider").token
     jobs = {}
     for team in ("nlp", "vision"):
-        spec = JobSpec.model_validate({**GOOD, "team": team, "user": "someone"})
+        spec = JobSpec.model_validate(
+            {**GOOD, "team": team, "user": "someone", "restart": {"in_place": 1}}
+        )
         jobs[team] = store.create_job(spec, run_dir_root=tmp_path / "runs").id
     with TestClient(plane.app()) as client:
         yield World(plane, client, tokens, jobs)
@@ -350,6 +352,20 @@ def test_an_in_place_report_for_a_launch_that_ended_is_refused_and_changes_nothi
     # and a launch number that is not the token's is no way around the attempt binding
     other = _report(world, job, token, attempt=3, launch_attempt=2)
     assert other.status_code == 403 and "issued for attempt 1" in other.json()["message"]
+
+
+@pytest.mark.parametrize("attempt", [3, 2**31 - 1], ids=["one too many", "the largest attempt"])
+def test_a_job_token_cannot_claim_more_in_place_restarts_than_its_spec_grants(
+    world: World, attempt: int
+) -> None:
+    # Each in-place restart is an attempt row: the number a report claims is bounded by the
+    # spec (restart.in_place: 1 here), or one report could write billions of rows.
+    job, token = _running(world)
+    refused = _report(world, job, token, attempt=attempt, launch_attempt=1)
+    assert refused.status_code == 403
+    assert "grants at most 1 (restart.in_place)" in refused.json()["message"]
+    assert [a.number for a in world.plane.store.list_attempts(job)] == [1]
+    assert world.plane.store.list_audit(outcome="denied")[-1].actor == f"job/{job}/attempt/1"
 
 
 @pytest.mark.parametrize("kind", ["state", "cancel", "submitted", "preempt", "x" * 32])

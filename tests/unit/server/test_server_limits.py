@@ -71,6 +71,24 @@ def test_a_body_under_the_limit_passes(api: TestClient) -> None:
     assert api.post("/api/v1/teams", json={"name": "small"}).status_code == 201
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["/api/v1/jobs?team=%00nlp", "/api/v1/jobs?user=a%00b", "/api/v1/teams/nl%00p/members"],
+    ids=["a team filter", "a user filter", "a path"],
+)
+def test_a_nul_character_in_the_url_gets_422_before_any_route(api: TestClient, url: str) -> None:
+    answer = api.get(url)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["path"] == "url"
+
+
+@pytest.mark.parametrize("after", [2**31 - 1, 2**31], ids=["the largest id", "one past it"])
+def test_ids_in_queries_stay_within_the_databases_integers(api: TestClient, after: int) -> None:
+    # 32-bit id columns on PostgreSQL: a larger value would fail in the database (503)
+    answer = api.get("/api/v1/audit", params={"after_id": after})
+    assert answer.status_code == (200 if after < 2**31 else 422)
+
+
 def test_a_burst_over_the_rate_gets_429_with_retry_after_until_time_passes(
     api: TestClient, clock: FakeClock
 ) -> None:
