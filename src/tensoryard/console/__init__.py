@@ -96,7 +96,7 @@ def add_console(
     middleware, and the console's API routes under ``prefix``. Returns the live hub."""
     assets = load_assets()
     hub = LiveHub(store, interval_s=live_interval_s)
-    app.add_middleware(SessionCookies, prefix="/api/")
+    app.add_middleware(SessionCookies, prefix="/api/", guard=guard)
     add_session_routes(app, store=store, guard=guard, prefix=prefix)
     deps = ConsoleDeps(runs_dir=runs_dir, capacity=capacity, log_path=log_path, kick=kick)
     add_console_routes(app, store=store, guard=guard, prefix=prefix, deps=deps, hub=hub)

@@ -189,7 +189,7 @@ def add_console_routes(
         job_id: JobId,
         request: Request,
         who: Principal = Depends(guard.user),
-        after_event: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        after_event: Annotated[int, Query(ge=0, le=INT32)] = 0,
         attempt: Annotated[int, Query(ge=0, le=INT32)] = 0,
         after_step: Annotated[int, Query(ge=-1, le=INT32)] = -1,
     ) -> Any:

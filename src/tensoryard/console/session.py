@@ -22,12 +22,14 @@ import json
 from datetime import timedelta
 from enum import Enum
 from http.cookies import SimpleCookie
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tensoryard.errors import Forbidden
 from tensoryard.server.access import Principal
 from tensoryard.server.guard import Guard
 from tensoryard.store import Store
@@ -62,9 +64,18 @@ def _cookie_token(scope: Scope) -> str | None:
 class SessionCookies:
     """The console's cookie becomes the bearer token of API calls, checked for CSRF."""
 
-    def __init__(self, app: ASGIApp, prefix: str = "/api/") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        prefix: str = "/api/",
+        guard: Guard | None = None,
+    ) -> None:
         self.app = app
         self.prefix = prefix
+        # Audits the refusals this middleware answers itself (every 403 is audited).
+        self.audit: Callable[[Scope, str], None] = (
+            (lambda scope, message: _audit(guard, scope, message)) if guard else _no_audit
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not str(scope.get("path", "")).startswith(self.prefix):
@@ -81,14 +92,29 @@ class SessionCookies:
         if scope.get("method", "GET") not in _SAFE:
             sent = next((v for n, v in headers if n == CSRF_HEADER.encode()), b"")
             if not hmac.compare_digest(sent.decode("latin-1"), csrf_of(token)):
-                await _refuse(
-                    send,
+                message = (
                     "missing or wrong X-CSRF-Token for this session "
-                    "(fix: reload the console page, or sign in again)",
+                    "(fix: reload the console page, or sign in again)"
                 )
+                self.audit(scope, message)
+                await _refuse(send, message)
                 return
         headers.append((b"authorization", b"Bearer " + token.encode("latin-1")))
         await self.app({**scope, "headers": headers}, receive, send)
+
+
+def _no_audit(scope: Scope, message: str) -> None:
+    return None
+
+
+def _audit(guard: Guard, scope: Scope, message: str) -> None:
+    """A `denied` audit line for a refusal answered before any route (the actor is unknown:
+    the cookie's token is not resolved for a request that is refused anyway)."""
+    request = Request(scope)
+    request.state.actor = "console session (CSRF check failed)"
+    guard.audit_refusal(
+        request, Forbidden(message), action=f"{request.method} {request.url.path}"
+    )
 
 
 async def _refuse(send: Send, message: str) -> None:
@@ -141,17 +167,23 @@ def add_session_routes(app: FastAPI, *, store: Store, guard: Guard, prefix: str)
     ) -> SessionOut:
         """Exchange the bearer token for a console session: a new token of yours with the
         same scopes, valid for 12 hours, set as an HttpOnly SameSite=Strict cookie."""
+        # A session never outlives the token that opened it: signing in again with a token
+        # about to expire cannot stretch its life by 12 hours each time.
+        expires = store.now() + timedelta(hours=SESSION_HOURS)
+        parent = store.get_token(who.token_id).expires_at
+        if parent is not None:
+            expires = min(expires, parent)
         issued = store.create_token(
             who.name,
             name="console session",
             scopes=sorted(who.scopes),
-            expires_at=store.now() + timedelta(hours=SESSION_HOURS),
+            expires_at=expires,
             audit=guard.context(request, who),
         )
         response.set_cookie(
             COOKIE,
             issued.token,
-            max_age=SESSION_HOURS * 3600,
+            max_age=max(int((expires - store.now()).total_seconds()), 0),
             path="/",
             httponly=True,
             samesite="strict",

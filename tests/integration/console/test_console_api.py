@@ -84,6 +84,19 @@ def test_sign_in_sets_an_httponly_strict_cookie_that_is_a_new_expiring_token(
     assert me["user"] == "mo" and me["teams"] == {"nlp": "member"} and me["csrf"] == body["csrf"]
 
 
+def test_a_session_never_outlives_the_token_that_opened_it(world: World) -> None:
+    store = world.plane.store
+    short = store.create_token("mo", expires_at=store.now() + timedelta(hours=1))
+    answer = world.client.post(
+        "/api/v1/console/session", headers={"Authorization": f"Bearer {short.token}"}
+    )
+    assert answer.status_code == 201, answer.text
+    record = store.get_token(answer.json()["token_id"])
+    assert record.expires_at is not None and short.record.expires_at is not None
+    assert record.expires_at <= short.record.expires_at  # not 12 hours from now
+    assert "Max-Age=3" in answer.headers["set-cookie"]  # about 3600 s, not 43200
+
+
 def test_a_bad_token_cannot_sign_in(world: World) -> None:
     answer = world.client.post(
         "/api/v1/console/session", headers={"Authorization": "Bearer tyd_000000000000_nope"}
@@ -102,6 +115,9 @@ def test_an_action_by_cookie_needs_the_csrf_token_and_is_audited_like_the_api(
     forged = world.client.post(f"/api/v1/jobs/{job}/cancel", headers={"X-CSRF-Token": "0" * 40})
     assert forged.status_code == 403
     assert world.plane.store.get_job(job).cancel_requested is False
+    denied = [a for a in world.plane.store.list_audit() if a.outcome == "denied"]
+    assert len(denied) == 2 and all("X-CSRF-Token" in a.detail for a in denied)  # each audited
+    assert {a.action for a in denied} == {f"POST /api/v1/jobs/{job}/cancel"}
     done = world.client.post(f"/api/v1/jobs/{job}/cancel", headers={"X-CSRF-Token": csrf})
     assert done.status_code == 200 and done.json()["cancel_requested"] is True
     lines = world.plane.store.list_audit(actor="mo", action="job.cancel")
