@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from enum import Enum
 from http.cookies import SimpleCookie
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
@@ -112,9 +112,7 @@ def _audit(guard: Guard, scope: Scope, message: str) -> None:
     the cookie's token is not resolved for a request that is refused anyway)."""
     request = Request(scope)
     request.state.actor = "console session (CSRF check failed)"
-    guard.audit_refusal(
-        request, Forbidden(message), action=f"{request.method} {request.url.path}"
-    )
+    guard.audit_refusal(request, Forbidden(message), action=f"{request.method} {request.url.path}")
 
 
 async def _refuse(send: Send, message: str) -> None:
