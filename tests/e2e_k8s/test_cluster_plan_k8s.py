@@ -16,6 +16,7 @@ from tensoryard.cluster import build_plan, parse_inventory, write_plan
 from tensoryard.cluster.labels import node_from_labels
 from tests.e2e_k8s.conftest import K8sEnv, fake_gpu_node, wait_until
 from tests.e2e_k8s.platform import kubectl
+from tests.shared_data import missing_shared
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
@@ -29,7 +30,7 @@ USED += ("localqueues",)
 @pytest.fixture(scope="module")
 def kueue_crds(k8s_env: K8sEnv) -> None:
     if not KUEUE_CRDS.is_dir():
-        pytest.skip(f"{KUEUE_CRDS} is absent; clone ../shared to run this test")
+        missing_shared(f"{KUEUE_CRDS} is absent; clone ../shared to run this test")
     for name in USED:
         kubectl(
             k8s_env, "apply", "--server-side", "-f", str(KUEUE_CRDS / f"kueue.x-k8s.io_{name}.yaml")

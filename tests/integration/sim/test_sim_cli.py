@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from tests.shared_data import missing_shared
 from typer.testing import CliRunner
 
 from tensoryard.cli.sim import register
@@ -30,7 +31,7 @@ def _app() -> typer.Typer:
 @pytest.fixture
 def tiresias_trace() -> Path:
     if not TIRESIAS.exists():
-        pytest.skip(f"shared traces are absent ({TIRESIAS}); clone ../shared to run this test")
+        missing_shared(f"shared traces are absent ({TIRESIAS}); clone ../shared to run this test")
     return TIRESIAS
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.shared_data import missing_shared
 
 REPO = Path(__file__).resolve().parents[3]
 PHILLY = REPO.parent / "shared" / "traces" / "philly" / "philly.csv"
@@ -26,7 +27,7 @@ def _benchmark() -> ModuleType:
 @pytest.mark.shared
 def test_the_quick_quality_benchmark_compares_every_policy(tmp_path: Path) -> None:
     if not PHILLY.exists():
-        pytest.skip(f"shared traces are absent ({PHILLY}); clone ../shared to run this test")
+        missing_shared(f"shared traces are absent ({PHILLY}); clone ../shared to run this test")
     out = tmp_path / "quality.json"
     results_md = tmp_path / "RESULTS.md"
     code = _benchmark().main(

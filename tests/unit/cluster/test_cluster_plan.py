@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.shared_data import missing_shared
 from typer.testing import CliRunner
 
 from tensoryard.cli.main import app
@@ -41,7 +42,7 @@ def plan() -> Any:
 
 def _needs_shared(path: Path) -> None:
     if not path.exists():
-        pytest.skip(f"{path} is absent; clone ../shared to run this test")
+        missing_shared(f"{path} is absent; clone ../shared to run this test")
 
 
 @pytest.mark.shared

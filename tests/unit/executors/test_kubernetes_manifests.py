@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.shared_data import missing_shared
 
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.kubernetes.manifests import (
@@ -77,7 +78,9 @@ CASES = {
 @functools.cache
 def jobset_schema() -> dict[str, Any]:
     if not CRD.is_file():
-        pytest.skip(f"{CRD} is absent (the shared CRDs live next to the repository in ../shared)")
+        missing_shared(
+            f"{CRD} is absent (the shared CRDs live next to the repository in ../shared)"
+        )
     crd = yaml.safe_load(CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
     return version["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]

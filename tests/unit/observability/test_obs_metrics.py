@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tests.shared_data import missing_shared
 
 from tensoryard.observability import metrics as m
 
@@ -14,7 +15,7 @@ DCGM_CSV = SHARED / "reference" / "dcgm-exporter_default-counters.csv"
 def _dcgm_reference() -> dict[str, str]:
     """DCGM field -> Prometheus type from the exporter's CSV, enabled or commented out."""
     if not DCGM_CSV.exists():
-        pytest.skip(f"needs ../shared ({DCGM_CSV} is absent): the DCGM exporter's counter list")
+        missing_shared(f"needs ../shared ({DCGM_CSV} is absent): the DCGM exporter's counter list")
     out = {}
     for line in DCGM_CSV.read_text(encoding="utf-8").splitlines():
         match = re.match(r"^#?\s*(DCGM_[A-Z0-9_]+)\s*,\s*([a-z]+)\s*,", line)

@@ -42,6 +42,7 @@ import json
 
 import pytest
 from decision_log import BASELINE, PHILLY_WINDOWS, SYNTHETIC_SEEDS, run_philly, run_synthetic
+from tests.shared_data import missing_shared
 
 from tensoryard.sim import find_shared_dir
 
@@ -61,6 +62,8 @@ def test_synthetic_world_decisions_match_the_recorded_baseline(seed: int) -> Non
 def test_philly_replay_decisions_match_the_recorded_baseline(name: str) -> None:
     shared = find_shared_dir()
     if shared is None:
-        pytest.skip("the shared traces folder (../shared/traces) is absent; set TYARD_SHARED_DIR")
+        missing_shared(
+            "the shared traces folder (../shared/traces) is absent; set TYARD_SHARED_DIR"
+        )
     window, cluster = PHILLY_WINDOWS[name]
     assert run_philly(window, cluster, shared).summary() == RECORDED[name]

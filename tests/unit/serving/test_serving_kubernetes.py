@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.shared_data import missing_shared
 from tests.unit.executors.test_kubernetes_manifests import unknown_fields
 
 from tensoryard.executors.kubernetes.config import KubernetesConfig
@@ -73,7 +74,7 @@ def validate(obj: dict[str, Any]) -> None:
 @functools.cache
 def lws_schema() -> dict[str, Any]:
     if not LWS_CRD.is_file():
-        pytest.skip(f"{LWS_CRD} is absent (the shared CRDs live next to the repository)")
+        missing_shared(f"{LWS_CRD} is absent (the shared CRDs live next to the repository)")
     crd = yaml.safe_load(LWS_CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return version["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
