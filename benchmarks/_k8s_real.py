@@ -10,6 +10,7 @@ cluster needs (the real nodes' taint tolerated, the runs claim, the address pods
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -90,7 +91,9 @@ class RealCluster:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(30)
-        subprocess.run([str(SCRIPT), "down", "--dir", str(self.env_dir)], timeout=300)
+        done = subprocess.run([str(SCRIPT), "down", "--dir", str(self.env_dir)], timeout=300)
+        if done.returncode == 0:  # the nodes' image stores are gigabytes: nothing kept
+            shutil.rmtree(self.work, ignore_errors=True)
 
     @property
     def image(self) -> str:

@@ -130,8 +130,6 @@ class Bench:
                 "k8s.io",
                 "run",
                 "--rm",
-                "--user",
-                "1000:1000",
                 "--env",
                 "BENCH_OUT=/out",
                 "--mount",
