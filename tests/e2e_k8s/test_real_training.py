@@ -253,6 +253,7 @@ def test_a_two_pod_gang_trains_across_two_real_nodes_like_the_local_executor(
     assert all(Path(c["path"]).is_relative_to(run_dir) for c in checkpoints)
     assert all(Path(c["path"]).exists() for c in checkpoints)
     assert Path(checkpoints[-1]["path"]).stat().st_uid == 1000  # written by the pods' user
+    assert (run_dir / "nccl").stat().st_uid == 1000  # NCCL's log directory is theirs too
 
     # The same job and seed under the local executor: one node, two processes (the same world
     # size and data), from the repository's copy of the example.

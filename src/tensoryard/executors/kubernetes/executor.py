@@ -183,8 +183,10 @@ def _hand_over(run_dir: Path, attempt_dir: Path, uid: int | None) -> None:
     can give them away; one running as the pods' user owns them already."""
     if uid is None or os.geteuid() != 0:
         return
-    for path in (run_dir, attempt_dir):
-        os.chown(path, uid, uid)
+    # with the NCCL log directories the control plane made there (NCCL creates none itself)
+    for path in (run_dir, attempt_dir, run_dir / "nccl", run_dir / "nccl" / "inspector"):
+        if path.is_dir():
+            os.chown(path, uid, uid)
 
 
 def _attempt_key_of(obj: Obj) -> list[str]:
