@@ -40,8 +40,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import REPO, RealCluster, git_commit, wait
-from _results import write_results_line
+from _k8s_real import REPO, RealCluster, bench_main, git_commit, wait
 
 from tensoryard.client import Client
 
@@ -275,40 +274,16 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
     return text, ", ".join(met)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--json", type=Path, default=REPO / "benchmarks" / "results" / f"{NAME}.json"
-    )
-    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
-    parser.add_argument(
-        "--row-from-json",
-        action="store_true",
-        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
-    )
-    args = parser.parse_args()
-    if args.row_from_json:
-        result = json.loads(args.json.read_text())
-    else:
-        if os.geteuid() != 0:
-            parser.error("real nodes need root (network namespaces, mounts, cgroups)")
-        result = measure(args)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    text, met = summary(result)
-    print(text)
-    if not args.no_results_line:
-        write_results_line(
-            NAME,
-            result["command"],
-            text,
-            "detection <= 10 s after the API shows the fault, recovery <= 30 s with a spare",
-            met,
-        )
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(
+        NAME,
+        __doc__,
+        "detection <= 10 s after the API shows the fault, recovery <= 30 s with a spare",
+        measure,
+        summary,
+        add_arguments,
+    )

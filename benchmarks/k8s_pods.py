@@ -39,8 +39,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import NAMESPACE, REPO, RealCluster, git_commit, run, wait
-from _results import write_results_line
+from _k8s_real import NAMESPACE, RealCluster, bench_main, git_commit, run, wait
 
 from tensoryard.client import Client
 
@@ -264,43 +263,24 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
     return text, ", ".join(met)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--nodes", type=lambda s: [int(n) for n in s.split(",")], default=[1, 2, 4])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=gang_sizes, default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--json", type=Path, default=REPO / "benchmarks" / "results" / f"{NAME}.json"
-    )
-    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
-    parser.add_argument(
-        "--row-from-json",
-        action="store_true",
-        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
-    )
-    args = parser.parse_args()
-    if max(args.nodes) > 7 or min(args.nodes) < 1:
-        parser.error("--nodes: gang sizes between 1 and 7 (real nodes of the test cluster)")
-    if args.row_from_json:
-        result = json.loads(args.json.read_text())
-    else:
-        if os.geteuid() != 0:
-            parser.error("real nodes need root (network namespaces, mounts, cgroups)")
-        result = measure(args)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    text, met = summary(result)
-    print(text)
-    if not args.no_results_line:
-        write_results_line(
-            NAME,
-            result["command"],
-            text,
-            "tensoryard adds < 10% to `kubectl apply`'s submit -> running",
-            met,
-        )
+
+
+def gang_sizes(text: str) -> list[int]:
+    sizes = [int(n) for n in text.split(",")]
+    if max(sizes) > 7 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("gang sizes between 1 and 7 (the test cluster's nodes)")
+    return sizes
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(
+        NAME,
+        __doc__,
+        "tensoryard adds < 10% to `kubectl apply`'s submit -> running",
+        measure,
+        summary,
+        add_arguments,
+    )
