@@ -532,6 +532,9 @@ def test_a_gang_on_every_node_waits_for_the_lost_one_and_resumes_when_it_is_back
         assert max(m["step"] for m in client.metrics(job_id)) < steps, "make the job longer"
         pending = tyard(platform.server, "describe", str(job_id)).stdout
         assert f"only {every - 1} of {every} are schedulable now" in pending, pending
+        # `tyard nodes` shows Kubernetes' own word on the lost node
+        (seen,) = [n for n in client.nodes() if n["name"] == lost]
+        assert seen["schedulable"] is False and " since " in seen["condition"], seen
         time.sleep(5)
         still = client.job(job_id)
         assert still["state"] == "PENDING", explain(platform, job_id)  # no node: it waits

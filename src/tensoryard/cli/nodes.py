@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -29,6 +29,15 @@ NodeArg = Annotated[str, typer.Argument(help="Node name (see `tyard nodes list`)
 _STYLE = {"ready": "green", "cordoned": "yellow", "draining": "red"}
 
 
+def _cluster(node: dict[str, Any]) -> str:
+    """The cluster's own view of the node: open, or why it takes no new jobs."""
+    if node.get("schedulable") is None:
+        return "[dim]not seen[/]"
+    if node["schedulable"]:
+        return "[green]schedulable[/]"
+    return f"[yellow]{escape(node.get('condition') or 'not schedulable')}[/]"
+
+
 @nodes_app.command("list")
 def list_nodes(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonOpt = False) -> None:
     """Every node with its state: ready, cordoned (no new jobs) or draining (jobs moved off)."""
@@ -37,7 +46,7 @@ def list_nodes(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonO
     if json_out:
         print_json(nodes)
         return
-    table = Table("NODE", "STATE", "SINCE", "REASON", box=None)
+    table = Table("NODE", "STATE", "SINCE", "REASON", "CLUSTER", box=None)
     for n in nodes:
         style = _STYLE.get(n["state"], "")
         table.add_row(
@@ -45,6 +54,7 @@ def list_nodes(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonO
             f"[{style}]{n['state']}[/]",
             ago(n["changed_at"]),
             escape(n["reason"] or "-"),
+            _cluster(n),
         )
     console.print(table)
 

@@ -490,7 +490,7 @@ def create_app(
         kick=kick,
         kubernetes=getattr(executor, "name", "") == "kubernetes",
     )
-    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick)
+    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick, capacity=capacity)
     add_secret_routes(
         app,
         store=store,

@@ -8,14 +8,14 @@ crash after the answer loses nothing, and a report sent twice changes nothing th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensoryard.errors import FieldIssue, NotFound, SpecError
+from tensoryard.errors import ExecutorError, FieldIssue, NotFound, SpecError
 from tensoryard.observability.health import decide, describe
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
@@ -35,6 +35,17 @@ class NodeOut(BaseModel):
     reason: str
     created_at: datetime
     changed_at: datetime
+    schedulable: bool | None = Field(
+        None,
+        description="whether the executor's cluster view takes new jobs there now (null: the "
+        "node is not in it)",
+    )
+    condition: str = Field(
+        "",
+        description="what the cluster says of a node that takes no new jobs (Kubernetes: "
+        '"NotReady since 2026-12-06T12:01:03Z (NodeStatusUnknown: ...)", unschedulable, '
+        "taints); empty while it is open",
+    )
 
 
 class NodeEventOut(BaseModel):
@@ -110,15 +121,35 @@ class PreflightOut(BaseModel):
 
 
 def add_node_routes(
-    app: FastAPI, *, store: Store, guard: Guard, prefix: str, kick: Callable[[], None]
+    app: FastAPI,
+    *,
+    store: Store,
+    guard: Guard,
+    prefix: str,
+    kick: Callable[[], None],
+    capacity: Callable[[], Sequence[Any]] = lambda: (),
 ) -> None:
-    """Register /nodes and /health/alerts under `prefix`."""
+    """Register /nodes and /health/alerts under `prefix`; `capacity` is the executor's cluster
+    view (NodeCapacity rows), whose own state of each node `GET /nodes` shows beside ours."""
 
     @app.get(f"{prefix}/nodes", tags=["nodes"])
     def nodes(request: Request, who: Principal = Depends(guard.user)) -> list[NodeOut]:
-        """Every node the control plane places jobs on, with its cordon state."""
+        """Every node the control plane places jobs on, with its cordon state and the cluster's
+        own view of it (Kubernetes: Ready, NotReady since when and why, cordoned, taints)."""
         guard.check(request, who, Action.NODE_READ, obj="node/*")
-        return [NodeOut.model_validate(n) for n in store.list_nodes()]
+        try:
+            seen = {n.name: n for n in capacity()}
+        except ExecutorError:  # the cluster cannot be read now: our own state still answers
+            seen = {}
+        out = []
+        for record in store.list_nodes():
+            node = NodeOut.model_validate(record)
+            view = seen.get(node.name)
+            if view is not None:
+                node.schedulable = not view.cordoned
+                node.condition = str(getattr(view, "condition", ""))
+            out.append(node)
+        return out
 
     @app.get(f"{prefix}/nodes/{{name}}/history", tags=["nodes"])
     def history(

@@ -77,6 +77,9 @@ class NodeCapacity:
     cordoned: bool = False  # takes no new jobs (cordoned, not ready, tainted)
     unavailable_gpus: tuple[int, ...] = ()  # held by workloads tensoryard did not start
     state: str = "ready"  # ready | cordoned | draining (the health loop; no new placements)
+    # What the cluster itself says of a node that takes no new jobs ("NotReady since ... (why)",
+    # "unschedulable", "tainted k=v:NoSchedule"); "" while it is open. Shown by `tyard nodes`.
+    condition: str = ""
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,10 @@ def tyard(live: Live, *args: str) -> tuple[int, str]:
 def test_an_admin_cordons_drains_and_uncordons_a_node_and_reads_its_history(live: Live) -> None:
     code, out = tyard(live, "nodes", "list", "--json")
     assert code == 0, out
-    assert [(n["name"], n["state"]) for n in json.loads(out)] == [("n1", "ready"), ("n2", "ready")]
+    listed = json.loads(out)
+    assert [(n["name"], n["state"]) for n in listed] == [("n1", "ready"), ("n2", "ready")]
+    # the executor's own view beside ours: both nodes are in it and take jobs
+    assert [(n["schedulable"], n["condition"]) for n in listed] == [(True, ""), (True, "")]
     code, out = tyard(live, "nodes", "cordon", "n1", "--reason", "firmware update")
     assert code == 0 and "node n1 is cordoned: firmware update" in out, out
     code, out = tyard(live, "nodes", "cordon", "n1", "-r", "bad fan", "--drain", "--json")
@@ -91,7 +94,7 @@ def test_an_admin_cordons_drains_and_uncordons_a_node_and_reads_its_history(live
         ("registered", "", ""),
     ]
     code, out = tyard(live, "nodes", "list")
-    assert code == 0 and "n1" in out and "ready" in out
+    assert code == 0 and "n1" in out and "ready" in out and "schedulable" in out
     actions = [(a.action, a.object) for a in live.plane.store.list_audit()]
     assert actions.count(("node.manage", "node/n1")) == 3
 

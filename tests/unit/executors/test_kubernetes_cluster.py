@@ -102,6 +102,34 @@ def test_a_node_that_is_not_ready_takes_no_new_jobs() -> None:
     assert capacities([node("a", ready=False)])["a"].cordoned
 
 
+def test_a_closed_node_says_why_in_the_clusters_words() -> None:
+    lost = node("a")
+    lost["status"]["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastTransitionTime": "2026-12-06T07:30:30Z",
+        }
+    ]
+    seen = capacities(
+        [
+            lost,
+            node("b", unschedulable=True),
+            node("c", taints=[GPU_TAINT, {"key": "maint", "value": "fw", "effect": "NoSchedule"}]),
+            node("d"),
+        ]
+    )
+    assert seen["a"].condition == (
+        "Unknown since 2026-12-06T07:30:30Z (NodeStatusUnknown: Kubelet stopped posting node "
+        "status.)"
+    )
+    assert seen["b"].condition == "unschedulable (cordoned in Kubernetes)"
+    assert seen["c"].condition == "tainted maint=fw:NoSchedule"
+    assert seen["d"].condition == "" and not seen["d"].cordoned
+
+
 def test_gpus_held_by_pods_tensoryard_did_not_create_are_unavailable() -> None:
     pods = [
         pod_on("a", 2),

@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from tensoryard.errors import ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.kubernetes.client import Kube
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
-from tensoryard.executors.kubernetes.status import Obj, alive, get, node_ready, parse_quantity
+from tensoryard.executors.kubernetes.status import (
+    Obj,
+    alive,
+    get,
+    node_loss,
+    node_ready,
+    parse_quantity,
+)
 from tensoryard.executors.kubernetes.watch import WatchCache
 from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
@@ -83,6 +90,18 @@ def node_capacities(
             if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations)
         ]
         closed = bool(get(node, "spec", "unschedulable")) or not node_ready(node) or bool(taints)
+        condition = ""
+        if not node_ready(node):
+            condition = (node_loss(name, node) or f"node {name} not Ready").removeprefix(
+                f"node {name} "
+            )
+        elif get(node, "spec", "unschedulable"):
+            condition = "unschedulable (cordoned in Kubernetes)"
+        elif taints:
+            condition = "tainted " + ", ".join(
+                f"{t.get('key')}" + (f"={t['value']}" if t.get("value") else "") + f":{t['effect']}"
+                for t in taints
+            )
         used = min(foreign.get(name, 0), gpus)
         out.append(
             NodeCapacity(
@@ -95,6 +114,7 @@ def node_capacities(
                 block=str(labels.get(block_label, "")),
                 cordoned=closed,
                 unavailable_gpus=tuple(range(gpus - used, gpus)),
+                condition=condition,
             )
         )
     return tuple(sorted(out, key=lambda n: n.name))
