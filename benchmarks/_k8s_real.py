@@ -9,9 +9,7 @@ cluster needs (the real nodes' taint tolerated, the runs claim, the address pods
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -171,43 +169,3 @@ class RealCluster:
 
         wait(up, 60, "the control plane", every=0.2)
         return Client(url, (self.home / "admin.token").read_text().strip())
-
-
-def bench_main(
-    name: str,
-    doc: str | None,
-    goal: str,
-    measure: Callable[[argparse.Namespace], dict[str, Any]],
-    summary: Callable[[dict[str, Any]], tuple[str, str]],
-    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
-) -> None:
-    """The command line of a real-node benchmark: measure (as root) and keep the JSON under
-    benchmarks/results/, or rebuild the row from that JSON; then write its RESULTS.md row."""
-    from _results import write_results_line
-
-    parser = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser)
-    parser.add_argument(
-        "--json", type=Path, default=REPO / "benchmarks" / "results" / f"{name}.json"
-    )
-    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
-    parser.add_argument(
-        "--row-from-json",
-        action="store_true",
-        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
-    )
-    args = parser.parse_args()
-    if args.row_from_json:
-        result = json.loads(args.json.read_text())
-    else:
-        if os.geteuid() != 0:
-            parser.error("real nodes need root (network namespaces, mounts, cgroups)")
-        result = measure(args)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    text, met = summary(result)
-    print(text)
-    if not args.no_results_line:
-        write_results_line(name, result["command"], text, goal, met)

@@ -1,9 +1,15 @@
-"""The one writer of benchmarks/RESULTS.md rows: each benchmark owns the row named after it."""
+"""The one writer of benchmarks/RESULTS.md rows: each benchmark owns the row named after it,
+and the command line that ends in that row (`benchmark_main`)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -28,3 +34,44 @@ def write_results_line(
                 end += 1
             lines.insert(end + 1, line)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def benchmark_main(
+    name: str,
+    doc: str | None,
+    goal: str,
+    measure: Callable[[argparse.Namespace], dict[str, Any]],
+    summary: Callable[[dict[str, Any]], tuple[str, str]],
+    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+    *,
+    needs_root: str | None = None,
+) -> None:
+    """The command line of a benchmark: measure and keep the JSON under benchmarks/results/,
+    or rebuild the row from that JSON (`--row-from-json`); then write its RESULTS.md row.
+    `needs_root`: why measuring needs root, refused without it."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    parser.add_argument(
+        "--json", type=Path, default=Path(__file__).resolve().parent / "results" / f"{name}.json"
+    )
+    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
+    parser.add_argument(
+        "--row-from-json",
+        action="store_true",
+        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
+    )
+    args = parser.parse_args()
+    if args.row_from_json:
+        result = json.loads(args.json.read_text())
+    else:
+        if needs_root and os.geteuid() != 0:
+            parser.error(needs_root)
+        result = measure(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    text, met = summary(result)
+    print(text)
+    if not args.no_results_line:
+        write_results_line(name, result["command"], text, goal, met)

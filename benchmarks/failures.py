@@ -40,7 +40,8 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import REPO, RealCluster, bench_main, git_commit, wait
+from _k8s_real import REPO, RealCluster, git_commit, wait
+from _results import benchmark_main
 
 from tensoryard.client import Client
 
@@ -279,11 +280,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    bench_main(
+    benchmark_main(
         NAME,
         __doc__,
         "detection <= 10 s after the API shows the fault, recovery <= 30 s with a spare",
         measure,
         summary,
         add_arguments,
+        needs_root="real nodes need root (network namespaces, mounts, cgroups)",
     )

@@ -39,7 +39,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import NAMESPACE, RealCluster, bench_main, git_commit, run, wait
+from _k8s_real import NAMESPACE, RealCluster, git_commit, run, wait
+from _results import benchmark_main
 
 from tensoryard.client import Client
 
@@ -276,11 +277,12 @@ def gang_sizes(text: str) -> list[int]:
 
 
 if __name__ == "__main__":
-    bench_main(
+    benchmark_main(
         NAME,
         __doc__,
         "tensoryard adds < 10% to `kubectl apply`'s submit -> running",
         measure,
         summary,
         add_arguments,
+        needs_root="real nodes need root (network namespaces, mounts, cgroups)",
     )

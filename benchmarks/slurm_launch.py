@@ -38,7 +38,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line  # noqa: E402
+from _results import benchmark_main  # noqa: E402
 
 from tensoryard.client import Client  # noqa: E402
 
@@ -292,41 +292,24 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
     return text, ", ".join(met)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--nodes", type=lambda s: [int(n) for n in s.split(",")], default=[1, 2, 4])
+def node_counts(text: str) -> list[int]:
+    sizes = [int(n) for n in text.split(",")]
+    if max(sizes) > 4 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes between 1 and 4 (the test cluster has four nodes)")
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=node_counts, default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--json", type=Path, default=REPO / "benchmarks" / "results" / f"{NAME}.json"
-    )
-    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
-    parser.add_argument(
-        "--row-from-json",
-        action="store_true",
-        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
-    )
-    args = parser.parse_args()
-    if max(args.nodes) > 4 or min(args.nodes) < 1:
-        parser.error("--nodes: sizes between 1 and 4 (the test cluster has four nodes)")
-    if args.row_from_json:
-        result = json.loads(args.json.read_text())
-    else:
-        result = measure(args)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    text, met = summary(result)
-    print(text)
-    if not args.no_results_line:
-        write_results_line(
-            NAME,
-            result["command"],
-            text,
-            "tensoryard adds < 10% and < 0.5 s to plain sbatch's submit -> running",
-            met,
-        )
 
 
 if __name__ == "__main__":
-    main()
+    benchmark_main(
+        NAME,
+        __doc__,
+        "tensoryard adds < 10% and < 0.5 s to plain sbatch's submit -> running",
+        measure,
+        summary,
+        add_arguments,
+    )
