@@ -94,13 +94,19 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path_regex
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
 
 
+def bounded(examples: int) -> Any:
+    """Hypothesis settings of one fuzz arm: `examples` per operation, no deadline (the machine
+    is shared), no health checks, no example database."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+
+
 @schema.parametrize()
-@settings(
-    max_examples=MAX_EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@bounded(MAX_EXAMPLES)
 def test_no_operation_answers_5xx_or_off_schema_as_a_platform_admin(case: object) -> None:
     case.call_and_validate(  # type: ignore[attr-defined]
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, checks=CHECKS
@@ -108,23 +114,13 @@ def test_no_operation_answers_5xx_or_off_schema_as_a_platform_admin(case: object
 
 
 @schema.parametrize()
-@settings(
-    max_examples=5,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@bounded(5)
 def test_no_operation_answers_5xx_or_off_schema_without_a_token(case: object) -> None:
     case.call_and_validate(checks=CHECKS)  # type: ignore[attr-defined]
 
 
 @schema.parametrize()
-@settings(
-    max_examples=5,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@bounded(5)
 def test_no_operation_answers_5xx_or_off_schema_with_a_job_token(case: object) -> None:
     case.call_and_validate(  # type: ignore[attr-defined]
         headers={"Authorization": f"Bearer {JOB_TOKEN}"}, checks=CHECKS
@@ -132,12 +128,7 @@ def test_no_operation_answers_5xx_or_off_schema_with_a_job_token(case: object) -
 
 
 @schema.include(path="/api/v1/jobs/{job_id}/report", method="POST").parametrize()
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@bounded(100)
 def test_the_report_answers_its_own_jobs_token_within_its_schema(case: object) -> None:
     """Reports of every shape reach the report's own checks (attempt, event kinds, checkpoint
     paths, numbers) with the job's valid token, not only the token check."""
@@ -149,12 +140,7 @@ def test_the_report_answers_its_own_jobs_token_within_its_schema(case: object) -
 
 @pytest.mark.postgres
 @schema.parametrize()
-@settings(
-    max_examples=5,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
+@bounded(5)
 def test_no_operation_answers_5xx_or_off_schema_on_postgresql(
     case: object, pg_api: tuple[Any, str]
 ) -> None:
