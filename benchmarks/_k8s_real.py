@@ -16,11 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from _results import wait
 
 from tensoryard.client import Client
 
@@ -31,25 +31,8 @@ RUNS_CLAIM = "tensoryard-runs"
 REAL_NODE = "tensoryard.io/real-node"
 
 
-def wait(check: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 def run(argv: list[Any], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True, **kw)
-
-
-def git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
 
 
 class RealCluster:

@@ -1,5 +1,7 @@
 """The one writer of benchmarks/RESULTS.md rows: each benchmark owns the row named after it,
-and the command line that ends in that row (`benchmark_main`)."""
+and the command line that ends in that row (`benchmark_main`); with the pieces the launch
+benchmarks share: what a run records of itself (`provenance`), polling (`wait`) and the ranks'
+start markers (`started_at`)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,53 @@ import argparse
 import datetime as dt
 import json
 import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def provenance(script: str) -> dict[str, str]:
+    """The command, commit, date and machine of this run, and the load average as it ends."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=RESULTS.parent,
+        capture_output=True,
+        text=True,
+    )
+    return {
+        "command": f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "commit": done.stdout.strip() or "unknown",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
+    }
+
+
+def wait(check: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
+    """Poll `check` until it returns something true; RuntimeError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def started_at(out: Path, ranks: int) -> float | None:
+    """When the last of `ranks` ranks started: the time each wrote to `out/rank-R` (None: not
+    all have)."""
+    files = [out / f"rank-{r}" for r in range(ranks)]
+    if not all(f.exists() for f in files):
+        return None
+    return max(float(f.read_text()) for f in files)
 
 
 def write_results_line(

@@ -22,11 +22,8 @@ Goals (issue 37): detection <= 10 s after the API shows the fault, recovery <= 3
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import shlex
 import signal
 import statistics
 import subprocess
@@ -40,8 +37,8 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import REPO, RealCluster, git_commit, wait
-from _results import benchmark_main
+from _k8s_real import REPO, RealCluster
+from _results import benchmark_main, provenance, wait
 
 from tensoryard.client import Client
 
@@ -242,16 +239,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         modes[mode] = row
     return {
         "benchmark": NAME,
-        "command": "python benchmarks/failures.py "
-        + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": git_commit(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        **provenance("failures.py"),
         "setup_s": round(setup_s, 1),
         "repeats": args.repeats,
         "modes": modes,
         "goal": {"detect_s_max": GOAL_DETECT_S, "recover_s_max": GOAL_RECOVER_S},
-        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
 
 

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -39,8 +36,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _k8s_real import NAMESPACE, RealCluster, git_commit, run, wait
-from _results import benchmark_main
+from _k8s_real import NAMESPACE, RealCluster, run
+from _results import benchmark_main, provenance, started_at, wait
 
 from tensoryard.client import Client
 
@@ -54,13 +51,6 @@ MARKER = (
     "p = os.path.join(out, 'rank-' + os.environ.get('RANK', '0')); "
     "open(p + '.tmp', 'w').write(repr(t)); os.replace(p + '.tmp', p)"
 )
-
-
-def started_at(out: Path, ranks: int) -> float | None:
-    files = [out / f"rank-{r}" for r in range(ranks)]
-    if not all(f.exists() for f in files):
-        return None
-    return max(float(f.read_text()) for f in files)
 
 
 class Bench:
@@ -230,18 +220,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         per_size[str(nodes)] = row
     return {
         "benchmark": NAME,
-        "command": "python benchmarks/k8s_pods.py "
-        + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        "commit": git_commit(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        **provenance("k8s_pods.py"),
         "image": {"ref": cluster.image, "archive_bytes": cluster.built["archive_bytes"]},
         "real_nodes": cluster.real_nodes,
         "setup_s": round(cluster.setup_s, 1),
         "repeats": args.repeats,
         "pods": per_size,
         "goal": {"ratio_max": GOAL_RATIO},
-        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
 
 

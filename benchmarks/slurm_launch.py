@@ -21,10 +21,8 @@ the repeats are compared: ratio tensoryard/sbatch and the difference in seconds.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import shlex
 import socket
 import statistics
@@ -32,13 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import benchmark_main  # noqa: E402
+from _results import benchmark_main, provenance, started_at, wait  # noqa: E402
 
 from tensoryard.client import Client  # noqa: E402
 
@@ -72,24 +69,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait(check: Callable[[], Any], timeout: float, what: str, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def started_at(out: Path, ranks: int) -> float | None:
-    """When the last rank started (None: not all have)."""
-    files = [out / f"rank-{r}" for r in range(ranks)]
-    if not all(f.exists() for f in files):
-        return None
-    return max(float(f.read_text()) for f in files)
 
 
 class Bench:
@@ -200,13 +179,6 @@ def slurm_version(env: dict[str, str]) -> str:
     return (done.stdout or done.stderr).strip() or "slurm (version unknown)"
 
 
-def git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    )
-    return done.stdout.strip() or "unknown"
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tensoryard-slurm-launch-"))
     cluster = work / "cluster"
@@ -260,15 +232,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": NAME,
         "tensoryard_submit_to_sbatch_s": bench.to_sbatch,
         "tensoryard_submit_to_sbatch_median_s": statistics.median(bench.to_sbatch),
-        "command": "python benchmarks/slurm_launch.py " + " ".join(sys.argv[1:]),
-        "commit": git_commit(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        **provenance("slurm_launch.py"),
         "slurm": slurm_version(env),
         "repeats": args.repeats,
         "nodes": per_size,
         "goal": {"ratio_max": GOAL_RATIO, "extra_s_max": GOAL_EXTRA_S},
-        "load_average": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
 
 
