@@ -312,7 +312,10 @@ def test_a_killed_training_container_resumes_from_the_checkpoint_on_the_volume(
     assert victims, "rank 1's worker is not running"
     for p in victims:
         os.kill(p.pid, signal.SIGKILL)
-    killed_after = max(m["step"] for m in client.metrics(job_id))
+    # The newest checkpoint the server knows of once rank 1 is dead. Rank 0 cannot finish another
+    # step without rank 1, so at most the one checkpoint it was writing can come after it (reports
+    # are asynchronous; the server's metrics and checkpoint lists may lag the volume a little).
+    seen = max(c["step"] for c in client.checkpoints(job_id))
 
     job = wait_for(client, job_id, TERMINAL, timeout=400)
     assert job["state"] == "SUCCEEDED", explain(platform, job_id)
@@ -323,7 +326,8 @@ def test_a_killed_training_container_resumes_from_the_checkpoint_on_the_volume(
     first, second = info["attempts_detail"]
     assert first["state"] == "failed", first
     resumed = second["resumed_from_step"]
-    assert resumed is not None and 20 <= resumed <= killed_after + 1
+    # It resumed from the last checkpoint the killed attempt wrote: not an older one.
+    assert resumed is not None and seen <= resumed <= seen + 10, (resumed, seen)
     assert resumed % 10 == 0  # a checkpoint step
     metrics = client.metrics(job_id)
     again = sorted(m["step"] for m in metrics if m["attempt"] == 2)

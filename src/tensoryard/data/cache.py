@@ -677,8 +677,9 @@ class FileCache:
             self.store.download(f.key, sink, self.config.chunk_bytes)
             out.flush()
             os.fsync(out.fileno())
+        size = tmp.stat().st_size
         self.stats.downloads += 1
-        self.stats.bytes_downloaded += tmp.stat().st_size
+        self.stats.bytes_downloaded += size
         return str(hasher.hexdigest())
 
     # -- budget -------------------------------------------------------------------------------

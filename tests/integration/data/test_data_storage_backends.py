@@ -143,6 +143,7 @@ def test_the_loader_reads_identical_batches_from_the_backend_and_from_local_disk
         if remote.consumed >= remote.samples_per_epoch:
             break
     assert batches > 5
+    source.close()  # waits for the prefetch threads: their counters are final after this
     # The epoch reads every shard many times; each file crossed the network once: the three
     # metadata files and the token shards (document offsets are not needed to train).
     needed = ["manifest.json", "index.bin", "shards.json"]
