@@ -396,6 +396,81 @@ def test_an_oom_killed_pod_fails_the_attempt_naming_the_memory_limit(
     assert "memory limit 256Mi" in described.stdout
 
 
+WRITE = """
+import os, pathlib
+out = pathlib.Path('/data/hello.txt')
+out.write_text(f'written by job {os.environ["TYARD_JOB_ID"]}')
+print('wrote', out)
+"""
+READ = """
+import pathlib
+print('read:', pathlib.Path('/data/hello.txt').read_text())
+try:
+    pathlib.Path('/data/other.txt').write_text('no')
+except OSError as exc:
+    print('refused:', exc.strerror)
+"""
+
+
+def python_job(tmp_path: Path, name: str, code: str, volumes: list[dict[str, Any]]) -> Path:
+    spec = {
+        "name": name,
+        "image": "cpu",
+        "launcher": "python",
+        "command": ["python", "-c", code],
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpu": 0.25, "memory": "512Mi"},
+        "restart": {"max_restarts": 0},
+        "volumes": volumes,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_jobs_volume_claims_are_mounted_in_its_pods_read_only_where_asked(
+    platform: Platform, core: Any, tmp_path: Path
+) -> None:
+    core.create_namespaced_persistent_volume_claim(
+        platform.namespace,
+        {
+            "metadata": {"name": "team-data"},
+            "spec": {
+                "storageClassName": "tensoryard-local",
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "64Mi"}},
+            },
+        },
+    )
+    client = platform.client
+    volume = {"claim": "team-data", "mount": "/data"}
+    writer = submit(platform.server, python_job(tmp_path, "writer", WRITE, [volume]))
+    job = wait_for(client, writer, TERMINAL, timeout=180)
+    assert job["state"] == "SUCCEEDED", explain(platform, writer)
+    # The next job mounts the same claim read-only (`--volume` on the command line).
+    path = python_job(tmp_path, "reader", READ, [])
+    done = tyard(platform.server, "submit", str(path), "--volume", "team-data:/data:ro", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    reader = int(json.loads(done.stdout)["id"])
+    job = wait_for(client, reader, TERMINAL, timeout=180)
+    assert job["state"] == "SUCCEEDED", explain(platform, reader)
+    assert job["spec"]["volumes"] == [{"claim": "team-data", "mount": "/data", "read_only": True}]
+    log = tyard(platform.server, "logs", str(reader)).stdout
+    assert f"read: written by job {writer}" in log, log
+    assert "refused: Read-only file system" in log, log
+
+
+def test_a_job_naming_a_claim_that_does_not_exist_is_refused_at_submit_naming_it(
+    platform: Platform, tmp_path: Path
+) -> None:
+    path = python_job(tmp_path, "lost", READ, [{"claim": "no-such-data", "mount": "/data"}])
+    done = tyard(platform.server, "submit", str(path))
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "volumes.0.claim" in said and "no-such-data" in said and "fix:" in said, said
+    assert "Traceback" not in said
+    assert platform.client.jobs()["total"] == 0  # nothing stored, nothing created
+
+
 def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming_it(
     namespace: str, identity: Path, tmp_path: Path
 ) -> None:
@@ -411,6 +486,24 @@ def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming
     # 1, like a missing namespace: the cluster lacks something (2 is a malformed option)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no-such-claim" in done.stderr and "fix:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_control_plane_whose_node_selector_matches_no_node_refuses_to_start_naming_it(
+    namespace: str, identity: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
+            "--port", str(free_port()), "--executor", "kubernetes",
+            "--kubeconfig", str(identity), "--namespace", namespace,
+            "--node-selector", "gpu.example.com/product=B300",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "gpu.example.com/product=B300" in done.stderr and "fix:" in done.stderr
+    assert "kubectl label node" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -21,7 +21,8 @@ from tensoryard.cli._common import (
     print_json,
     user_errors,
 )
-from tensoryard.spec.job import load_job_spec
+from tensoryard.errors import FieldIssue, SpecError
+from tensoryard.spec.job import load_job_spec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 
 __all__ = ["register", "wait_for_job"]
@@ -415,12 +416,25 @@ def submit(
             "key returns the job stored the first time (default: a fresh key per run).",
         ),
     ] = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[kubernetes] CLAIM:/PATH[:ro]: mount this PersistentVolumeClaim at PATH in "
+            "every pod, beside the spec's `volumes:` (repeatable), e.g. --volume "
+            "team-data:/data:ro.",
+        ),
+    ] = None,
 ) -> None:
     """Validate a job spec and submit it."""
     with user_errors():
         spec = load_job_spec(file)
+        data = spec.model_dump(mode="json")
+        if volume:
+            data["volumes"] = [*data["volumes"], *(_volume_option(v) for v in volume)]
+            spec = parse_job_spec(data, source=f"{file} with --volume")
+            data = spec.model_dump(mode="json")
         with client_for(server, token) as client:
-            job = client.submit(spec.model_dump(mode="json"), key=key)
+            job = client.submit(data, key=key)
             if not wait:
                 if json_out:
                     print_json(job)
@@ -436,6 +450,24 @@ def submit(
                 )
             if final["state"] != JobState.SUCCEEDED:
                 raise typer.Exit(1)
+
+
+def _volume_option(value: str) -> dict[str, Any]:
+    """`--volume CLAIM:/PATH[:ro]` as a `volumes:` entry (the spec checks the parts)."""
+    parts = value.split(":")
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        return {"claim": parts[0], "mount": parts[1], "read_only": parts[2] == "ro"}
+    if len(parts) == 2:
+        return {"claim": parts[0], "mount": parts[1]}
+    raise SpecError(
+        [
+            FieldIssue(
+                "--volume",
+                f"{value!r} is not CLAIM:/PATH or CLAIM:/PATH:ro",
+                "give the claim's name and where to mount it, like team-data:/data:ro",
+            )
+        ]
+    )
 
 
 def wait_for_job(client: Any, job_id: int, poll_s: float = 1.0) -> dict[str, Any]:

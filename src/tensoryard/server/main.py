@@ -134,12 +134,40 @@ def _local_backend(config: ServerConfig) -> _Backend:
         netns=netns,
     )
     nodes = _local_capacity(config)
-    return _Backend(executor, lambda: nodes, lambda spec: None)
+    return _Backend(executor, lambda: nodes, _without_volumes("local"))
+
+
+def _without_volumes(
+    executor: str, then: Callable[[JobSpec], None] = lambda spec: None
+) -> Callable[[JobSpec], None]:
+    """`fits` of an executor that has no volume claims to mount (local, Slurm): a job naming
+    some is refused, not run without its data."""
+
+    def fits(spec: JobSpec) -> None:
+        if spec.volumes:
+            fix = (
+                "remove `volumes:` (this control plane runs jobs on this machine's files) or "
+                "submit to a control plane started with --executor kubernetes"
+            )
+            if executor == "slurm":
+                fix = (
+                    "remove `volumes:` and read the data from the cluster's shared file system "
+                    "(its path in `command` or `env`), or submit to a Kubernetes control plane"
+                )
+            issue = FieldIssue(
+                "volumes",
+                f"PersistentVolumeClaims need Kubernetes; this is the {executor} executor",
+                fix,
+            )
+            raise SpecError([issue])
+        then(spec)
+
+    return fits
 
 
 def _kubernetes_backend(config: ServerConfig) -> _Backend:
     """Connect and check (reachable, namespace, RBAC, nodes) before anything is created."""
-    from tensoryard.executors.kubernetes.client import connect
+    from tensoryard.executors.kubernetes.client import check_volumes, connect
     from tensoryard.executors.kubernetes.cluster import KubernetesCluster
     from tensoryard.executors.kubernetes.executor import KubernetesExecutor
     from tensoryard.executors.kubernetes.nodes import NodeCordoner, NodeIntent
@@ -166,6 +194,13 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         except ImageRefError as exc:
             raise SpecError([FieldIssue("image", f"{exc.value!r} {exc.problem}", exc.fix)]) from exc
         cluster.check_fits(spec)
+        try:
+            unmountable = check_volumes(kube, [v.claim for v in spec.volumes])
+        except ExecutorError as exc:
+            issue = FieldIssue("volumes", f"cannot read the volume claims: {exc}", "retry")
+            raise SpecError([issue]) from exc
+        if unmountable:
+            raise SpecError([FieldIssue(f"volumes.{i}.claim", p, f) for i, p, f in unmountable])
         if executor.kueue is not None:
             try:
                 missing = executor.kueue.check_queue(spec.team)
@@ -194,7 +229,8 @@ def _slurm_backend(config: ServerConfig) -> _Backend:
 
     executor = SlurmExecutor(config.slurm, env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW)
     executor.cluster.check_config()
-    return _Backend(executor, executor.cluster.capacity, executor.cluster.check_fits)
+    fits = _without_volumes("slurm", executor.cluster.check_fits)
+    return _Backend(executor, executor.cluster.capacity, fits)
 
 
 def _kueue_admits(config: ServerConfig) -> bool:

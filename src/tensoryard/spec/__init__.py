@@ -14,6 +14,7 @@ from tensoryard.spec.job import (
     ResourcesSpec,
     RestartPolicy,
     SchedulingSpec,
+    VolumeSpec,
     load_job_spec,
     parse_job_spec,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "ResourcesSpec",
     "RestartPolicy",
     "SchedulingSpec",
+    "VolumeSpec",
     "load_job_spec",
     "load_quota_config",
     "parse_cluster_shape",

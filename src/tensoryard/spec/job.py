@@ -27,6 +27,7 @@ __all__ = [
     "ResourcesSpec",
     "RestartPolicy",
     "SchedulingSpec",
+    "VolumeSpec",
     "load_job_spec",
     "parse_job_spec",
 ]
@@ -34,6 +35,11 @@ __all__ = [
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 METRIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$"
+# A PersistentVolumeClaim's name: a DNS-1123 subdomain (lowercase, digits, '-' and '.').
+CLAIM_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
+# Where the platform mounts its own things in a training container: no volume goes there.
+RESERVED_MOUNTS = ("/dev", "/proc", "/sys", "/opt/tensoryard", "/etc", "/usr", "/bin", "/lib")
+MAX_VOLUMES = 16
 
 # Sanity ceilings: beyond these a value is a typo, not a request.
 MAX_NODES = 4096
@@ -220,6 +226,43 @@ class SchedulingSpec(StrictModel):
     preemptible: bool = Field(True, description="May be preempted (after a checkpoint grace).")
 
 
+class VolumeSpec(StrictModel):
+    """A PersistentVolumeClaim mounted into every pod of the job (Kubernetes executor): a
+    dataset, a shared cache, a team's checkpoint area."""
+
+    claim: str = Field(
+        ..., description="Name of a PersistentVolumeClaim in the cluster's namespace."
+    )
+    mount: str = Field(..., description="Absolute path where the pods see it, like /data.")
+    read_only: bool = Field(False, description="Mount it read-only (a shared dataset).")
+
+    @field_validator("claim")
+    @classmethod
+    def _claim_name(cls, value: str) -> str:
+        if not re.match(CLAIM_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a PersistentVolumeClaim name (fix: the name `kubectl get "
+                "pvc` shows: lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @field_validator("mount")
+    @classmethod
+    def _absolute_mount(cls, value: str) -> str:
+        path = value.rstrip("/") or "/"
+        if not path.startswith("/") or path == "/":
+            raise ValueError(f"{value!r} is not an absolute directory (fix: a path like /data)")
+        if any(part in (".", "..") for part in path.split("/")):
+            raise ValueError(f"{value!r} has '.' or '..' in it (fix: a plain path like /data)")
+        for reserved in RESERVED_MOUNTS:
+            if path == reserved or path.startswith(reserved + "/"):
+                raise ValueError(
+                    f"{value!r} is under {reserved}, which the image or the platform uses "
+                    "(fix: mount it elsewhere, like /data)"
+                )
+        return path
+
+
 class JobSpec(StrictModel):
     """A training job: a gang of processes running `command` under a launcher."""
 
@@ -244,6 +287,11 @@ class JobSpec(StrictModel):
     )
     workdir: str | None = Field(None, description="Working directory; defaults to the spec's.")
     image: str | None = Field(None, description="Container image (cluster executors only).")
+    volumes: list[VolumeSpec] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUMES,
+        description="PersistentVolumeClaims mounted into every pod (Kubernetes executor only).",
+    )
     checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec())
     restart: RestartPolicy = Field(default_factory=lambda: RestartPolicy())
     max_runtime: Seconds | None = Field(
@@ -268,6 +316,19 @@ class JobSpec(StrictModel):
                 raise ValueError(
                     f"{name!r} is not a secret name (fix: lowercase letters, digits and '-')"
                 )
+        return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _separate_mounts(cls, value: list[VolumeSpec]) -> list[VolumeSpec]:
+        mounts = [v.mount for v in value]
+        for i, mount in enumerate(mounts):
+            for other in mounts[:i]:
+                if mount == other or mount.startswith(other + "/") or other.startswith(mount + "/"):
+                    raise ValueError(
+                        f"volumes mount {other} and {mount} overlap (fix: give each volume "
+                        "its own directory)"
+                    )
         return value
 
     @field_validator("command", mode="before")

@@ -85,6 +85,7 @@ def test_a_submitted_job_is_pending_with_its_spec_and_a_submitted_event(api: Tes
         ({**GOOD, "resources": {"gpus_per_node": 1000}}, "resources.gpus_per_node"),
         ({"name": "tiny"}, "command"),
         ({**GOOD, "team": "nobody"}, "team"),
+        ({**GOOD, "volumes": [{"claim": "team-data", "mount": "/data"}]}, "volumes"),
     ],
     ids=[
         "an unknown field",
@@ -92,6 +93,7 @@ def test_a_submitted_job_is_pending_with_its_spec_and_a_submitted_event(api: Tes
         "an absurd GPU count",
         "a missing command",
         "an unknown team",
+        "a volume claim on the local executor",
     ],
 )
 def test_bad_specs_get_422_with_field_paths_and_nothing_is_stored(

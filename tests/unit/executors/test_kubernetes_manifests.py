@@ -67,6 +67,7 @@ CASES = {
         "runs_claim": "tensoryard-runs",
         "run_as_user": 1000,
         "workdir": "/opt/tensoryard/examples/tiny_gpt",
+        "volumes": [("team-data", "/data", True), ("scratch", "/scratch", False)],
     },
     "deleted an hour after it finished, with its team": {
         "ttl_after_finished_s": 3600,
@@ -361,3 +362,31 @@ def test_the_run_dir_is_the_jobs_directory_of_the_runs_claim_at_the_same_path() 
     assert "securityContext" not in bare and "workingDir" not in bare["containers"][0]
     with pytest.raises(ExecutorError, match="run_dir"):
         workload(runs_claim="tensoryard-runs", run_dir="runs/job-42")
+
+
+def test_each_volume_of_the_job_is_mounted_in_every_pod_read_only_where_asked() -> None:
+    w = workload(volumes=[("team-data", "/data", True), ("scratch", "/scratch", False)])
+    pod = pod_spec_of(render_jobset(w))
+    (container,) = pod["containers"]
+    assert {"name": "volume-0", "mountPath": "/data", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "volume-1", "mountPath": "/scratch", "readOnly": False} in container[
+        "volumeMounts"
+    ]
+    assert {
+        "name": "volume-0",
+        "persistentVolumeClaim": {"claimName": "team-data", "readOnly": True},
+    } in pod["volumes"]
+    assert {
+        "name": "volume-1",
+        "persistentVolumeClaim": {"claimName": "scratch", "readOnly": False},
+    } in pod["volumes"]
+    # The platform's own mounts are not a job's to take.
+    for taken in ("/dev/shm", "/var/lib/tensoryard/runs/job-42"):
+        with pytest.raises(ExecutorError, match="volumes"):
+            workload(
+                volumes=[("team-data", taken, False)],
+                run_dir="/var/lib/tensoryard/runs/job-42",
+                runs_claim="tensoryard-runs",
+            )

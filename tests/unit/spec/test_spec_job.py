@@ -172,3 +172,37 @@ def test_workdir_defaults_to_the_spec_files_directory(tmp_path: Path) -> None:
     assert load_job_spec(path).workdir == str(tmp_path.resolve())
     path.write_text("name: tiny\ncommand: train.py\nworkdir: sub\n")
     assert load_job_spec(path).workdir == str((tmp_path / "sub").resolve())
+
+
+def test_volumes_mount_claims_read_only_where_asked() -> None:
+    spec = parse_job_spec(
+        with_(volumes=[{"claim": "team-data", "mount": "/data/", "read_only": True}])
+    )
+    (volume,) = spec.volumes
+    assert (volume.claim, volume.mount, volume.read_only) == ("team-data", "/data", True)
+    assert parse_job_spec(MINIMAL).volumes == []
+
+
+@pytest.mark.parametrize(
+    ("volumes", "path", "says"),
+    [
+        ([{"claim": "Team_Data", "mount": "/data"}], "volumes.0.claim", "kubectl get pvc"),
+        ([{"claim": "data", "mount": "data"}], "volumes.0.mount", "absolute"),
+        ([{"claim": "data", "mount": "/data/../etc"}], "volumes.0.mount", "'..'"),
+        ([{"claim": "data", "mount": "/opt/tensoryard/x"}], "volumes.0.mount", "elsewhere"),
+        ([{"claim": "data", "mount": "/dev/shm"}], "volumes.0.mount", "elsewhere"),
+        ([{"claim": "data"}], "volumes.0.mount", ""),
+        (
+            [{"claim": "a", "mount": "/data"}, {"claim": "b", "mount": "/data/b"}],
+            "volumes",
+            "overlap",
+        ),
+        ([{"claim": "a", "mount": "/data", "size": "1Ti"}], "volumes.0.size", ""),
+    ],
+)
+def test_a_bad_volume_names_its_field(volumes: list[dict[str, Any]], path: str, says: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(with_(volumes=volumes))
+    (issue,) = caught.value.issues
+    assert issue.path == path
+    assert says in f"{issue.message} {issue.fix}"

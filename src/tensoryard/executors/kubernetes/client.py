@@ -10,7 +10,7 @@ exception.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +37,7 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
         (v, "jobset.x-k8s.io", "jobsets", True)
         for v in ("get", "list", "watch", "create", "delete")
     ),
-    ("get", "", "persistentvolumeclaims", True),  # the runs claim exists (config.runs_claim)
+    ("get", "", "persistentvolumeclaims", True),  # the runs claim and jobs' volumes exist
     ("update", "batch", "jobs/finalizers", True),
     ("update", "jobset.x-k8s.io", "jobsets/finalizers", True),
     # model serving on GPUs (serving/kubernetes.py): a Deployment or LeaderWorkerSet each
@@ -216,6 +216,53 @@ def check_runs_claim(kube: Kube) -> None:
         ) from exc
 
 
+def claim_phase(kube: Kube, name: str) -> str | None:
+    """The phase of PersistentVolumeClaim `name` in the namespace (Bound, Pending, Lost), or
+    None when there is none."""
+    ns = kube.config.namespace
+    try:
+        claim = kube.call(
+            f"get persistentvolumeclaims in namespace {ns}",
+            kube.core.read_namespaced_persistent_volume_claim,
+            name,
+            ns,
+        )
+    except KubeApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    status = getattr(claim, "status", None)
+    return str(getattr(status, "phase", None) or "Pending")
+
+
+def check_volumes(kube: Kube, claims: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(index, problem, fix) for each of a job's volume claims that pods could not mount: one
+    that does not exist (its pods would wait forever, the scheduler saying only that it is
+    missing) or one whose volume is lost. A Pending claim is fine: many storage classes bind
+    on the first pod (WaitForFirstConsumer)."""
+    ns = kube.config.namespace
+    problems = []
+    for i, name in enumerate(claims):
+        phase = claim_phase(kube, name)
+        if phase is None:
+            problems.append(
+                (
+                    i,
+                    f"no PersistentVolumeClaim {name!r} in namespace {ns}",
+                    f"create it, or name one that `kubectl get pvc -n {ns}` lists",
+                )
+            )
+        elif phase == "Lost":
+            problems.append(
+                (
+                    i,
+                    f"PersistentVolumeClaim {name!r} in namespace {ns} has lost its volume",
+                    "restore its PersistentVolume, or create the claim again",
+                )
+            )
+    return problems
+
+
 def missing_access(kube: Kube) -> list[str]:
     """Each "VERB RESOURCE[ in namespace NS]" of REQUIRED_ACCESS this identity lacks."""
     from kubernetes import client
@@ -226,8 +273,6 @@ def missing_access(kube: Kube) -> list[str]:
         if group == JOBSET[0] and kube.config.workload == "job":
             continue
         if (verb, resource) == ("patch", "nodes") and not kube.config.cordon_nodes:
-            continue
-        if resource == "persistentvolumeclaims" and not kube.config.runs_claim:
             continue
         sub, _, subresource = resource.partition("/")
         attrs: dict[str, Any] = {"verb": verb, "group": group, "resource": sub}

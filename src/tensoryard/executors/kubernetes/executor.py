@@ -29,7 +29,7 @@ from typing import Any
 
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
-from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError
+from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError, check_volumes
 from tensoryard.executors.kubernetes.config import KubernetesConfig
 from tensoryard.executors.kubernetes.kueue import KueueAdmission
 from tensoryard.executors.kubernetes.manifests import (
@@ -165,6 +165,7 @@ def workload_for(
         shm_size=config.shm_size,
         pvc_name=config.pvc_name,
         pvc_mount_path=config.pvc_mount_path,
+        volumes=tuple((v.claim, v.mount, v.read_only) for v in spec.volumes),
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations={
             **config.pod_annotations,
@@ -330,6 +331,9 @@ class KubernetesExecutor:
             raise ExecutorError("the Kubernetes executor needs the request's attempt_key")
         w = self._workload(request)
         h = self._handle(request, w)
+        # A claim deleted since the submission: its pods would wait for it forever.
+        for i, problem, fix in check_volumes(self.kube, [claim for claim, _, _ in w.volumes]):
+            raise ExecutorError(f"volumes.{i}.claim: {problem} (fix: {fix})")
         Path(h.attempt_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.config.runs_claim:
             _hand_over(Path(request.run_dir), Path(h.attempt_dir), self.config.run_as_user)

@@ -100,6 +100,8 @@ class AttemptWorkload:
     pvc_name: str | None = None
     """A PersistentVolumeClaim to mount at `pvc_mount_path` (checkpoints, datasets)."""
     pvc_mount_path: str = "/mnt/shared"
+    volumes: Sequence[tuple[str, str, bool]] = ()
+    """The job's own volumes (its spec's `volumes:`): (claim, mount path, read-only) each."""
     rendezvous_port: int = 29500
     termination_grace_s: int = 30
     """Seconds a pod gets between SIGTERM and SIGKILL when deleted (to write a checkpoint)."""
@@ -183,6 +185,14 @@ class AttemptWorkload:
             "node_names",
             "must not repeat a node (one pod per node)",
         )
+        taken = {"/dev/shm", self.pvc_mount_path if self.pvc_name else "", self.run_dir or ""}
+        for claim, mount, _ in self.volumes:
+            _check(
+                mount.startswith("/") and mount not in taken,
+                "volumes",
+                f"{claim} cannot be mounted at {mount!r} (an absolute path the platform does not "
+                "use itself)",
+            )
         reserved = sorted(RESERVED_ENV & set(self.env))
         _check(not reserved, "env", f"may not set {', '.join(reserved)} (set by tensoryard)")
         for field_name, value in (
@@ -332,6 +342,11 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
     if w.pvc_name:
         mounts.append({"name": "shared", "mountPath": w.pvc_mount_path})
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": w.pvc_name}})
+    for i, (claim, mount, read_only) in enumerate(w.volumes):
+        name = f"volume-{i}"
+        mounts.append({"name": name, "mountPath": mount, "readOnly": read_only})
+        claimed: dict[str, Any] = {"claimName": claim, "readOnly": read_only}
+        volumes.append({"name": name, "persistentVolumeClaim": claimed})
     if w.runs_claim and w.run_dir:
         sub = w.run_dir.rstrip("/").rsplit("/", 1)[-1]
         mounts.append({"name": "run-dir", "mountPath": w.run_dir, "subPath": sub})
