@@ -471,6 +471,33 @@ def test_a_job_naming_a_claim_that_does_not_exist_is_refused_at_submit_naming_it
     assert platform.client.jobs()["total"] == 0  # nothing stored, nothing created
 
 
+def test_an_image_whose_torch_is_not_the_matrix_pin_fails_at_once_naming_both_and_the_fix(
+    platform: Platform, tmp_path: Path
+) -> None:
+    from tensoryard.images.matrix import DEFAULT_MATRIX
+
+    # The site's matrix pins torch 2.10.0 for `cpu`; the image under that tag holds 2.13.0 (as
+    # when an image built from an older matrix is still pushed under the same tag).
+    site = yaml.safe_load(DEFAULT_MATRIX.read_text())
+    held = site["entries"]["cpu"]["torch"]
+    site["entries"]["cpu"]["torch"] = "2.10.0"
+    matrix = tmp_path / "site-matrix.yaml"
+    matrix.write_text(yaml.safe_dump(site))
+    server = platform.server
+    server.stop()
+    server.env = {"TYARD_IMAGE_MATRIX": str(matrix)}
+    server.start()
+    job_id = submit(server, tiny_gpt(tmp_path, steps=5))  # max_restarts: 2
+    job = wait_for(platform.client, job_id, TERMINAL, timeout=180)
+    assert job["state"] == "FAILED", explain(platform, job_id)
+    assert job["restarts"] == 0 and job["attempts"] == 1  # the next attempt would meet it too
+    described = tyard(server, "describe", str(job_id)).stdout
+    flat = " ".join(described.split())
+    assert f"torch is {held}, the matrix pins 2.10.0" in flat, described
+    assert "exited with code 78" in flat and "tyard images build cpu" in flat, described
+    assert not platform.client.metrics(job_id)  # no training step ran
+
+
 def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming_it(
     namespace: str, identity: Path, tmp_path: Path
 ) -> None:

@@ -24,7 +24,13 @@ images_app = typer.Typer(
 
 MatrixOpt = Annotated[
     Path | None,
-    typer.Option("--matrix", help="A matrix file instead of the shipped one.", show_default=False),
+    typer.Option(
+        "--matrix",
+        envvar="TYARD_IMAGE_MATRIX",
+        help="A matrix file instead of the shipped one (the site's; the control plane reads "
+        "the same variable).",
+        show_default=False,
+    ),
 ]
 RegistryOpt = Annotated[
     str | None,

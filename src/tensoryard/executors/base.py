@@ -25,10 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from tensoryard.images.preflight import CONFIG_EXIT_CODE
+
 if TYPE_CHECKING:  # keeps the shim's start-up free of pydantic
     from tensoryard.spec.job import JobSpec
 
-__all__ = ["AttemptPhase", "AttemptStatus", "Executor", "LaunchRequest"]
+__all__ = ["CONFIG_EXIT_CODE", "AttemptPhase", "AttemptStatus", "Executor", "LaunchRequest"]
+
+# An attempt that ends with exit code CONFIG_EXIT_CODE (78, sysexits' EX_CONFIG) failed on its
+# configuration (an image that does not match the matrix): it is not restarted, since the next
+# attempt would meet the same configuration.
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_MATRIX",
     "FLAVOURS",
     "LAYERS",
+    "MATRIX_ENV",
     "ImageEntry",
     "Matrix",
     "default_matrix",
@@ -193,7 +195,17 @@ def load_matrix(path: Path | str = DEFAULT_MATRIX) -> Matrix:
     return parse_matrix(data, str(path))
 
 
+MATRIX_ENV = "TYARD_IMAGE_MATRIX"
+
+
 @cache
 def default_matrix() -> Matrix:
-    """The matrix shipped with this tensoryard (read once)."""
+    """The site's matrix (the file `$TYARD_IMAGE_MATRIX` names: its own registry's images and
+    pins), else the one shipped with this tensoryard; read once."""
+    site = os.environ.get(MATRIX_ENV)
+    if site:
+        try:
+            return load_matrix(site)
+        except ConfigError as exc:
+            raise ConfigError(f"{MATRIX_ENV}: {exc}") from exc
     return load_matrix(DEFAULT_MATRIX)

@@ -43,7 +43,13 @@ from tensoryard.errors import (
     StoreError,
     TensoryardError,
 )
-from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor, LaunchRequest
+from tensoryard.executors.base import (
+    CONFIG_EXIT_CODE,
+    AttemptPhase,
+    AttemptStatus,
+    Executor,
+    LaunchRequest,
+)
 from tensoryard.observability.nccl import nccl_debug_env
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.pruning import CheckpointPruner, job_checkpoint_root
@@ -970,6 +976,12 @@ class Controller:
             return JobState.PENDING, f"{status.reason}; requeued, resumes from its last checkpoint"
         if job.cancel_requested:
             return JobState.CANCELLED, "cancelled by the user"
+        if status.phase is AttemptPhase.FAILED and status.exit_code == CONFIG_EXIT_CODE:
+            return (
+                JobState.FAILED,
+                f"attempt {n}: {reason}; not restarted: a configuration error (exit code "
+                f"{CONFIG_EXIT_CODE}) fails every attempt alike",
+            )
         if attempt.reason.startswith((HUNG, NOT_STARTED)):
             return JobState.RESTARTING, f"attempt {n} {attempt.reason}"
         if status.phase is AttemptPhase.CANCELLED:

@@ -368,9 +368,7 @@ def test_each_volume_of_the_job_is_mounted_in_every_pod_read_only_where_asked() 
     w = workload(volumes=[("team-data", "/data", True), ("scratch", "/scratch", False)])
     pod = pod_spec_of(render_jobset(w))
     (container,) = pod["containers"]
-    assert {"name": "volume-0", "mountPath": "/data", "readOnly": True} in container[
-        "volumeMounts"
-    ]
+    assert {"name": "volume-0", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
     assert {"name": "volume-1", "mountPath": "/scratch", "readOnly": False} in container[
         "volumeMounts"
     ]

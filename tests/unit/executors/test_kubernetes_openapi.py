@@ -128,3 +128,29 @@ def test_a_megatron_jobs_pod_runs_torchrun_under_the_runtimes_follower() -> None
     # any other job's pod runs torchrun itself
     _, plain, _ = render_attempt(workload_for(request(), CONFIG), "Job")
     assert plain["spec"]["template"]["spec"]["containers"][0]["command"][0] == "torchrun"
+
+
+def test_a_matrix_image_is_checked_by_each_pod_before_torchrun_and_a_full_reference_is_not() -> (
+    None
+):
+    import json
+
+    from tensoryard.images import default_matrix
+
+    w = workload_for(request(image="cpu", volumes=[{"claim": "data", "mount": "/data"}]), CONFIG)
+    _, job, _ = render_attempt(w, "Job")
+    validate(job)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:5] == [
+        "python", "-m", "tensoryard.images.preflight", "--", "torchrun",
+    ]  # fmt: skip
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    pins = json.loads(env["TYARD_IMAGE_EXPECT"])
+    assert pins["ref"] == container["image"] and pins["name"] == "cpu"
+    assert pins["torch"] == default_matrix().get("cpu").torch
+    w = workload_for(request(), CONFIG)  # ghcr.io/example/trainer:1.0
+    _, job, _ = render_attempt(w, "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][0] == "torchrun"
+    assert "TYARD_IMAGE_EXPECT" not in {e["name"] for e in container["env"]}

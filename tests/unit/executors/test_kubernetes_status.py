@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tensoryard.executors.base import AttemptPhase
+from tensoryard.executors.base import CONFIG_EXIT_CODE, AttemptPhase
 from tensoryard.executors.kubernetes.status import (
     attempt_status,
     node_loss,
@@ -379,3 +379,20 @@ def test_the_lost_nodes_of_a_failed_attempt_are_named_for_the_next_placement() -
         "JobSet", jobset(), [pod(0), pod(1)], nodes=2, lost_nodes={"gpu-1": "node gpu-1 deleted"}
     )
     assert status.lost_nodes == ("gpu-1",) and status.failed_ranks == (1,)
+
+
+def test_a_configuration_error_carries_the_pods_termination_message_and_its_code() -> None:
+    failed = terminated(78, "Error")
+    said = "image localhost/tensoryard/cpu:0.1.0 does not match the matrix entry 'cpu':\n torch"
+    failed["containerStatuses"][0]["state"]["terminated"]["message"] = said
+    status = attempt_status("JobSet", jobset(), [pod(0, "Failed", **failed), pod(1)], nodes=2)
+    assert status.phase is AttemptPhase.FAILED and status.exit_code == CONFIG_EXIT_CODE
+    assert status.reason == (
+        "rank 0 (pod ty-7-1-node-0-0-abcde on node gpu-0) exited with code 78 (configuration "
+        "error): image localhost/tensoryard/cpu:0.1.0 does not match the matrix entry 'cpu': torch"
+    )
+    # Another code keeps its short reason (a log's end is not the reason of an ordinary crash).
+    crashed = terminated(1, "Error")
+    crashed["containerStatuses"][0]["state"]["terminated"]["message"] = "Traceback ..."
+    status = attempt_status("JobSet", jobset(), [pod(0, "Failed", **crashed), pod(1)], nodes=2)
+    assert status.reason.endswith("exited with code 1 (Error)")

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import update
 
 from tensoryard.errors import ExecutorError
-from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
+from tensoryard.executors.base import CONFIG_EXIT_CODE, AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.controller import Controller
 from tensoryard.server.scheduling import CorePolicy, NodeCapacity
@@ -606,3 +606,22 @@ def test_the_loop_schedules_again_when_a_borrower_becomes_reclaimable(world: Wor
     world.clock.t = started + 60.5  # 9.5 s later: only the wake-up makes this a pass
     world.cycle()
     assert [key for key, _ in world.executor.cancels] == [world.key(borrower)]
+
+
+def test_an_attempt_that_exits_with_a_configuration_error_is_not_restarted(world: World) -> None:
+    job_id = world.submit(restart={"max_restarts": 3, "backoff": 0})
+    world.cycle(2)
+    key = world.key(job_id)
+    said = "pod ty-1-1 exited with code 78 (configuration error): image x does not match"
+    world.executor.statuses[key] = [AttemptStatus(AttemptPhase.FAILED, CONFIG_EXIT_CODE, said)]
+    world.cycle(3)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.FAILED, job.reason
+    assert job.restarts == 0 and job.attempts == 1
+    assert "image x does not match" in job.reason and "not restarted" in job.reason
+    # Any other failure still restarts within the budget.
+    other = world.submit("other", restart={"max_restarts": 3, "backoff": 0})
+    world.cycle(2, advance=1.0)
+    world.executor.statuses[world.key(other)] = [AttemptStatus(AttemptPhase.FAILED, 1, "boom")]
+    world.cycle(3, advance=1.0)
+    assert world.store.get_job(other).restarts == 1

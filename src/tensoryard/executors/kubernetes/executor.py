@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tensoryard.errors import ExecutorError
+from tensoryard import __version__
+from tensoryard.errors import ConfigError, ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError, check_volumes
 from tensoryard.executors.kubernetes.config import KubernetesConfig
@@ -52,7 +53,7 @@ from tensoryard.executors.kubernetes.status import (
     pod_rank,
 )
 from tensoryard.executors.kubernetes.watch import WatchCache
-from tensoryard.images import ImageRefError, resolve_image
+from tensoryard.images import ImageRefError, default_matrix, resolve_image
 
 __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload_for"]
 
@@ -126,10 +127,13 @@ def workload_for(
         else None
     )
     image = spec.image or config.default_image
+    expect = None
     if image:
+        named = image
         try:  # a matrix name (`cpu`) becomes its full reference
             image = resolve_image(image)
-        except ImageRefError as exc:
+            expect = _image_expect(named, image)
+        except (ImageRefError, ConfigError) as exc:
             raise ExecutorError(str(exc)) from exc
     if not image:
         raise ExecutorError(
@@ -144,6 +148,7 @@ def workload_for(
         attempt_key=request.attempt_key,
         team=spec.team,
         image=image,
+        image_expect=expect,
         command=list(spec.command),
         namespace=config.namespace,
         env=env,
@@ -176,6 +181,25 @@ def workload_for(
         kueue_priority_class=kueue_priority_class if kueue else None,
         kueue_topology=tas,
     )
+
+
+def _image_expect(named: str, ref: str) -> str | None:
+    """What the matrix entry `named` pins, for the pod's preflight (None: `named` is a full
+    reference, or a control-plane image without torch)."""
+    matrix = default_matrix()
+    if named not in matrix.entries:
+        return None
+    entry = matrix.entries[named]
+    if entry.torch is None:
+        return None
+    pins = {
+        "name": named,
+        "ref": ref,
+        "torch": entry.torch,
+        "python": entry.python,
+        "tensoryard": __version__,
+    }
+    return json.dumps(pins, sort_keys=True)
 
 
 def _hand_over(run_dir: Path, attempt_dir: Path, uid: int | None) -> None:

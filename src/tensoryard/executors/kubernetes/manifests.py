@@ -53,7 +53,7 @@ TOKEN_KEY = "token"
 
 # Set by this module; a user's env may not override them.
 RESERVED_ENV = frozenset(
-    {"TYARD_JOB_ID", "TYARD_ATTEMPT", "TYARD_ATTEMPT_KEY", "TYARD_JOB_TOKEN"}
+    {"TYARD_JOB_ID", "TYARD_ATTEMPT", "TYARD_ATTEMPT_KEY", "TYARD_JOB_TOKEN", "TYARD_IMAGE_EXPECT"}
     | {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE"}
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -100,6 +100,11 @@ class AttemptWorkload:
     pvc_name: str | None = None
     """A PersistentVolumeClaim to mount at `pvc_mount_path` (checkpoints, datasets)."""
     pvc_mount_path: str = "/mnt/shared"
+    image_expect: str | None = None
+    """What the control plane's matrix entry of `image` pins (JSON: name, ref, torch, python,
+    tensoryard): each pod checks its image against it before torchrun starts
+    (tensoryard.images.preflight) and fails with exit code 78 on a mismatch. None: a full
+    image reference, not checked."""
     volumes: Sequence[tuple[str, str, bool]] = ()
     """The job's own volumes (its spec's `volumes:`): (claim, mount path, read-only) each."""
     rendezvous_port: int = 29500
@@ -256,6 +261,7 @@ def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
         {"name": "TYARD_ATTEMPT", "value": str(w.attempt)},
         {"name": "TYARD_ATTEMPT_KEY", "value": w.attempt_key},
         {"name": "TYARD_JOB_TOKEN", "valueFrom": token},
+        *([{"name": "TYARD_IMAGE_EXPECT", "value": w.image_expect}] if w.image_expect else []),
         {"name": "NODE_RANK", "valueFrom": rank_from_index},
         {"name": "NNODES", "value": str(w.nodes)},
         {"name": "NPROC_PER_NODE", "value": str(w.procs)},
@@ -274,6 +280,7 @@ def _torchrun(w: AttemptWorkload) -> list[str]:
     has no second round), hosted by node 0's torchrun (tensoryard.runtime.gang ``launch``
     tells each pod whether it hosts), and each worker runs under ``gang round``, which numbers
     the restart rounds alike on every node."""
+    preflight = ["python", "-m", "tensoryard.images.preflight", "--"] if w.image_expect else []
     follow = ["python", "-m", "tensoryard.runtime.megatron", "follow", "--"]
     gang = ["python", "-m", "tensoryard.runtime.gang"]
     elastic = w.nodes > 1 and w.in_place_restarts > 0
@@ -291,6 +298,7 @@ def _torchrun(w: AttemptWorkload) -> list[str]:
         ]
     )
     return [
+        *preflight,
         *(follow if MEGATRON_SAVE_ENV in w.env else []),
         *([*gang, "launch", "--"] if elastic else []),
         "torchrun",
@@ -361,6 +369,8 @@ def _pod_template(w: AttemptWorkload, master_addr: str) -> dict[str, Any]:
                 "command": _torchrun(w),
                 "env": _env(w, master_addr),
                 "ports": [{"name": "rendezvous", "containerPort": w.rendezvous_port}],
+                # the preflight's message, else the end of the log, when a container fails
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": resources,
                 "volumeMounts": mounts,
             }

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from tensoryard.executors.base import AttemptPhase, AttemptStatus
+from tensoryard.executors.base import CONFIG_EXIT_CODE, AttemptPhase, AttemptStatus
 from tensoryard.executors.kubernetes.manifests import COMPLETION_INDEX_ANNOTATION
 
 __all__ = [
@@ -161,6 +161,10 @@ def _pod_failure(pod: Obj) -> tuple[str, int | None] | None:
         if term.get("reason") == "OOMKilled":
             limit = _memory_limit(pod, str(status.get("name")))
             return f"{where} was OOMKilled ({limit}; exit code {code})", code
+        if code == CONFIG_EXIT_CODE and term.get("message"):
+            # the image preflight's verdict (tensoryard.images.preflight), or the log's end
+            said = " ".join(str(term["message"]).split())[-1000:]
+            return f"{where} exited with code {code} (configuration error): {said}", code
         if code not in (None, 0):
             why = f" ({term['reason']})" if term.get("reason") else ""
             return f"{where} exited with code {code}{why}", code
