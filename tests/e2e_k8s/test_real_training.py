@@ -376,6 +376,38 @@ def test_an_image_that_cannot_be_pulled_is_reported_within_seconds_and_cancel_le
     )
 
 
+def test_pods_a_quota_refuses_are_reported_within_seconds_naming_the_quota(
+    platform: Platform, core: Any, tmp_path: Path
+) -> None:
+    # The team's namespace allows one pod: the gang's second cannot be created.
+    core.create_namespaced_resource_quota(
+        platform.namespace, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
+    )
+    try:
+        job_id = submit(platform.server, tiny_gpt(tmp_path, steps=5))
+        client = platform.client
+        started = time.monotonic()
+        refused = wait_until(
+            lambda: [m for m in events_of(client, job_id) if "FailedCreate" in m] or None,
+            timeout=60,
+            what="the refused pod creation reported",
+        )
+        assert time.monotonic() - started < 30
+        assert "exceeded quota: one-pod" in refused[0], refused
+        described = tyard(platform.server, "describe", str(job_id))
+        assert "cannot create its pods" in described.stdout
+        done = tyard(platform.server, "cancel", str(job_id))
+        assert done.returncode == 0, done.stderr
+        assert wait_for(client, job_id, TERMINAL, timeout=60)["state"] == "CANCELLED"
+        wait_until(
+            lambda: not job_pods(core, platform.namespace, job_id),
+            timeout=60,
+            what="the job's pods deleted",
+        )
+    finally:
+        core.delete_namespaced_resource_quota("one-pod", platform.namespace)
+
+
 def test_an_oom_killed_pod_fails_the_attempt_naming_the_memory_limit(
     platform: Platform, tmp_path: Path
 ) -> None:

@@ -38,6 +38,7 @@ REQUIRED_ACCESS: tuple[tuple[str, str, str, bool], ...] = (
         for v in ("get", "list", "watch", "create", "delete")
     ),
     ("get", "", "persistentvolumeclaims", True),  # the runs claim and jobs' volumes exist
+    ("list", "", "events", True),  # why a Job cannot create its pods (FailedCreate)
     ("update", "batch", "jobs/finalizers", True),
     ("update", "jobset.x-k8s.io", "jobsets/finalizers", True),
     # model serving on GPUs (serving/kubernetes.py): a Deployment or LeaderWorkerSet each

@@ -59,6 +59,8 @@ __all__ = ["KubernetesExecutor", "KubernetesHandle", "render_attempt", "workload
 
 _HANDLE_VERSION = 1
 _LOG_READERS = 8  # concurrent reads of a gang's pod logs when an attempt ends
+# While an attempt lacks pods, its Jobs' FailedCreate events are read at most this often.
+FAILED_CREATE_EVERY_S = 5.0
 _JOBSET_API = f"{JOBSET[0]}/{JOBSET[1]}"
 
 
@@ -265,6 +267,8 @@ class KubernetesExecutor:
         self._pod_cache: WatchCache | None = None
         self._owner_cache: WatchCache | None = None
         self._node_cache: WatchCache | None = None  # Node objects: a lost node is seen at once
+        # attempt key -> (when its FailedCreate events were read, what they said)
+        self._create_checked: dict[str, tuple[float, str | None]] = {}
         self.kueue: KueueAdmission | None = None
         if self.config.admission == "kueue":
             self.kueue = KueueAdmission(kube, self.config.namespace)
@@ -473,6 +477,12 @@ class KubernetesExecutor:
             cancelled=self._cancel_file(h).exists(),
             lost_nodes=self._lost_nodes(pods),
         )
+        if status.phase is AttemptPhase.STARTING and not status.reason and owner is not None:
+            refused = self._failed_create(h, pods)
+            if refused:
+                status = AttemptStatus(AttemptPhase.STARTING, None, refused)
+        if status.phase is not AttemptPhase.STARTING:
+            self._create_checked.pop(h.attempt_key, None)
         if status.finished:
             self._keep_logs(h, pods)
             if status.phase is AttemptPhase.FAILED:
@@ -574,6 +584,39 @@ class KubernetesExecutor:
             if owner is not None and key == h.attempt_key:
                 return owner, pods_cache.indexed(h.attempt_key)
         return self._read(self._resource_of(h), h.namespace, h.name), self._pods(h)
+
+    def _failed_create(self, h: KubernetesHandle, pods: list[Obj]) -> str | None:
+        """Why the attempt's Job (or the JobSet's Jobs) cannot create its pods: the newest
+        `FailedCreate` event of one of them ("exceeded quota", a pod security or admission
+        webhook refusal), read at most every FAILED_CREATE_EVERY_S while pods are missing."""
+        if len(pods) >= h.nodes:
+            return None
+        now = time.monotonic()
+        last, said = self._create_checked.get(h.attempt_key, (float("-inf"), None))
+        if now - last < FAILED_CREATE_EVERY_S:
+            return said
+        result = self.kube.call(
+            f"list events in namespace {h.namespace}",
+            self.kube.core.list_namespaced_event,
+            h.namespace,
+            field_selector="reason=FailedCreate",
+        )
+        newest: tuple[str, str] | None = None
+        for event in result.items:
+            e = self.kube.plain(event)
+            kind = str(get(e, "involvedObject", "kind") or "")
+            job = str(get(e, "involvedObject", "name") or "")
+            if kind not in ("Job", "JobSet"):
+                continue
+            if job != h.name and not job.startswith(f"{h.name}-"):
+                continue
+            at = str(e.get("lastTimestamp") or get(e, "metadata", "creationTimestamp") or "")
+            if newest is None or at >= newest[0]:
+                said = " ".join(str(e.get("message") or "no message").split())
+                newest = (at, f"{kind} {job} cannot create its pods (FailedCreate: {said})")
+        said = newest[1] if newest else None
+        self._create_checked[h.attempt_key] = (now, said)
+        return said
 
     def _resource_of(self, h: KubernetesHandle) -> str:
         return "jobsets.jobset.x-k8s.io" if h.kind == "JobSet" else "jobs.batch"
