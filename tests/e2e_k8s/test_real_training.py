@@ -702,3 +702,135 @@ def test_a_gang_on_every_node_waits_for_the_lost_one_and_resumes_when_it_is_back
     second = client.attempts(job_id)[-1]
     assert second["resumed_from_step"] is not None and second["resumed_from_step"] >= 10
     assert client.summary(job_id)["steps"] == steps
+
+
+def agent_daemonset(
+    tmp_path: Path, namespace: str, image: str, server_url: str, fault_dir: Path
+) -> list[dict[str, Any]]:
+    """deploy/kubernetes-overlays/agent as rendered, for the CPU-only real nodes of this
+    cluster: the CPU image, no NVIDIA runtime class, the real nodes' label and taint, the test's
+    control plane, and a health check that fails once the file fault_dir/NODE exists."""
+    from tests.unit.cluster.deploy_render import render
+
+    objects = render("agent", tmp_path)
+    for o in objects:
+        o["metadata"]["namespace"] = namespace
+    (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    pod.pop("runtimeClassName")
+    term = {"key": REAL_NODE_LABEL, "operator": "In", "values": ["true"]}
+    pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": [{"matchExpressions": [term]}]
+    }
+    pod["tolerations"].append(
+        {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+    )
+    (container,) = pod["containers"]
+    container["image"] = image
+    container["imagePullPolicy"] = "Never"
+    container["env"] = [e for e in container["env"] if not e["name"].startswith("NVIDIA_")]
+    for e in container["env"]:
+        if e["name"] == "TYARD_SERVER":
+            e["value"] = server_url
+    container["args"] += ["--interval=1", "--check=test ! -e /host/fault/$(NODE_NAME)"]
+    container["volumeMounts"].append(
+        {"name": "fault", "mountPath": "/host/fault", "readOnly": True}
+    )
+    pod["volumes"].append(
+        {"name": "fault", "hostPath": {"path": str(fault_dir), "type": "Directory"}}
+    )
+    return objects
+
+
+def test_the_agent_daemonset_reports_a_failed_health_check_and_the_gang_moves_off_the_node(
+    platform: Platform,
+    k8s_env: K8sEnv,
+    core: Any,
+    api_client: Any,
+    real_nodes: list[str],
+    cpu_image: str,
+    tmp_path: Path,
+) -> None:
+    """The closed loop on real nodes: the agent (from the CPU image, as the DaemonSet of
+    deploy/kubernetes-overlays/agent) runs its health check on each node; one fails, the agent
+    reports it, the control plane drains the node (cordoning the Node too), and the gang resumes
+    from its checkpoint on the spare node."""
+    from kubernetes import client as k8s
+
+    if len(real_nodes) < 3:
+        _unavailable("a gang of 2 moving off a drained node needs 3 real nodes (--real-nodes 3)")
+    namespace = platform.namespace
+    fault = tmp_path / "fault"
+    fault.mkdir()
+    fault.chmod(0o755)
+    core.create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": "tensoryard-agent"},
+            "stringData": {"token": (platform.server.home / "admin.token").read_text().strip()},
+        },
+    )
+    objects = agent_daemonset(tmp_path, namespace, cpu_image, platform.server.url, fault)
+    manifest = tmp_path / "agent.yaml"
+    manifest.write_text(yaml.safe_dump_all(objects))
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(k8s_env.kubeconfig), "apply", "-f", str(manifest)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    apps = k8s.AppsV1Api(api_client)
+    selector = "app.kubernetes.io/name=tensoryard-agent"
+
+    def agents_ready() -> list[Any] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+        ready = [
+            p
+            for p in pods
+            if p.status.phase == "Running"
+            and all(c.ready for c in (p.status.container_statuses or []))
+        ]
+        return ready if {p.spec.node_name for p in ready} == set(real_nodes) else None
+
+    drained = ""
+    try:
+        wait_until(agents_ready, timeout=180, what="an agent ready on every real node")
+        steps = 1500
+        job_id = submit(platform.server, tiny_gpt(tmp_path, steps=steps))
+        client = platform.client
+        wait_until(
+            lambda: [c for c in client.checkpoints(job_id) if c["step"] >= 10] or None,
+            timeout=300,
+            what="a checkpoint at step 10",
+        )
+        placement = sorted(client.job(job_id)["placement"])
+        drained = placement[1]
+        (fault / drained).touch()  # the node's health check fails from now on
+        started = time.monotonic()
+        node = wait_until(
+            lambda: next(
+                (n for n in client.nodes() if n["name"] == drained and n["state"] != "ready"),
+                None,
+            ),
+            timeout=60,
+            what=f"{drained} drained by the agent's report",
+        )
+        assert time.monotonic() - started < 30
+        assert f"`test ! -e /host/fault/{drained}` failed (exit code 1)" in node["reason"], node
+        wait_until(  # the Node is cordoned too (the control loop mirrors it)
+            lambda: core.read_node(drained).spec.unschedulable,
+            timeout=30,
+            what=f"the Node {drained} cordoned",
+        )
+        job = wait_for(client, job_id, TERMINAL, timeout=500)
+        assert job["state"] == "SUCCEEDED", explain(platform, job_id)
+        now = sorted(job["placement"])
+        assert drained not in now and len(now) == 2, (placement, now)
+        last = client.attempts(job_id)[-1]
+        assert last["resumed_from_step"] is not None and last["resumed_from_step"] >= 10
+        assert client.summary(job_id)["steps"] == steps
+    finally:
+        if drained:
+            (fault / drained).unlink(missing_ok=True)
+            tyard(platform.server, "nodes", "uncordon", drained)
+            core.patch_node(drained, {"spec": {"unschedulable": None}})
+        apps.delete_namespaced_daemon_set("tensoryard-agent", namespace)

@@ -15,6 +15,7 @@ A scrape always answers: a collector that raises is counted in
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import threading
@@ -280,14 +281,24 @@ class NodeAgent:
                     argv, capture_output=True, timeout=self.config.check_timeout_s, check=False
                 )
                 ok = done.returncode == 0
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                log.warning("health check %s: %s", command, exc)
-                ok = False
+                outcome = f"exit code {done.returncode}"
+            except subprocess.TimeoutExpired:
+                ok, outcome = False, f"no answer within {self.config.check_timeout_s:g}s"
+            except OSError as exc:
+                ok, outcome = False, f"cannot run it: {exc.strerror or exc}"
+            if not ok:
+                log.warning("health check %s failed: %s", command, outcome)
             if ok:
                 self._failed_checks.discard(command)
             elif command not in self._failed_checks:
                 self._failed_checks.add(command)
-                out.append(self._labels("HealthCheckFailed", check=Path(argv[0]).name))
+                # the whole command, in the words a drain reason can carry (no , ( or ))
+                said = " ".join(re.sub(r"[,()]", " ", command).split())
+                out.append(
+                    self._labels(
+                        "HealthCheckFailed", check=said, outcome=re.sub(r"[,()]", " ", outcome)
+                    )
+                )
         return out
 
     # ---- serving ----------------------------------------------------------------------------

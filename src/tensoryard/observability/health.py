@@ -65,7 +65,7 @@ def decide(alerts: Iterable[Mapping[str, Any]]) -> list[HealthAction]:
 
 
 def _reason(name: str, labels: Mapping[str, str]) -> str:
-    keys = ("gpu", "xid", "device", "port", "check", "rank", "op")
+    keys = ("gpu", "xid", "device", "port", "check", "outcome", "rank", "op")
     detail = [f"{k}={labels[k]}" for k in keys if labels.get(k)]
     return f"{name}({', '.join(detail)})" if detail else name
 
@@ -91,6 +91,8 @@ _WORDS = {
     "InfinibandPortDown": "InfiniBand port {device}/{port} down",
     "HealthCheckFailed": "health check {check} failed",
 }
+# the same, when the report says how it failed (tyard agent's own checks do)
+_WORDS_WITH_OUTCOME = {"HealthCheckFailed": "health check `{check}` failed ({outcome})"}
 
 
 def describe(reasons: Iterable[str]) -> str:
@@ -105,6 +107,8 @@ def describe(reasons: Iterable[str]) -> str:
         labels = dict(
             part.split("=", 1) for part in match.group("detail").split(", ") if "=" in part
         )
+        if "outcome" in labels:
+            template = _WORDS_WITH_OUTCOME.get(match.group("name"), template)
         try:
             out.append(template.format(**labels).replace("/?", ""))
         except KeyError:

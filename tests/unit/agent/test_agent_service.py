@@ -217,7 +217,9 @@ def test_a_failing_health_check_command_is_reported_until_it_passes_again(
     )
     service.report()
     service.report()
-    assert [a["labels"]["check"] for a in control_plane.reports[0]] == ["gpu-burn-check"]
+    (alert,) = control_plane.reports[0]
+    assert alert["labels"]["check"] == str(script)  # the whole command: which check, exactly
+    assert alert["labels"]["outcome"] == "exit code 3"
     assert len(control_plane.reports) == 1
     flag.touch()
     service.report()

@@ -55,3 +55,22 @@ def test_nodes_are_named_by_hostname_or_instance_without_port():
     assert node_of({"instance": "n7:9410"}) == "n7"
     assert node_of({"instance": "[fe80::1]:9410"}) == "fe80::1"
     assert node_of({}) == ""
+
+
+def test_a_failed_check_reads_as_its_command_and_how_it_failed() -> None:
+    from tensoryard.observability.health import describe
+
+    labels = {
+        "alertname": "HealthCheckFailed",
+        "health_action": "drain_node",
+        "Hostname": "n7",
+        "check": "test ! -e /host/fault/n7",
+        "outcome": "exit code 1",
+    }
+    (action,) = decide([{"labels": labels}])
+    assert (
+        describe(action.reasons) == "health check `test ! -e /host/fault/n7` failed (exit code 1)"
+    )
+    del labels["outcome"]  # Alertmanager's own alerts, or an older agent: the short words
+    (action,) = decide([{"labels": labels}])
+    assert describe(action.reasons) == "health check test ! -e /host/fault/n7 failed"
