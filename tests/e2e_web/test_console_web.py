@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tensoryard.client import Client
 from tests.e2e.conftest import REPO, ServerProcess
@@ -118,7 +119,8 @@ def test_sign_in_submit_the_tiny_gpt_and_watch_the_loss_plot_grow(
     page.screenshot(path=shots / "signin.png")
     sign_in(page, server.url, (server.home / "admin.token").read_text().strip())
     go(page, server.url, "submit")
-    page.fill("#spec", json.dumps(TINY, indent=2))
+    # The job.yaml a researcher gives `tyard submit`, pasted as it is.
+    page.fill("#spec", yaml.safe_dump(TINY, sort_keys=False))
     page.click("#submit")
     page.wait_for_url("**/#/jobs/*")
     State.tiny = int(page.url.rsplit("/", 1)[1])
@@ -128,6 +130,31 @@ def test_sign_in_submit_the_tiny_gpt_and_watch_the_loss_plot_grow(
     grown = wait_until(lambda: points(page, "#plot-loss") > first, 120, "more loss points")
     assert grown
     assert page.get_attribute("#plot-loss svg", "aria-label").startswith("Loss: ")
+
+
+def test_bad_yaml_on_the_submit_page_is_named_by_field_and_nothing_is_stored(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    go(page, server.url, "submit")
+    before = admin.jobs()["total"]
+    where = "/srv/tensoryard/examples/tiny_gpt"  # never read: the spec is refused first
+    bad = yaml.safe_dump({**TINY, "name": "bad-yaml", "workdir": where}, sort_keys=False)
+    # A field of the wrong type and a syntax error, each named like the API's 422 detail.
+    page.fill("#spec", bad.replace("cpu: 2", "cpu: lots"))
+    page.keyboard.press("Tab")  # to the Submit button, by keyboard
+    page.keyboard.press("Enter")
+    alert = page.locator("#submit-result [role=alert]")
+    alert.wait_for()
+    assert "resources.cpu:" in alert.inner_text()
+    assert page.get_attribute("#spec", "aria-invalid") == "true"
+    page.screenshot(path=shots / "submit-yaml-error.png", full_page=True)
+    page.fill("#spec", bad.replace("command:", "command: [oops\n", 1))
+    page.click("#submit")
+    page.locator(
+        "#submit-result [role=alert]", has_text="spec_yaml: malformed YAML at line"
+    ).wait_for()
+    assert admin.jobs()["total"] == before
+    go(page, server.url, f"jobs/{State.tiny}")
 
 
 def test_follow_a_ranks_log_search_it_and_download_it(page: Any, server: ServerProcess) -> None:
@@ -152,6 +179,48 @@ def test_see_it_restart_after_a_killed_rank(
     go(page, server.url, f"jobs/{State.tiny}")
     page.wait_for_selector("#log:has-text('step')", timeout=30_000)
     page.screenshot(path=shots / "job.png", full_page=True)
+
+
+def test_restart_from_a_chosen_checkpoint_resumes_there_in_a_new_job(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    from tests.e2e.conftest import tyard
+
+    kept = sorted(c["step"] for c in admin.checkpoints(State.tiny))
+    removed = sorted(r["step"] for r in admin.checkpoint_removals(State.tiny))
+    assert kept and removed, (kept, removed)
+    chosen = kept[0]  # an older one than the last: the new job has steps left to train
+    assert chosen < 40
+    # Bad input through the CLI twin and the API: named, with the fix, nothing stored.
+    before = admin.jobs()["total"]
+    token = (server.home / "admin.token").read_text().strip()
+    common = ["--server", server.url, "--token", token]
+    gone = tyard("resubmit", str(State.tiny), "--from-step", str(removed[0]), *common)
+    assert gone.returncode == 2 and "checkpoint_step:" in gone.stderr, gone.stderr
+    assert "removed by its retention policy" in gone.stderr and "Traceback" not in gone.stderr
+    unknown = tyard("resubmit", str(State.tiny), "--from-step", "41", *common)
+    assert unknown.returncode == 2 and "has no checkpoint at step 41" in unknown.stderr
+    assert f"choose one of its checkpoints' steps: {', '.join(map(str, kept))}" in unknown.stderr
+    assert admin.jobs()["total"] == before
+    # In the console: pick the step, restart, land on the new job's page.
+    go(page, server.url, f"jobs/{State.tiny}")
+    page.get_by_label("Restart from checkpoint").select_option(str(chosen))
+    page.click("#restart")
+    page.wait_for_url(lambda url: url.rstrip("/").rsplit("/", 1)[1] != str(State.tiny))
+    new = int(page.url.rsplit("/", 1)[1])
+    wait_until(lambda: admin.job(new)["state"] == "SUCCEEDED", 300, "the restarted job to end")
+    [first, *_] = admin.attempts(new)
+    assert first["resumed_from_step"] == chosen
+    steps = sorted({m["step"] for m in admin.metrics(new)})
+    assert steps[0] == chosen + 1 and steps[-1] == 40, steps
+    events = [e["message"] for e in admin.events(new)]
+    assert f"restarted from job {State.tiny}'s checkpoint of step {chosen} by admin" in events
+    [line] = [a for a in admin.audit(action="job.submit") if a["object"] == f"job/{new}"]
+    assert line["actor"] == "admin" and line["outcome"] == "ok"
+    page.wait_for_selector(f"text=resumed from step {chosen}", timeout=30_000)
+    page.wait_for_selector(".badge.s-SUCCEEDED", timeout=30_000)
+    # The top of the page down to the attempts (the logs below name this machine's paths).
+    page.screenshot(path=shots / "restart.png", clip={"x": 0, "y": 0, "width": 1280, "height": 760})
 
 
 def test_a_pending_job_shows_its_reason_and_start_estimate(
