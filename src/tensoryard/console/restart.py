@@ -62,7 +62,7 @@ def chosen_checkpoint(store: Store, job: JobRecord, spec: JobSpec, step: int) ->
             f"choose one of its checkpoints' steps: {_steps(kept)}",
         )
     path = Path(record.path)
-    if not _STEP_DIR.match(path.name) or not (path / "meta.json").is_file():
+    if path.is_symlink() or not _STEP_DIR.match(path.name) or not (path / "meta.json").is_file():
         raise _refuse(
             f"the checkpoint of step {step} of job {job.id} is not a complete tensoryard "
             f"checkpoint directory at {path} (its files are gone, or another tool wrote it)",
