@@ -307,6 +307,69 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     page.screenshot(path=shots / "nodes.png", full_page=True)
 
 
+def _quick_step(name: str, **extra: Any) -> dict[str, Any]:
+    job = {"launcher": "python", "command": ["-c", f"print('{name} done')"], "workdir": str(REPO)}
+    return {"name": name, "job": job, **extra}
+
+
+PIPELINE: dict[str, Any] = {
+    "name": "web-chain",
+    "team": "default",
+    "steps": [
+        _quick_step("prepare"),
+        _quick_step("train", needs=["prepare"]),
+        _quick_step("evaluate", needs=["train"]),
+        _quick_step("report", needs=["prepare", "evaluate"]),
+    ],
+}
+
+
+def test_a_pipeline_dag_shows_its_steps_states_and_cache_hits(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    # After the pending-job test: these one-second python jobs would teach the runtime
+    # estimator that the sleepers there end at once (their start estimate would be now).
+    first = admin.run_pipeline(PIPELINE)["id"]
+    done = wait_until(
+        lambda: (p := admin.pipeline(first))["state"] in ("SUCCEEDED", "FAILED") and p, 180, "run 1"
+    )
+    assert done["state"] == "SUCCEEDED", done
+    second = admin.run_pipeline(PIPELINE)["id"]  # the same inputs: every step a cache hit
+    again = wait_until(
+        lambda: (p := admin.pipeline(second))["state"] in ("SUCCEEDED", "FAILED") and p, 60, "run 2"
+    )
+    assert [s["state"] for s in again["steps"]] == ["CACHED"] * 4, again
+    assert {s["cached_from"] for s in again["steps"]} == {
+        f"{first}/{s['name']}" for s in PIPELINE["steps"]
+    }
+    go(page, server.url, "models")
+    page.click(f"#dag-{first}")
+    page.locator("#dag h3", has_text=f"#{first}").wait_for()
+    steps = page.locator("#dag .dag-step")
+    assert steps.count() == 4
+    assert (
+        page.eval_on_selector_all("#dag .dag-step", "ss => ss.map(s => s.dataset.state)")
+        == ["SUCCEEDED"] * 4
+    )
+    train = page.locator("#step-train")
+    job = next(s["job_id"] for s in done["steps"] if s["name"] == "train")
+    assert train.locator("a").get_attribute("href") == f"#/jobs/{job}"
+    # Four edges: prepare->train, train->evaluate, prepare->report, evaluate->report.
+    page.wait_for_function("document.querySelectorAll('#dag svg.dag-edges line').length === 4")
+    # Stages by depth: evaluate comes after train, report after evaluate.
+    cols = page.eval_on_selector_all(
+        "#dag .dag-col",
+        "cs => cs.map(c => [...c.querySelectorAll('.dag-step strong')].map(s => s.textContent))",
+    )
+    assert cols == [["prepare"], ["train"], ["evaluate"], ["report"]]
+    page.click(f"#dag-{second}")
+    page.locator("#dag h3", has_text=f"#{second}").wait_for()
+    assert page.locator("#dag .cache-hit").count() == 4
+    assert f"outputs of pipeline {first} step train" in page.inner_text("#step-train")
+    assert "4 cache hits" in page.inner_text("#dag-summary")
+    page.screenshot(path=shots / "pipelines.png", full_page=True)
+
+
 PAGES = [
     "queue",
     "queue?which=running",
@@ -338,7 +401,7 @@ def test_every_page_passes_axe_and_works_in_a_narrow_window_and_by_keyboard(
             page.screenshot(path=shots / f"{name}.png", full_page=True)
     assert not found, f"serious accessibility violations: {found}"
     page.set_viewport_size({"width": 400, "height": 800})
-    for where in ("queue", "cluster", f"jobs/{State.tiny}"):
+    for where in ("queue", "cluster", "models", f"jobs/{State.tiny}"):
         go(page, server.url, where)
         wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert wide <= 1, f"{where} scrolls sideways by {wide}px at 400px wide"
