@@ -220,6 +220,7 @@ def test_restart_from_a_chosen_checkpoint_resumes_there_in_a_new_job(
     page.wait_for_selector(f"text=resumed from step {chosen}", timeout=30_000)
     page.wait_for_selector(".badge.s-SUCCEEDED", timeout=30_000)
     # The top of the page down to the attempts (the logs below name this machine's paths).
+    page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=shots / "restart.png", clip={"x": 0, "y": 0, "width": 1280, "height": 760})
 
 
