@@ -165,6 +165,12 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return dict(self._json("POST", f"{API}/jobs/{job_id}/cancel"))
 
+    def resubmit(self, job_id: int, *, checkpoint_step: int | None = None) -> dict[str, Any]:
+        """A new job with `job_id`'s stored spec; with `checkpoint_step`, its first attempt
+        resumes from that checkpoint of the job. Returns ``{"id", "from", "checkpoint_step"}``."""
+        body = {"checkpoint_step": checkpoint_step}
+        return dict(self._json("POST", f"{API}/jobs/{job_id}/resubmit", json=body))
+
     def attempts(self, job_id: int) -> list[dict[str, Any]]:
         return list(self._json("GET", f"{API}/jobs/{job_id}/attempts"))
 

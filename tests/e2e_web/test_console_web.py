@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tensoryard.client import Client
 from tests.e2e.conftest import REPO, ServerProcess
@@ -118,7 +119,8 @@ def test_sign_in_submit_the_tiny_gpt_and_watch_the_loss_plot_grow(
     page.screenshot(path=shots / "signin.png")
     sign_in(page, server.url, (server.home / "admin.token").read_text().strip())
     go(page, server.url, "submit")
-    page.fill("#spec", json.dumps(TINY, indent=2))
+    # The job.yaml a researcher gives `tyard submit`, pasted as it is.
+    page.fill("#spec", yaml.safe_dump(TINY, sort_keys=False))
     page.click("#submit")
     page.wait_for_url("**/#/jobs/*")
     State.tiny = int(page.url.rsplit("/", 1)[1])
@@ -128,6 +130,31 @@ def test_sign_in_submit_the_tiny_gpt_and_watch_the_loss_plot_grow(
     grown = wait_until(lambda: points(page, "#plot-loss") > first, 120, "more loss points")
     assert grown
     assert page.get_attribute("#plot-loss svg", "aria-label").startswith("Loss: ")
+
+
+def test_bad_yaml_on_the_submit_page_is_named_by_field_and_nothing_is_stored(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    go(page, server.url, "submit")
+    before = admin.jobs()["total"]
+    where = "/srv/tensoryard/examples/tiny_gpt"  # never read: the spec is refused first
+    bad = yaml.safe_dump({**TINY, "name": "bad-yaml", "workdir": where}, sort_keys=False)
+    # A field of the wrong type and a syntax error, each named like the API's 422 detail.
+    page.fill("#spec", bad.replace("cpu: 2", "cpu: lots"))
+    page.keyboard.press("Tab")  # to the Submit button, by keyboard
+    page.keyboard.press("Enter")
+    alert = page.locator("#submit-result [role=alert]")
+    alert.wait_for()
+    assert "resources.cpu:" in alert.inner_text()
+    assert page.get_attribute("#spec", "aria-invalid") == "true"
+    page.screenshot(path=shots / "submit-yaml-error.png", full_page=True)
+    page.fill("#spec", bad.replace("command:", "command: [oops\n", 1))
+    page.click("#submit")
+    page.locator(
+        "#submit-result [role=alert]", has_text="spec_yaml: malformed YAML at line"
+    ).wait_for()
+    assert admin.jobs()["total"] == before
+    go(page, server.url, f"jobs/{State.tiny}")
 
 
 def test_follow_a_ranks_log_search_it_and_download_it(page: Any, server: ServerProcess) -> None:
@@ -152,6 +179,49 @@ def test_see_it_restart_after_a_killed_rank(
     go(page, server.url, f"jobs/{State.tiny}")
     page.wait_for_selector("#log:has-text('step')", timeout=30_000)
     page.screenshot(path=shots / "job.png", full_page=True)
+
+
+def test_restart_from_a_chosen_checkpoint_resumes_there_in_a_new_job(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    from tests.e2e.conftest import tyard
+
+    kept = sorted(c["step"] for c in admin.checkpoints(State.tiny))
+    removed = sorted(r["step"] for r in admin.checkpoint_removals(State.tiny))
+    assert kept and removed, (kept, removed)
+    chosen = kept[0]  # an older one than the last: the new job has steps left to train
+    assert chosen < 40
+    # Bad input through the CLI twin and the API: named, with the fix, nothing stored.
+    before = admin.jobs()["total"]
+    token = (server.home / "admin.token").read_text().strip()
+    common = ["--server", server.url, "--token", token]
+    gone = tyard("resubmit", str(State.tiny), "--from-step", str(removed[0]), *common)
+    assert gone.returncode == 2 and "checkpoint_step:" in gone.stderr, gone.stderr
+    assert "removed by its retention policy" in gone.stderr and "Traceback" not in gone.stderr
+    unknown = tyard("resubmit", str(State.tiny), "--from-step", "41", *common)
+    assert unknown.returncode == 2 and "has no checkpoint at step 41" in unknown.stderr
+    assert f"choose one of its checkpoints' steps: {', '.join(map(str, kept))}" in unknown.stderr
+    assert admin.jobs()["total"] == before
+    # In the console: pick the step, restart, land on the new job's page.
+    go(page, server.url, f"jobs/{State.tiny}")
+    page.get_by_label("Restart from checkpoint").select_option(str(chosen))
+    page.click("#restart")
+    page.wait_for_url(lambda url: url.rstrip("/").rsplit("/", 1)[1] != str(State.tiny))
+    new = int(page.url.rsplit("/", 1)[1])
+    wait_until(lambda: admin.job(new)["state"] == "SUCCEEDED", 300, "the restarted job to end")
+    [first, *_] = admin.attempts(new)
+    assert first["resumed_from_step"] == chosen
+    steps = sorted({m["step"] for m in admin.metrics(new)})
+    assert steps[0] == chosen + 1 and steps[-1] == 40, steps
+    events = [e["message"] for e in admin.events(new)]
+    assert f"restarted from job {State.tiny}'s checkpoint of step {chosen} by admin" in events
+    [line] = [a for a in admin.audit(action="job.submit") if a["object"] == f"job/{new}"]
+    assert line["actor"] == "admin" and line["outcome"] == "ok"
+    page.wait_for_selector(f"text=resumed from step {chosen}", timeout=30_000)
+    page.wait_for_selector(".badge.s-SUCCEEDED", timeout=30_000)
+    # The top of the page down to the attempts (the logs below name this machine's paths).
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=shots / "restart.png", clip={"x": 0, "y": 0, "width": 1280, "height": 760})
 
 
 def test_a_pending_job_shows_its_reason_and_start_estimate(
@@ -238,6 +308,69 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     page.screenshot(path=shots / "nodes.png", full_page=True)
 
 
+def _quick_step(name: str, **extra: Any) -> dict[str, Any]:
+    job = {"launcher": "python", "command": ["-c", f"print('{name} done')"], "workdir": str(REPO)}
+    return {"name": name, "job": job, **extra}
+
+
+PIPELINE: dict[str, Any] = {
+    "name": "web-chain",
+    "team": "default",
+    "steps": [
+        _quick_step("prepare"),
+        _quick_step("train", needs=["prepare"]),
+        _quick_step("evaluate", needs=["train"]),
+        _quick_step("report", needs=["prepare", "evaluate"]),
+    ],
+}
+
+
+def test_a_pipeline_dag_shows_its_steps_states_and_cache_hits(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    # After the pending-job test: these one-second python jobs would teach the runtime
+    # estimator that the sleepers there end at once (their start estimate would be now).
+    first = admin.run_pipeline(PIPELINE)["id"]
+    done = wait_until(
+        lambda: (p := admin.pipeline(first))["state"] in ("SUCCEEDED", "FAILED") and p, 180, "run 1"
+    )
+    assert done["state"] == "SUCCEEDED", done
+    second = admin.run_pipeline(PIPELINE)["id"]  # the same inputs: every step a cache hit
+    again = wait_until(
+        lambda: (p := admin.pipeline(second))["state"] in ("SUCCEEDED", "FAILED") and p, 60, "run 2"
+    )
+    assert [s["state"] for s in again["steps"]] == ["CACHED"] * 4, again
+    assert {s["cached_from"] for s in again["steps"]} == {
+        f"{first}/{s['name']}" for s in PIPELINE["steps"]
+    }
+    go(page, server.url, "models")
+    page.click(f"#dag-{first}")
+    page.locator("#dag h3", has_text=f"#{first}").wait_for()
+    steps = page.locator("#dag .dag-step")
+    assert steps.count() == 4
+    assert (
+        page.eval_on_selector_all("#dag .dag-step", "ss => ss.map(s => s.dataset.state)")
+        == ["SUCCEEDED"] * 4
+    )
+    train = page.locator("#step-train")
+    job = next(s["job_id"] for s in done["steps"] if s["name"] == "train")
+    assert train.locator("a").get_attribute("href") == f"#/jobs/{job}"
+    # Four edges: prepare->train, train->evaluate, prepare->report, evaluate->report.
+    page.wait_for_function("document.querySelectorAll('#dag svg.dag-edges line').length === 4")
+    # Stages by depth: evaluate comes after train, report after evaluate.
+    cols = page.eval_on_selector_all(
+        "#dag .dag-col",
+        "cs => cs.map(c => [...c.querySelectorAll('.dag-step strong')].map(s => s.textContent))",
+    )
+    assert cols == [["prepare"], ["train"], ["evaluate"], ["report"]]
+    page.click(f"#dag-{second}")
+    page.locator("#dag h3", has_text=f"#{second}").wait_for()
+    assert page.locator("#dag .cache-hit").count() == 4
+    assert f"outputs of pipeline {first} step train" in page.inner_text("#step-train")
+    assert "4 cache hits" in page.inner_text("#dag-summary")
+    page.screenshot(path=shots / "pipelines.png", full_page=True)
+
+
 PAGES = [
     "queue",
     "queue?which=running",
@@ -269,7 +402,7 @@ def test_every_page_passes_axe_and_works_in_a_narrow_window_and_by_keyboard(
             page.screenshot(path=shots / f"{name}.png", full_page=True)
     assert not found, f"serious accessibility violations: {found}"
     page.set_viewport_size({"width": 400, "height": 800})
-    for where in ("queue", "cluster", f"jobs/{State.tiny}"):
+    for where in ("queue", "cluster", "models", f"jobs/{State.tiny}"):
         go(page, server.url, where)
         wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert wide <= 1, f"{where} scrolls sideways by {wide}px at 400px wide"

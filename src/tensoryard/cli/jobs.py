@@ -770,6 +770,35 @@ def cancel(
         console.print(f"cancel requested for job {job_id} ({job['state']})")
 
 
+def resubmit(
+    job_id: JobIdArg,
+    from_step: Annotated[
+        int | None,
+        typer.Option(
+            "--from-step",
+            help="Start from the job's checkpoint of this step (see `tyard describe`); the new "
+            "job's first attempt resumes there.",
+            min=0,
+        ),
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Submit a new job with a job's stored spec; you become its user. With --from-step it
+    restarts from that checkpoint of the job."""
+    with user_errors(), client_for(server, token) as client:
+        out = client.resubmit(job_id, checkpoint_step=from_step)
+    if json_out:
+        print_json(out)
+    elif from_step is None:
+        console.print(f"job {out['id']} resubmitted from job {job_id}")
+    else:
+        console.print(
+            f"job {out['id']} restarts from job {job_id}'s checkpoint of step {from_step}"
+        )
+
+
 teams_app = typer.Typer(help="Teams (queues) that jobs are submitted to.", no_args_is_help=True)
 
 
@@ -811,4 +840,5 @@ def register(app: typer.Typer) -> None:
     app.command()(describe)
     app.command()(logs)
     app.command()(cancel)
+    app.command()(resubmit)
     app.add_typer(teams_app, name="teams")

@@ -12,10 +12,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tensoryard.console.live import LiveHub, job_brief, sse
-from tensoryard.errors import FieldIssue, NotFound, SpecError
+from tensoryard.console.restart import chosen_checkpoint, place, stage
+from tensoryard.errors import FieldIssue, NotFound, SpecError, StoreError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId
 from tensoryard.serving.api import parse_when
@@ -65,6 +66,23 @@ class QueueOut(BaseModel):
     offset: int
     total: int
     items: list[QueueItemOut]
+
+
+class ResubmitIn(BaseModel):
+    """What a resubmission changes: nothing, or the checkpoint its first attempt resumes from."""
+
+    checkpoint_step: int | None = Field(
+        None,
+        ge=0,
+        le=INT32,
+        description="Resume from this job's checkpoint of this step (see its checkpoints).",
+    )
+
+
+class ResubmitOut(BaseModel):
+    id: int
+    from_job: int = Field(serialization_alias="from")
+    checkpoint_step: int | None
 
 
 class GpuHoursOut(BaseModel):
@@ -162,17 +180,59 @@ def add_console_routes(
         )
 
     @app.post(f"{prefix}/jobs/{{job_id}}/resubmit", status_code=201, tags=tags)
-    def resubmit(job_id: JobId, request: Request, who: Principal = Depends(guard.user)) -> Any:
+    def resubmit(
+        job_id: JobId,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        body: ResubmitIn | None = None,
+    ) -> ResubmitOut:
         """Submit a new job with this job's stored spec (its environment values included,
-        which the API never shows); you become its user. Needs member in the job's team."""
+        which the API never shows); you become its user. Needs member in the job's team.
+
+        With `checkpoint_step`, the new job's first attempt resumes from that checkpoint of
+        this job (one of `GET /jobs/{id}/checkpoints`), in a checkpoint directory of its own;
+        both jobs' events record the lineage."""
         old = store.get_job(job_id)
         guard.check(request, who, Action.JOB_READ, team=old.team, obj=f"job/{job_id}")
         guard.check(request, who, Action.JOB_SUBMIT, team=old.team, obj=f"team/{old.team}")
-        spec = parse_job_spec({**old.spec, "user": who.name}, source=f"job {job_id}")
-        job = store.create_job(spec, run_dir_root=deps.runs_dir, audit=guard.context(request, who))
-        store.add_event(job.id, "submitted", f"resubmitted from job {job_id} by {who.name}")
+        step = body.checkpoint_step if body is not None else None
+        raw = {**old.spec, "user": who.name}
+        if step is not None:  # its own checkpoint directory: the old one is not shared
+            raw["checkpoint"] = {**(raw.get("checkpoint") or {}), "dir": None}
+        spec = parse_job_spec(raw, source=f"job {job_id}")
+        staged = None
+        if step is not None:
+            source = chosen_checkpoint(store, old, spec, step)
+            staged = stage(source, deps.runs_dir, step)
+        try:
+            job = store.create_job(
+                spec, run_dir_root=deps.runs_dir, audit=guard.context(request, who)
+            )
+            if staged is not None:
+                try:
+                    place(staged, job, spec)
+                except OSError as exc:  # the disk, not the request: the job must not start fresh
+                    store.request_cancel(job.id)
+                    raise StoreError(
+                        f"job {job.id} was stored but its checkpoint could not be placed "
+                        f"({exc}); it is cancelled, try again"
+                    ) from None
+        finally:
+            if staged is not None:
+                staged.discard()
+        if step is None:
+            store.add_event(job.id, "submitted", f"resubmitted from job {job_id} by {who.name}")
+        else:
+            store.add_event(
+                job.id,
+                "submitted",
+                f"restarted from job {job_id}'s checkpoint of step {step} by {who.name}",
+            )
+            store.add_event(
+                job_id, "restarted", f"job {job.id} restarts from this job's step {step}"
+            )
         deps.kick()
-        return {"id": job.id, "from": job_id}
+        return ResubmitOut(id=job.id, from_job=job_id, checkpoint_step=step)
 
     @app.get(f"{prefix}/stream", tags=tags, response_model=None)
     async def stream(request: Request, who: Principal = Depends(guard.user)) -> Any:

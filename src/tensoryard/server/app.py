@@ -74,6 +74,7 @@ from tensoryard.server.schemas import (
 )
 from tensoryard.server.secrets import SecretStore
 from tensoryard.server.summary import summarize, team_goodput
+from tensoryard.spec._common import load_yaml_text
 from tensoryard.spec.job import NAME_PATTERN, JobSpec, parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES, JobState
 from tensoryard.store import JobRecord, Store
@@ -168,7 +169,7 @@ def create_app(
         With an `Idempotency-Key` header a retried request returns the job stored the first
         time instead of storing a copy (the CLI and the Python client always send one)."""
         key = _idempotency_key(idempotency_key)
-        spec = parse_job_spec({**body.spec, "user": who.name}, source="request")
+        spec = parse_job_spec({**_submitted_mapping(body), "user": who.name}, source="request")
         _check_inputs(spec, protected)
         _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
@@ -717,6 +718,35 @@ def _visible_format(path: str) -> str | None:
         return detect_format(where) if where.exists() else None
     except OSError:
         return None
+
+
+def _submitted_mapping(body: SubmitIn) -> dict[str, Any]:
+    """The spec of a submission as a mapping: `spec` as sent, or `spec_yaml` parsed with the
+    CLI's safe loader and limits. Errors name `spec`/`spec_yaml` and the fix."""
+    if (body.spec is None) == (body.spec_yaml is None):
+        raise SpecError(
+            [FieldIssue("spec", "give the job spec once", "send either spec or spec_yaml")],
+            source="request",
+        )
+    if body.spec is not None:
+        return body.spec
+    try:
+        data = load_yaml_text(body.spec_yaml or "", source="spec_yaml")
+    except SpecError as exc:
+        issues = [FieldIssue(i.path or "spec_yaml", i.message, i.fix) for i in exc.issues]
+        raise SpecError(issues, source="request") from None
+    if not isinstance(data, dict):
+        raise SpecError(
+            [
+                FieldIssue(
+                    "spec_yaml",
+                    "a job spec must be a mapping of fields",
+                    "start with 'name: ...' (the text of a job.yaml)",
+                )
+            ],
+            source="request",
+        )
+    return data
 
 
 def _known_checkpoints(store: Store, job_id: int, body: ReportIn) -> set[tuple[int, str]]:

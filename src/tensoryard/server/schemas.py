@@ -74,9 +74,15 @@ class ErrorOut(BaseModel):
 
 
 class SubmitIn(BaseModel):
-    """A submission: the JobSpec as a mapping (validated by the spec language, not here)."""
+    """A submission: the JobSpec as a mapping, or as the YAML text of a job file (validated by
+    the spec language, not here). Exactly one of the two."""
 
-    spec: dict[str, Any] = Field(..., description="A JobSpec, as in a job YAML file.")
+    spec: dict[str, Any] | None = Field(None, description="A JobSpec, as in a job YAML file.")
+    spec_yaml: str | None = Field(
+        None,
+        description="The text of a job YAML file (as `tyard submit` reads it: safe types only, "
+        "at most 256 KiB); `workdir` must then be given.",
+    )
 
 
 MAX_BATCH = 1000

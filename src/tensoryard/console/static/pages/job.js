@@ -87,8 +87,30 @@ export async function jobPage(ctx, id) {
       shown.map((e) => [when(e.ts), e.attempt ?? "", e.kind, e.message]), { caption: "events, newest first" }));
   }
 
+  // Restart from a chosen checkpoint: a new job whose first attempt resumes there (for those
+  // who may resubmit; the control plane checks again and names a bad step with its fix).
+  const restartOut = h("div", { "aria-live": "polite", id: "restart-result" });
+  function restartForm(list) {
+    if (!list.length || !canAct(job.team)) return null;
+    const before = document.getElementById("restart-step");
+    const chosen = before ? before.value : String(list[list.length - 1].step);
+    const select = h("select", { id: "restart-step", "aria-describedby": "restart-help" },
+      list.map((c) => h("option", { value: String(c.step), selected: String(c.step) === chosen }, `step ${c.step}`)));
+    return h("form", { class: "row", id: "restart-form", onsubmit: async (e) => {
+      e.preventDefault();
+      put(restartOut);
+      try {
+        const out = await post(`${base}/resubmit`, { checkpoint_step: Number(select.value) });
+        location.hash = `#/jobs/${out.id}`;
+      } catch (err) { put(restartOut, errorBox(err)); }
+    } },
+    h("label", { for: "restart-step" }, "Restart from checkpoint"), select,
+    h("button", { type: "submit", class: "secondary", id: "restart" }, "Restart as a new job"),
+    h("span", { class: "muted", id: "restart-help" }, "A new job with this spec; its first attempt resumes from the chosen step."));
+  }
+
   function renderCheckpoints(list) {
-    put(ckptBox, list.length ? table(["Step", "Attempt", "Written", "Size", "Format", "Loss"],
+    put(ckptBox, restartForm(list), restartOut, list.length ? table(["Step", "Attempt", "Written", "Size", "Format", "Loss"],
       list.map((c) => [String(c.step), String(c.attempt), when(new Date(c.ts * 1000).toISOString()),
         c.size_bytes != null ? `${(c.size_bytes / 1e6).toFixed(1)} MB` : "—", c.format || "—",
         c.metrics.loss != null ? c.metrics.loss.toFixed(3) : "—"]), { numeric: [0, 1] })
