@@ -1,20 +1,23 @@
-"""The CPU image: tensoryard's build against a plain ``pip install`` image of the same packages.
+"""A matrix image: tensoryard's build against a plain ``pip install`` image of the same packages.
 
-    python benchmarks/image_build.py [--json PATH] [--no-results-line]
+    python benchmarks/image_build.py [--image NAME] [--json PATH] [--no-results-line]
+
+NAME is a matrix entry (default ``cpu``; ``pytorch-2.13-cu130`` is the CUDA image, built here
+only by this explicit command).
 
 Both arms start from the same cached Debian base (debootstrap minbase + Python) and the same
 wheelhouse, so neither pays for debootstrap or downloads, and both pack with umoci and write an
 OCI archive with skopeo:
 
-* tensoryard: ``tensoryard.images.builder.build`` of the ``cpu`` entry, its cache root fresh
-  (base and wheelhouse linked in): three layers, triton and cuda-bindings pruned, fixed mtimes,
-  unchecked-hash bytecode;
-* plain: what a Dockerfile ``RUN pip install torch==2.13.0 tensoryard[...]`` gives: the base
-  layer plus one layer of ``pip install`` with every dependency (pip's own bytecode).
+* tensoryard: ``tensoryard.images.builder.build`` of the entry, its cache root fresh (base and
+  wheelhouse linked in): three layers, the entry's pruning (the CPU image drops triton,
+  cuda-bindings and the CUDA libraries torch does not link), fixed mtimes, unchecked-hash bytecode;
+* plain: what a Dockerfile ``RUN pip install torch==2.13.0 tensoryard[...] <layers>`` gives: the
+  base layer plus one layer of ``pip install`` with every dependency (pip's own bytecode).
 
 Reports build time, archive size (compressed) and rootfs size of each, and the ratios. Needs
 root, debootstrap, umoci and skopeo. Writes benchmarks/results/image_build.json and its
-RESULTS.md row.
+RESULTS.md row (``image_build-NAME.json`` and the row ``image_build (NAME)`` for another image).
 """
 
 from __future__ import annotations
@@ -62,14 +65,14 @@ def _du(path: Path) -> int:
     return int(out.stdout.split()[0])
 
 
-def tensoryard_arm(shared: Path, work: Path) -> dict[str, Any]:
+def tensoryard_arm(shared: Path, work: Path, name: str) -> dict[str, Any]:
     root = work / "tensoryard-cache"
     root.mkdir()
-    for name in ("base", "wheels", "tensoryard-wheels"):
-        (root / name).symlink_to(shared / name)
-    earlier = find_built("cpu", shared)  # the same inputs built before in the shared cache
+    for part in ("base", "wheels", "tensoryard-wheels"):
+        (root / part).symlink_to(shared / part)
+    earlier = find_built(name, shared)  # the same inputs built before in the shared cache
     started = time.monotonic()
-    result = build(default_matrix().get("cpu"), root=root, force=True)
+    result = build(default_matrix().get(name), root=root, force=True)
     seconds = time.monotonic() - started
     rootfs = Path(result.archive).with_name("rootfs")
     return {
@@ -87,15 +90,16 @@ def tensoryard_arm(shared: Path, work: Path) -> dict[str, Any]:
     }
 
 
-def plain_arm(shared: Path, work: Path) -> dict[str, Any]:
+def plain_arm(shared: Path, work: Path, name: str) -> dict[str, Any]:
     """Base layer + one `pip install` layer of torch and tensoryard with every dependency."""
-    entry = default_matrix().get("cpu")
+    entry = default_matrix().get(name)
     log = _Log(work / "plain.log")
     source = find_source(ROOT)
     tyard = tensoryard_wheel(source, shared, _source_hash(source), log)
     base = base_rootfs(default_matrix().debian, shared, log)
     # The same packages without pruning, all in the wheelhouse.
-    plan(dataclasses.replace(entry, prune=()), shared / "wheels", tyard, log)
+    planned = plan(dataclasses.replace(entry, prune=()), shared / "wheels", tyard, log)
+    layers = [r for r in planned.requirements if r.split("==")[0].split("[")[0] in _layer_names()]
     started = time.monotonic()
     (work / "plain").mkdir(parents=True, exist_ok=True)
     tagged, bundle, rootfs = new_image(work / "plain", "plain", base, log)
@@ -103,7 +107,7 @@ def plain_arm(shared: Path, work: Path) -> dict[str, Any]:
     extras = ",".join(entry.extras)
     script = (
         f"python3 -m venv {VENV}; {VENV}/bin/pip install -q --no-index --find-links /wheels "
-        f"torch=={entry.torch} '/tyard/{tyard.name}[{extras}]'"
+        f"torch=={entry.torch} '/tyard/{tyard.name}[{extras}]' {' '.join(layers)}"
     ).replace("'", "")
     _chroot_script(rootfs, {"/wheels": shared / "wheels", "/tyard": tyard.parent}, script, log)
     log.run(["umoci", "repack", "--image", tagged, str(bundle)])
@@ -118,6 +122,12 @@ def plain_arm(shared: Path, work: Path) -> dict[str, Any]:
     }
 
 
+def _layer_names() -> set[str]:
+    from tensoryard.images.matrix import LAYERS
+
+    return {spec.split("[")[0] for spec in LAYERS.values()}
+
+
 def _commit() -> str:
     out = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -127,14 +137,19 @@ def _commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/image_build.json")
+    parser.add_argument("--image", default="cpu", help="matrix entry (default cpu)")
+    parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--no-results-line", action="store_true")
     args = parser.parse_args()
+    name = args.image
+    entry = default_matrix().get(name)
+    suffix = "" if name == "cpu" else f"-{name}"
+    json_path = args.json or ROOT / f"benchmarks/results/image_build{suffix}.json"
     shared = cache_root()
     work = Path(tempfile.mkdtemp(prefix="image-bench-", dir=shared))
     try:
-        plain = plain_arm(shared, work)
-        ours = tensoryard_arm(shared, work)
+        plain = plain_arm(shared, work, name)
+        ours = tensoryard_arm(shared, work, name)
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     ratios = {
@@ -143,7 +158,8 @@ def main() -> None:
         "build_s_tensoryard_over_plain": round(ours["build_s"] / plain["build_s"], 3),
     }
     report = {
-        "command": COMMAND,
+        "command": COMMAND + ("" if name == "cpu" else f" --image {name}"),
+        "image": name,
         "commit": _commit(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
@@ -153,13 +169,20 @@ def main() -> None:
         "note": "same Debian base and wheelhouse for both arms; debootstrap and downloads "
         "excluded from both times",
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
     if not args.no_results_line:
         gib = 2**30
+        what = (
+            f"CPU image (torch {entry.torch}, tensoryard)"
+            if entry.cuda is None
+            else f"CUDA {entry.cuda} image {name} (torch {entry.torch}, tensoryard"
+            + "".join(f", {k} {v}" for k, v in entry.layers.items())
+            + ")"
+        )
         result = (
-            f"CPU image (torch 2.13.0, tensoryard): archive {ours['archive_bytes'] / gib:.2f} GiB "
+            f"{what}: archive {ours['archive_bytes'] / gib:.2f} GiB "
             "vs "
             f"plain pip install {plain['archive_bytes'] / gib:.2f} GiB "
             f"({ratios['archive_tensoryard_over_plain']}x); rootfs "
@@ -170,10 +193,11 @@ def main() -> None:
         )
         met = "yes" if ratios["archive_tensoryard_over_plain"] <= 1.0 else "no"
         write_results_line(
-            "image_build",
-            COMMAND,
+            "image_build" if name == "cpu" else f"image_build ({name})",
+            report["command"],
             result,
-            "CPU image no larger than a plain pip install image",
+            f"{'CPU' if entry.cuda is None else 'CUDA'} image no larger than a plain pip install "
+            "image",
             met,
         )
 

@@ -270,6 +270,10 @@ class Client:
     def uncordon(self, name: str, reason: str = "") -> dict[str, Any]:
         return dict(self._json("POST", f"{API}/nodes/{name}/uncordon", json={"reason": reason}))
 
+    def node_heartbeat(self, name: str) -> dict[str, Any]:
+        """This node's agent is alive (the agent posts it every health interval)."""
+        return dict(self._json("POST", f"{API}/nodes/{name}/heartbeat"))
+
     def report_health(self, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         """Post firing alerts (labels with `health_action`); the control plane drains nodes."""
         return dict(self._json("POST", f"{API}/health/alerts", json={"alerts": alerts}))

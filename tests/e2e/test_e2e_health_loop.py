@@ -102,3 +102,70 @@ def test_an_xid_on_a_node_drains_it_and_the_job_resumes_on_the_other_node_from_i
         ("registered", ""),
     ]
     assert not processes_of(two_nodes.home)
+
+
+def test_a_node_whose_agent_stops_reporting_is_lost_and_its_job_resumes_on_the_other_node(
+    two_nodes: ServerProcess, tmp_path: Path
+) -> None:
+    """Node loss where the executor has no view of its own (local): each node's `tyard agent`
+    (a real process) reports every half second; the agent of the job's node is SIGKILLed; after
+    the heartbeat timeout the control plane takes the node as lost, kills the attempt by key,
+    and the job resumes on the other node from its checkpoint, uncharged."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import free_port
+
+    two_nodes.extra_args += ["--agent-heartbeat-timeout", "3"]
+    client = two_nodes.start()
+    token = (two_nodes.home / "admin.token").read_text().strip()
+    sysfs = Path(shutil.copytree(SYS_FIXTURE, tmp_path / "sys"))
+    agents: dict[str, subprocess.Popen[bytes]] = {}
+    logs = tmp_path / "agents"
+    logs.mkdir()
+    for node in ("n1", "n2"):
+        agents[node] = subprocess.Popen(
+            [
+                sys.executable, "-m", "tensoryard.cli.main", "agent", "--node", node,
+                "--port", str(free_port()), "--interval", "0.5", "--sys-root", str(sysfs),
+                "--server", two_nodes.url, "--token", token,
+            ],
+            stdout=(logs / f"{node}.log").open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not all(n.get("heartbeat_at") for n in client.nodes()):
+            assert time.monotonic() < deadline, "the agents did not report"
+            time.sleep(0.2)
+        spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "600").read_text())
+        job_id = client.submit(spec)["id"]
+        job = wait_for(client, job_id, {"RUNNING"})
+        [sick] = job["placement"]
+        healthy = "n2" if sick == "n1" else "n1"
+        deadline = time.monotonic() + 120
+        while not client.checkpoints(job_id):
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.3)
+        agents[sick].send_signal(signal.SIGKILL)  # the node's agent is gone
+        agents[sick].wait()
+        killed_at = time.monotonic()
+        deadline = killed_at + 60
+        while len(client.attempts(job_id)) < 2:
+            assert time.monotonic() < deadline, "the silent node's attempt did not end"
+            time.sleep(0.2)
+        assert time.monotonic() - killed_at < 3 + 10  # the timeout, then within seconds
+        job = wait_for(client, job_id, TERMINAL, timeout=300)
+    finally:
+        for proc in agents.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(15)
+    assert job["state"] == "SUCCEEDED", job["reason"]
+    assert job["attempts"] == 2 and job["restarts"] == 0  # a lost node is not the job's fault
+    first, second = client.attempts(job_id)
+    assert f"node {sick} lost: its agent has not reported since" in first["reason"], first
+    assert second["resumed_from_step"] is not None and second["resumed_from_step"] >= 10
+    assert sorted(job["placement"]) == [healthy]
+    assert client.summary(job_id)["steps"] == 600
+    assert not processes_of(two_nodes.home)

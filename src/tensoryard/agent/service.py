@@ -84,6 +84,8 @@ class ControlPlaneApi(Protocol):
 
     def report_health(self, alerts: list[dict[str, Any]]) -> dict[str, Any]: ...
 
+    def node_heartbeat(self, name: str) -> dict[str, Any]: ...
+
 
 class _Guarded:
     """A collector whose failure becomes a counted error, never a failed scrape."""
@@ -211,9 +213,29 @@ class NodeAgent:
         alerts = self._new_xids() + self._ib_ports_down() + self._run_checks()
         return [{"state": "firing", "labels": a} for a in alerts]
 
+    def heartbeat(self) -> bool:
+        """Tell the control plane this node's agent is alive (where the executor has no view of
+        its own of the node, silence means the node is lost); False when it was not told."""
+        if self.control_plane is None:
+            return False
+        try:
+            self.control_plane.node_heartbeat(self.config.node)
+        except TensoryardError as exc:
+            log.warning("heartbeat not delivered: %s", exc)
+            self.errors.record("agent", "posting the heartbeat to the control plane", exc)
+            return False
+        return True
+
     def report(self) -> dict[str, Any] | None:
-        """Check health and post new faults (and earlier undelivered ones); the answer of the
-        control plane, or None when there was nothing to send or it could not be reached."""
+        """Check health and post new faults (and earlier undelivered ones), then the heartbeat;
+        the answer of the control plane to the faults, or None when there was nothing to send
+        or it could not be reached."""
+        try:
+            return self._report_faults()
+        finally:
+            self.heartbeat()
+
+    def _report_faults(self) -> dict[str, Any] | None:
         self._undelivered += self.check_health()
         if not self._undelivered or self.control_plane is None:
             return None

@@ -229,6 +229,15 @@ def server(
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
     ] = 10.0,
+    agent_heartbeat_timeout: Annotated[
+        float,
+        typer.Option(
+            help="[local] Seconds a node's agent (`tyard agent`) may be silent once it has "
+            "reported before the node is lost: its attempts end and restart elsewhere, and it "
+            "takes no jobs until the agent reports again (0: off).",
+            min=0,
+        ),
+    ] = 30.0,
     artifact_gc_grace: Annotated[
         float,
         typer.Option(
@@ -361,6 +370,7 @@ def server(
         kubernetes=k8s,
         slurm=slurm,
         cancel_grace_s=cancel_grace,
+        agent_heartbeat_timeout_s=agent_heartbeat_timeout if executor == "local" else 0.0,
         home=home or default_home(),
         db_url=db_url,
         host=host,

@@ -46,15 +46,17 @@ def list_nodes(server: ServerOpt = None, token: TokenOpt = None, json_out: JsonO
     if json_out:
         print_json(nodes)
         return
-    table = Table("NODE", "STATE", "SINCE", "REASON", "CLUSTER", box=None)
+    table = Table("NODE", "STATE", "SINCE", "REASON", "CLUSTER", "AGENT", box=None)
     for n in nodes:
         style = _STYLE.get(n["state"], "")
+        beat = n.get("heartbeat_at")
         table.add_row(
             escape(n["name"]),
             f"[{style}]{n['state']}[/]",
             ago(n["changed_at"]),
             escape(n["reason"] or "-"),
             _cluster(n),
+            f"reported {ago(beat)}" if beat else "[dim]none[/]",
         )
     console.print(table)
 

@@ -54,6 +54,11 @@ class ServerConfig:
     """A running attempt without a heartbeat for this long is hung (a job's
     `health.heartbeat_timeout` overrides it)."""
 
+    agent_heartbeat_timeout_s: float = 30.0
+    """Local executor: a node whose agent (`tyard agent`) reported and then stays silent this
+    long is lost: the attempts on it end (uncharged) and placements leave it out until the
+    agent reports again. 0 turns it off. Kubernetes and Slurm see their nodes themselves."""
+
     starting_timeout_s: float = 900.0
     """An attempt whose workers are not all up after this long is stopped and restarted."""
 

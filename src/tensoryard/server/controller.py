@@ -636,12 +636,29 @@ class Controller:
             status = self._poll_failed(job, attempt, now, exc)
         else:
             self._mem.poll_failing_since.pop(key, None)
+        if status is not None and not status.finished and job.placement:
+            silent = {n: why for n, why in self._silent_nodes(now).items() if n in job.placement}
+            if silent and key not in self._mem.cancel_sent:
+                status = self._end_on_lost_nodes(job, attempt, silent)
         if status is not None:
             if getattr(self.executor, "external_admission", False) and (
                 status.queued or key not in self._mem.queued_seen
             ):
                 self._mem.queued_seen[key] = now
             self._apply_status(job, attempt, status)
+
+    def _end_on_lost_nodes(
+        self, job: JobRecord, attempt: AttemptRecord, lost: Mapping[str, str]
+    ) -> AttemptStatus:
+        """The attempt has ranks on nodes the control plane takes as lost (their agents went
+        silent): its processes are killed by key (a lost node cannot checkpoint) and it fails
+        with those nodes, so the restart leaves them (a spare, or a wait for them)."""
+        reason = "; ".join(lost[n] for n in sorted(lost))
+        self.store.add_event(job.id, "warning", reason, attempt=attempt.number)
+        self.check_fence()
+        with contextlib.suppress(TensoryardError):
+            self.executor.terminate(attempt.handle)
+        return AttemptStatus(AttemptPhase.FAILED, None, reason, lost_nodes=tuple(sorted(lost)))
 
     def _poll_failed(
         self, job: JobRecord, attempt: AttemptRecord, now: float, exc: Exception
@@ -1020,14 +1037,41 @@ class Controller:
                 self._urgent = True  # capacity appeared or vanished: schedule at once
         return self._node_states
 
+    def _silent_nodes(self, now: float) -> dict[str, str]:
+        """node -> why, for the nodes whose agent reported once and has been silent longer
+        than the agent heartbeat timeout (local executor only: Kubernetes and Slurm see their
+        nodes themselves). Such a node is lost: closed to placements, its attempts ended."""
+        timeout = self.config.agent_heartbeat_timeout_s
+        if not timeout or self.config.executor != "local":
+            return {}
+        out = {}
+        for name, record in self._read_nodes(now).items():
+            beat = record.heartbeat_at
+            if beat is not None and now - beat.timestamp() > timeout:
+                since = beat.astimezone(UTC).strftime("%H:%M:%S")
+                out[name] = (
+                    f"node {name} lost: its agent has not reported since {since} UTC "
+                    f"(--agent-heartbeat-timeout {timeout:g}s)"
+                )
+        return out
+
     def _nodes(self, now: float) -> tuple[NodeCapacity, ...]:
         """The executor's capacity with each node's cordon state from the store, and the
-        nodes an executor just reported lost closed until the capacity view shows it too."""
+        nodes an executor just reported lost (or whose agent fell silent) closed until the
+        capacity view shows it too."""
         states = self._read_nodes(now)
+        silent = self._silent_nodes(now)
         nodes = tuple(
             dataclasses.replace(n, state=states[n.name].state) if n.name in states else n
             for n in self.capacity()
         )
+        if silent:
+            nodes = tuple(
+                dataclasses.replace(n, cordoned=True, condition=silent[n.name])
+                if n.name in silent
+                else n
+                for n in nodes
+            )
         lost = self._mem.lost_nodes
         if not lost:
             return nodes

@@ -46,6 +46,9 @@ class NodeOut(BaseModel):
         '"NotReady since 2026-12-06T12:01:03Z (NodeStatusUnknown: ...)", unschedulable, '
         "taints); empty while it is open",
     )
+    heartbeat_at: datetime | None = Field(
+        None, description="when the node's agent last reported (null: no agent has)"
+    )
 
 
 class NodeEventOut(BaseModel):
@@ -161,6 +164,17 @@ def add_node_routes(
         """A node's history, newest first."""
         guard.check(request, who, Action.NODE_READ, obj=f"node/{name}")
         return [NodeEventOut.model_validate(e) for e in store.node_history(name, limit=limit)]
+
+    @app.post(f"{prefix}/nodes/{{name}}/heartbeat", tags=["nodes"])
+    def heartbeat(
+        name: NodeName, request: Request, who: Principal = Depends(guard.user)
+    ) -> NodeOut:
+        """The node's agent is alive (`tyard agent` posts this every health interval). With
+        the local executor, a node whose agent reported before and then stays silent for the
+        server's --agent-heartbeat-timeout is lost: its attempts end and placements leave it
+        out until the agent reports again (platform admins: the agents' token)."""
+        guard.check(request, who, Action.NODE_MANAGE, obj=f"node/{name}")
+        return NodeOut.model_validate(store.node_heartbeat(name))
 
     @app.post(f"{prefix}/nodes/{{name}}/cordon", tags=["nodes"])
     def cordon(

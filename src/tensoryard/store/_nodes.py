@@ -85,6 +85,16 @@ class NodesMixin:
             s.flush()
             return _record(node), True
 
+    def node_heartbeat(self, name: str) -> NodeRecord:
+        """The node's agent reported now (NotFound for a node the control plane does not
+        place on). Not history: a heartbeat every few seconds would drown it; an agent that
+        comes back after being silent is recorded by the control loop, which saw it go."""
+        with self._tx(f"record the heartbeat of node {name}", write=True) as s:
+            node = _node(s, name, lock=True)
+            node.heartbeat_at = self._now()
+            s.flush()
+            return _record(node)
+
     def add_node_event(self, name: str, kind: str, *, actor: str, message: str) -> None:
         """Append a line to a node's history without changing its state (a preflight pass)."""
         with self._tx(f"record {kind} on node {name}", write=True) as s:
@@ -126,4 +136,4 @@ def _node(s: Session, name: str, *, lock: bool = False) -> Node:
 
 
 def _record(n: Node) -> NodeRecord:
-    return NodeRecord(n.name, n.state, n.reason, n.created_at, n.changed_at)
+    return NodeRecord(n.name, n.state, n.reason, n.created_at, n.changed_at, n.heartbeat_at)

@@ -530,6 +530,7 @@ class Node(Base):
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
     changed_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime | None]  # the node agent's last report (None: no agent)
 
 
 class NodeEvent(Base):

@@ -316,6 +316,7 @@ class NodeRecord:
     reason: str
     created_at: datetime
     changed_at: datetime
+    heartbeat_at: datetime | None = None  # when its agent last reported (None: no agent)
 
 
 @dataclass(frozen=True)

@@ -441,6 +441,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("POST", "/api/v1/nodes/{name}/uncordon"): lambda w: Call(
         "/api/v1/nodes/node-a/uncordon", json={}
     ),
+    ("POST", "/api/v1/nodes/{name}/heartbeat"): lambda w: Call("/api/v1/nodes/node-a/heartbeat"),
     ("POST", "/api/v1/nodes/{name}/preflight"): lambda w: Call(
         "/api/v1/nodes/node-a/preflight", json={"node": "node-a", "ok": True}
     ),

@@ -30,6 +30,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "observability" / "fixtures"
 class RecordingControlPlane:
     jobs_answer: list[dict[str, Any]] = field(default_factory=list)
     reports: list[list[dict[str, Any]]] = field(default_factory=list)
+    heartbeats: list[str] = field(default_factory=list)
     down: bool = False
 
     def jobs(self, *, state: list[str] | None = None, limit: int = 50) -> dict[str, Any]:
@@ -42,6 +43,12 @@ class RecordingControlPlane:
             raise ClientError(0, "cannot reach the control plane")
         self.reports.append(alerts)
         return {"drained": [], "unchanged": [], "unknown_nodes": [], "not_handled": []}
+
+    def node_heartbeat(self, name: str) -> dict[str, Any]:
+        if self.down:
+            raise ClientError(0, "cannot reach the control plane")
+        self.heartbeats.append(name)
+        return {"name": name}
 
 
 def llama(node: str = "n7", gpus: list[int] | None = None, per_node: int = 4) -> dict[str, Any]:
@@ -282,3 +289,19 @@ def test_the_agent_serves_each_ranks_process_io_from_the_rank_files_of_its_jobs(
     assert got[("tyard_job_io_read_chars_total", labels)] > 0  # it read its own code at least
     errors = {dict(k[1]).get("collector"): v for k, v in got.items() if "collector_errors" in k[0]}
     assert errors["process_io"] == 0  # declared, and nothing failed
+
+
+def test_every_report_carries_a_heartbeat_faults_or_not_and_an_unreachable_plane_is_counted(
+    sysfs: Path,
+) -> None:
+    control_plane = RecordingControlPlane()
+    service = NodeAgent(
+        AgentConfig(node="n7", sys_root=sysfs, proc_root=FIXTURES / "proc"),
+        control_plane=control_plane,
+        nvml=FakeNvml.with_gpus(0),
+    )
+    assert service.report() is None  # no fault to send
+    service.report()
+    assert control_plane.heartbeats == ["n7", "n7"] and control_plane.reports == []
+    control_plane.down = True
+    assert service.heartbeat() is False  # logged and counted, never raised

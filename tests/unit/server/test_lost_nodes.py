@@ -6,6 +6,7 @@ A real SQLite store, a test clock and the scripted executor of test_controller.p
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,54 @@ def test_a_cancel_landing_before_a_pending_reason_is_written_is_not_lost(
     world.cycle(2, advance=1)
     assert world.state(waiting) is JobState.CANCELLED
     assert world.state(blocker) is JobState.RUNNING
+
+
+def test_a_node_whose_agent_falls_silent_is_lost_and_its_gang_moves_uncharged(
+    url: str, tmp_path: Path
+) -> None:
+    cluster = Cluster("n1", "n2", "n3")
+    world = make(url, tmp_path, cluster)  # the local executor's default: 30 s of silence
+    world.store.register_nodes(["n1", "n2", "n3"])
+    job_id = gang(world)
+    world.cycle(2)
+    placed = sorted(world.store.get_job(job_id).placement)
+    lost = placed[1]
+    first_key = world.key(job_id)
+    for _ in range(4):  # every agent reports every 10 s, but the lost node's after the first
+        for name in ("n1", "n2", "n3"):
+            if name != lost or _ == 0:
+                world.store.node_heartbeat(name)
+        world.cycle(1, advance=10)
+    world.cycle(2, advance=1)
+    job = world.store.get_job(job_id)
+    assert job.attempts == 2 and job.state is JobState.RUNNING, job.reason
+    assert job.restarts == 0  # the node's failure, not the job's
+    assert lost not in job.placement and "n3" in job.placement
+    assert first_key in world.executor.terminated  # killed by key: a lost node cannot checkpoint
+    first = world.store.get_attempt(job_id, 1)
+    assert f"node {lost} lost: its agent has not reported since" in first.reason, first.reason
+    assert "--agent-heartbeat-timeout 30s" in first.reason
+    # A node that never had an agent is never lost for want of one; the silent one is back
+    # as soon as its agent reports again.
+    view = {n.name: n for n in world.controller._nodes(world.clock())}
+    assert view[lost].cordoned and "agent has not reported" in view[lost].condition
+    world.store.node_heartbeat(lost)
+    world.cycle(1, advance=2)
+    view = {n.name: n for n in world.controller._nodes(world.clock())}
+    assert not view[lost].cordoned
+
+
+def test_agent_silence_is_not_node_loss_where_the_executor_sees_its_nodes(
+    url: str, tmp_path: Path
+) -> None:
+    cluster = Cluster("n1", "n2", "n3")
+    world = make(url, tmp_path, cluster)
+    world.controller.config = dataclasses.replace(world.controller.config, executor="kubernetes")
+    world.store.register_nodes(["n1", "n2", "n3"])
+    for name in ("n1", "n2", "n3"):
+        world.store.node_heartbeat(name)
+    job_id = gang(world)
+    world.cycle(2)
+    world.cycle(6, advance=10)  # 60 s without a heartbeat: the kubelet, not the agent, decides
+    job = world.store.get_job(job_id)
+    assert job.attempts == 1 and job.state is JobState.RUNNING
