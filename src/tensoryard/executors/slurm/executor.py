@@ -307,7 +307,8 @@ class SlurmExecutor:
     # -- stop ---------------------------------------------------------------------------------
 
     def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
-        """SIGTERM to the job's steps now (the workers checkpoint), scancel after `grace_s`
+        """SIGTERM to the job's steps now (the workers checkpoint; in REST mode the batch
+        script sends it when it sees cancel.json, within a second), scancel after `grace_s`
         (done by later polls, so it happens after a control-plane restart too). A pending job
         is cancelled at once. Idempotent."""
         h = SlurmHandle.from_dict(handle)
@@ -321,7 +322,7 @@ class SlurmExecutor:
         pending = [j.job_id for j in jobs if j.pending or grace_s <= 0]
         running = [j.job_id for j in jobs if j.job_id not in pending]
         self._scancel(pending)
-        if running:
+        if running and self.rest is None:  # REST mode: the batch shell sees cancel.json
             with contextlib.suppress(ExecutorError):  # a step may not exist yet
                 self._scancel(running, signal="TERM")
         self._forget_queue()

@@ -128,18 +128,30 @@ class SlurmRest:
         if answer.status_code in (401, 403):
             raise ExecutorError(
                 f"{where} refused the token in {self._token_source()} for user {self.user} "
-                f"(HTTP {answer.status_code}: {answer.text.strip()[:200]}; fix: put a fresh "
-                f"`scontrol token username={self.user} lifespan=...` there, set rest_user to "
-                "the user the token was made for; the cluster needs AuthAltTypes=auth/jwt)"
+                f"(HTTP {answer.status_code}: {answer.text.strip()[:200]}; {self._token_fix()})"
             )
         data = self._json(answer, method, path)
         errors = data.get("errors") or []
         if errors or answer.status_code >= 400:
             words = "; ".join(_error_words(e) for e in errors) or answer.text.strip()[:300]
-            raise ExecutorError(
-                f"{where}: {method} {path} failed (HTTP {answer.status_code}): {words}"
-            )
+            text = f"{where}: {method} {path} failed (HTTP {answer.status_code}): {words}"
+            if any(_unspecified(e) for e in errors):
+                # slurmctld answers a token it refuses (bad signature, expired, another user)
+                # with a bare authentication error, which slurmrestd passes on as this
+                text += (
+                    f" (slurmctld refuses an invalid or expired token this way: the token in "
+                    f"{self._token_source()} for user {self.user}, or slurmctld is down; "
+                    f"{self._token_fix()})"
+                )
+            raise ExecutorError(text)
         return data
+
+    def _token_fix(self) -> str:
+        return (
+            f"fix: put a fresh `scontrol token username={self.user} lifespan=SECONDS` there, "
+            "and set rest_user to the user the token was made for; the cluster needs "
+            "AuthAltTypes=auth/jwt"
+        )
 
     def _json(self, answer: httpx.Response, method: str, path: str) -> dict[str, Any]:
         try:
@@ -231,6 +243,12 @@ def _pinged(raw: Any) -> bool:
     if not isinstance(raw, Mapping):
         return False
     return str(raw.get("ping") or "").upper() == "UP" or raw.get("responding") is True
+
+
+def _unspecified(raw: Any) -> bool:
+    if not isinstance(raw, Mapping):
+        return False
+    return raw.get("error_number") == -1 or raw.get("error") == "Unspecified error"
 
 
 def _error_words(raw: Any) -> str:

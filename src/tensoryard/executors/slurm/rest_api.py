@@ -115,7 +115,8 @@ class V0038(Dialect):
         desc: dict[str, Any] = {
             "name": job.name,
             "comment": job.comment,
-            "nodes": [job.nodes, job.nodes],
+            # as sbatch's --nodes=N (the schema's [min, max] array comes out as one node)
+            "nodes": str(job.nodes),
             "tasks_per_node": 1,
             "cpus_per_task": job.cpus_per_task,
             "memory_per_node": job.memory_mib,

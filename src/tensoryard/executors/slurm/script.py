@@ -27,6 +27,21 @@ __all__ = ["JobDescription", "batch_script", "job_description", "sbatch_args"]
 
 _MIB = 1024 * 1024
 
+# slurmrestd (v0.0.38) cannot signal only a job's steps (its DELETE with signal=TERM ends the
+# whole job at once): in REST mode the batch shell turns tensoryard's cancel request
+# (cancel.json) into SIGTERM for the workers itself, as `scancel --signal=TERM` does in sbatch
+# mode; the grace's end is still enforced from the control plane.
+_CANCEL_WATCH = """(
+  while kill -0 "$step_pid" 2>/dev/null; do
+    if [ -e "$attempt_dir/cancel.json" ]; then
+      echo "tensoryard: cancel requested: SIGTERM to the workers (they checkpoint and stop)"
+      scancel --signal=TERM "$SLURM_JOB_ID"; break
+    fi
+    sleep 1
+  done
+) &
+"""
+
 _TEMPLATE = """#!/bin/bash
 # tensoryard job {job_id} attempt {attempt} (key {key}); written by the Slurm executor.
 set -u
@@ -61,7 +76,7 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL \\
   bash -c 'export TYARD_NODE="$SLURMD_NODENAME" PET_NODE_RANK="$SLURM_NODEID"; exec "$@"' \\
   tyard-step {step} &
 step_pid=$!
-while :; do
+{cancel_watch}while :; do
   wait "$step_pid"; rc=$?
   kill -0 "$step_pid" 2>/dev/null || break  # a trapped signal interrupted the wait
 done
@@ -108,6 +123,7 @@ def batch_script(request: LaunchRequest, attempt_dir: Path, key: str, config: Sl
         port_low=low,
         port_span=high - low + 1,
         step=step,
+        cancel_watch=_CANCEL_WATCH if config.rest else "",
     )
 
 
