@@ -138,6 +138,27 @@ def test_over_slurmrestd_a_script_that_fails_at_once_is_a_failed_attempt_with_it
     assert executor.terminate(handle) == 0
 
 
+def test_over_slurmrestd_a_job_slurm_requeues_is_a_failed_attempt_and_never_runs_twice(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """v0.0.38 leaves requeue on whatever it is sent: a requeued job (here `scontrol
+    requeue`, as after a node failure) is cancelled and reported, for the control plane to
+    restart the attempt from its checkpoint; its script does not start again."""
+    executor = SlurmExecutor(rest_config(slurm))
+    handle = executor.launch(request(tmp_path, "rest-requeue", sleeper(tmp_path, 60)))
+    wait_until(lambda: executor.poll(handle).phase is AttemptPhase.RUNNING, 60, "the job to run")
+    slurm.run("scontrol", "requeue", str(handle["slurm_job_id"]))
+    status = wait_finished(executor, handle, timeout=30)
+    assert status.phase is AttemptPhase.FAILED
+    assert f"Slurm job {handle['slurm_job_id']} was requeued by Slurm" in status.reason
+    wait_until(
+        lambda: [j["job_state"] for j in slurm.jobs_named("tyard.rest-requeue")] == ["CANCELLED"],
+        30,
+        "the requeued job to be cancelled",
+    )
+    assert executor.log_paths(handle)[0].read_text().split() == ["up"]  # ran once
+
+
 # -- the control plane ------------------------------------------------------------------------
 
 

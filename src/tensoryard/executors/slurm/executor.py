@@ -257,12 +257,30 @@ class SlurmExecutor:
         if job is not None and job.alive:
             if cancel is not None:
                 self._escalate(job, cancel)
+            requeued = job.pending and job.state != "CONFIGURING"  # CONFIGURING: still booting
+            if requeued and (h.layout.dir / f"slurm-started.{job.job_id}.json").exists():
+                return self._requeued(h, job)
             if job.pending:
                 return AttemptStatus(AttemptPhase.STARTING, reason=pending_reason(job), queued=True)
             if job.state != "CONFIGURING" and len(h.layout.existing_rank_logs()) >= h.world_size:
                 return AttemptStatus(AttemptPhase.RUNNING, admitted_at=job.start_time)
             return AttemptStatus(AttemptPhase.STARTING, admitted_at=job.start_time)
         return self._outcome(h, job, cancel)
+
+    def _requeued(self, h: SlurmHandle, job: SlurmJob) -> AttemptStatus:
+        """A job that ran and is pending again: Slurm requeued it (node failure, preemption,
+        `scontrol requeue`; slurmrestd v0.0.38 cannot switch requeue off). A new attempt is
+        the control plane's call, from the last checkpoint: the old job is cancelled."""
+        with contextlib.suppress(ExecutorError):  # gone already: nothing to cancel
+            self._scancel([job.job_id])
+        self._forget_queue()
+        why = f" (Slurm reason: {job.reason})" if job.reason not in ("", "None") else ""
+        return AttemptStatus(
+            AttemptPhase.FAILED,
+            reason=f"Slurm job {job.job_id} was requeued by Slurm after it started{why}; "
+            "tensoryard cancelled it and restarts the attempt itself from the last checkpoint",
+            failed_ranks=_failed_ranks(h.layout, h.world_size),
+        )
 
     def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
         """After a control-plane restart: Slurm still knows the job, or its files tell the end."""
