@@ -49,11 +49,11 @@ def rest_config(slurm: SlurmCluster, **changes: Any) -> SlurmConfig:
     return slurm_config_from({**base, **changes})
 
 
-def server_fails(tmp_path: Path, settings: Path) -> subprocess.CompletedProcess[str]:
+def server_fails(tmp_path: Path, settings: Path, *args: str) -> subprocess.CompletedProcess[str]:
     started = time.monotonic()
     out = tyard(
         "server", "--home", str(tmp_path / "home"), "--port", str(free_port()),
-        "--executor", "slurm", "--slurm-config", str(settings), timeout=60,
+        "--executor", "slurm", "--slurm-config", str(settings), *args, timeout=60,
     )  # fmt: skip
     assert time.monotonic() - started < 30, "the server took too long to refuse"
     assert out.returncode != 0
@@ -262,10 +262,9 @@ def test_slurmrestd_unreachable_stops_the_server_naming_rest_url_not_a_hang(
     config = rest_config(slurm, rest_url=nowhere, command_timeout_s=3)
     with pytest.raises(ConfigError, match=f"slurmrestd at {nowhere} \\(rest_url\\) is unreach"):
         ClusterView(SlurmCommands(config), config, rest=SlurmRest(config)).check_config()
-    settings = slurm.config_file(
-        tmp_path / "slurm.yaml", **{**slurm.rest_settings(), "rest_url": nowhere}
-    )
-    out = server_fails(tmp_path, settings)
+    rest = {k: v for k, v in slurm.rest_settings().items() if k != "rest_url"}
+    settings = slurm.config_file(tmp_path / "slurm.yaml", **rest)
+    out = server_fails(tmp_path, settings, "--slurm-rest-url", nowhere)
     assert f"slurmrestd at {nowhere} (rest_url) is unreachable" in out.stderr, out.stderr
     assert "fix: start slurmrestd" in out.stderr
 
