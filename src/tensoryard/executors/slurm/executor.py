@@ -251,15 +251,17 @@ class SlurmExecutor:
         h = SlurmHandle.from_dict(handle)
         jobs = self.queue().get(h.attempt_key, [])
         job = _pick(jobs, h.slurm_job_id)
+        if job is not None and _ran_and_pending(h, job):
+            # the cached listing may predate the start its script recorded: read it again
+            job = _pick(self.queue(fresh=True).get(h.attempt_key, []), h.slurm_job_id)
+            if job is not None and _ran_and_pending(h, job):
+                return self._requeued(h, job)
         cancel = read_json(h.layout.cancel)
         if job is not None and job.state == "COMPLETING" and (h.layout.dir / _EXIT).exists():
             return self._outcome(h, None, cancel)  # the batch script ended: its record tells
         if job is not None and job.alive:
             if cancel is not None:
                 self._escalate(job, cancel)
-            requeued = job.pending and job.state != "CONFIGURING"  # CONFIGURING: still booting
-            if requeued and (h.layout.dir / f"slurm-started.{job.job_id}.json").exists():
-                return self._requeued(h, job)
             if job.pending:
                 return AttemptStatus(AttemptPhase.STARTING, reason=pending_reason(job), queued=True)
             if job.state != "CONFIGURING" and len(h.layout.existing_rank_logs()) >= h.world_size:
@@ -358,6 +360,13 @@ class SlurmExecutor:
         self._scancel(alive)
         self._forget_queue()
         return len(alive)
+
+
+def _ran_and_pending(h: SlurmHandle, job: SlurmJob) -> bool:
+    """Pending again after its batch script started: requeued (CONFIGURING: still booting)."""
+    if not job.pending or job.state == "CONFIGURING":
+        return False
+    return (h.layout.dir / f"slurm-started.{job.job_id}.json").exists()
 
 
 def _pick(jobs: list[SlurmJob], slurm_id: int) -> SlurmJob | None:
