@@ -251,6 +251,19 @@ def test_a_pinned_version_the_server_does_not_announce_is_refused(tmp_path: Path
         _ = rest_for(serving("v0.0.39"), tmp_path, rest_api_version="v0.0.39").dialect
 
 
+def test_a_server_without_the_openapi_listing_is_asked_version_by_version(
+    tmp_path: Path,
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path in ("/openapi/v3", "/slurm/v0.0.41/ping"):
+            return httpx.Response(404, text="Unable to find path")
+        return httpx.Response(200, json={"errors": [], "pings": [{"ping": "UP"}]})
+
+    rest = rest_for(handler, tmp_path)
+    rest.ping()
+    assert rest.dialect.version == "v0.0.40"
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 

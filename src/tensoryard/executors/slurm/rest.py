@@ -110,6 +110,36 @@ class SlurmRest:
         params: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """The JSON object slurmrestd answers; ExecutorError on every failure, named."""
+        return self._checked(self._send(method, path, body=body, params=params), method, path)
+
+    def _checked(self, answer: httpx.Response, method: str, path: str) -> dict[str, Any]:
+        where = f"slurmrestd at {self.url} (rest_url)"
+        data = self._json(answer, method, path)
+        errors = data.get("errors") or []
+        if errors or answer.status_code >= 400:
+            words = "; ".join(_error_words(e) for e in errors) or answer.text.strip()[:300]
+            text = f"{where}: {method} {path} failed (HTTP {answer.status_code}): {words}"
+            if any(_unspecified(e) for e in errors):
+                # slurmctld answers a token it refuses (bad signature, expired, another user)
+                # with a bare authentication error, which slurmrestd passes on as this
+                text += (
+                    f" (slurmctld refuses an invalid or expired token this way: the token in "
+                    f"{self._token_source()} for user {self.user}, or slurmctld is down; "
+                    f"{self._token_fix()})"
+                )
+            raise ExecutorError(text)
+        return data
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """slurmrestd's answer, any status but a refused token; ExecutorError when there is
+        none (unreachable, timeout)."""
         headers = {"X-SLURM-USER-NAME": self.user, "X-SLURM-USER-TOKEN": self._token()}
         where = f"slurmrestd at {self.url} (rest_url)"
         try:
@@ -130,21 +160,7 @@ class SlurmRest:
                 f"{where} refused the token in {self._token_source()} for user {self.user} "
                 f"(HTTP {answer.status_code}: {answer.text.strip()[:200]}; {self._token_fix()})"
             )
-        data = self._json(answer, method, path)
-        errors = data.get("errors") or []
-        if errors or answer.status_code >= 400:
-            words = "; ".join(_error_words(e) for e in errors) or answer.text.strip()[:300]
-            text = f"{where}: {method} {path} failed (HTTP {answer.status_code}): {words}"
-            if any(_unspecified(e) for e in errors):
-                # slurmctld answers a token it refuses (bad signature, expired, another user)
-                # with a bare authentication error, which slurmrestd passes on as this
-                text += (
-                    f" (slurmctld refuses an invalid or expired token this way: the token in "
-                    f"{self._token_source()} for user {self.user}, or slurmctld is down; "
-                    f"{self._token_fix()})"
-                )
-            raise ExecutorError(text)
-        return data
+        return answer
 
     def _token_fix(self) -> str:
         return (
@@ -179,8 +195,19 @@ class SlurmRest:
                 self._dialect = self._discover()
             return self._dialect
 
+    def _announced(self) -> list[str]:
+        """The versions the OpenAPI listing names; a server without the listing (404) is asked
+        for each version we speak (its ping path answers 200 or not)."""
+        answer = self._send("GET", "/openapi/v3")
+        if answer.status_code == 404:
+            return [v for v in supported_versions() if self._answers(v)]
+        return announced_versions(self._checked(answer, "GET", "/openapi/v3"))
+
+    def _answers(self, version: str) -> bool:
+        return self._send("GET", DIALECTS[version].path("ping")).status_code == 200
+
     def _discover(self) -> Dialect:
-        announced = announced_versions(self.request("GET", "/openapi/v3"))
+        announced = self._announced()
         ours = supported_versions()
         pinned = self.config.rest_api_version
         if pinned is not None:
