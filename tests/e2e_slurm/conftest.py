@@ -1,6 +1,7 @@
 """A real Slurm cluster for the tests in this folder: `scripts/slurm-testenv up` (munged,
-slurmctld and two slurmd, n1 and n2, each with 4 pretend GPUs) in a temporary directory,
-`down` at the end (every job cancelled first).
+slurmctld and two slurmd, n1 and n2, each with 4 pretend GPUs; slurmrestd with JWT auth on a
+free loopback port when it and the JWT plugin are installed) in a temporary directory, `down`
+at the end (every job cancelled first, every daemon stopped by its PID).
 
 Without Slurm installed the tests skip, naming `scripts/slurm-testenv install`; with CI set
 and TYARD_SLURM_REQUIRED=1 they fail instead.
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -28,7 +29,7 @@ PORT_BASES = (27120, 27130, 27140)  # slurmctld, then one port per slurmd
 RENDEZVOUS_PORTS = (27160, 27179)  # torchrun's master ports (this machine is every node)
 
 
-def _unavailable(message: str) -> None:
+def _unavailable(message: str) -> NoReturn:
     if os.environ.get("CI") and os.environ.get("TYARD_SLURM_REQUIRED") == "1":
         pytest.fail(f"the Slurm test cluster is required: {message}", pytrace=False)
     pytest.skip(f"Slurm test cluster unavailable: {message}")
@@ -45,10 +46,55 @@ def _ports_free(base: int, count: int) -> bool:
     return True
 
 
+def _rest_installed() -> bool:
+    """slurmrestd and the JWT auth plugin (Debian: slurmrestd, slurm-wlm-jwt-plugin)."""
+    binary = shutil.which("slurmrestd") or (
+        "slurmrestd" if Path("/usr/sbin/slurmrestd").exists() else None
+    )
+    plugin = any(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")) or any(
+        Path("/usr/lib").glob("slurm*/auth_jwt.so")
+    )
+    return binary is not None and plugin
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass(frozen=True)
 class SlurmCluster:
     dir: Path
     nodes: int
+    rest_port: int | None = None  # slurmrestd's port (JWT auth); None: not started
+
+    @property
+    def rest_url(self) -> str:
+        if self.rest_port is None:
+            _unavailable(
+                "slurmrestd or the JWT plugin is not installed: run `scripts/slurm-testenv "
+                "install` (slurmrestd, slurm-wlm-jwt-plugin)"
+            )
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def token_file(self, user: str = "root") -> Path:
+        """A file holding a JWT for `user` (`scontrol token`), as a site would keep one."""
+        path = self.dir / f"jwt-{user}.token"
+        if not path.exists():
+            path.write_text(self.run("scontrol", "token", f"username={user}", "lifespan=7200"))
+            path.chmod(0o600)
+        return path
+
+    def rest_settings(self, **settings: Any) -> dict[str, Any]:
+        """Slurm config settings for REST mode against this cluster's slurmrestd."""
+        return {
+            "rest_url": self.rest_url,
+            "rest_user": "root",
+            "rest_token_file": str(self.token_file()),
+            "admission": "slurm",
+            **settings,
+        }
 
     @property
     def conf(self) -> Path:
@@ -92,8 +138,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         _unavailable(f"no free ports at {PORT_BASES} (another test cluster runs?)")
     directory = tmp_path_factory.mktemp("slurm")
     env = {**os.environ, "TYARD_SLURM_PORT_BASE": str(base)}
+    rest_port = free_loopback_port() if _rest_installed() else None
+    rest = ["--rest", str(rest_port)] if rest_port else []
     up = subprocess.run(
-        [SCRIPT, "up", "--dir", directory, "--nodes", "2"],
+        [SCRIPT, "up", "--dir", directory, "--nodes", "2", *rest],
         env=env,
         capture_output=True,
         text=True,
@@ -102,7 +150,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     try:
         if up.returncode != 0:
             pytest.fail(f"scripts/slurm-testenv up failed:\n{up.stderr[-4000:]}", pytrace=False)
-        yield SlurmCluster(directory, 2)
+        yield SlurmCluster(directory, 2, rest_port)
     finally:
         subprocess.run(
             [SCRIPT, "down", "--dir", directory], env=env, capture_output=True, timeout=120

@@ -116,7 +116,7 @@ def server(
             "--slurm-config",
             help="[slurm] YAML file of Slurm executor settings: slurm_conf, teams (team -> "
             "partition/qos/account; '*' for the rest), admission, signal_lead_s, python, "
-            "rendezvous_ports ... (docs/slurm.md).",
+            "rendezvous_ports, rest_url and rest_token_file (slurmrestd) ... (docs/slurm.md).",
             show_default=False,
         ),
     ] = None,
@@ -126,6 +126,16 @@ def server(
             "--slurm-conf",
             help="[slurm] The cluster's slurm.conf (default: $SLURM_CONF, else "
             "/etc/slurm/slurm.conf).",
+            show_default=False,
+        ),
+    ] = None,
+    slurm_rest_url: Annotated[
+        str | None,
+        typer.Option(
+            "--slurm-rest-url",
+            help="[slurm] Submit, watch and cancel through slurmrestd at this URL (e.g. "
+            "http://slurm-head:6820) instead of sbatch; its JWT from $SLURM_JWT or "
+            "rest_token_file in --slurm-config.",
             show_default=False,
         ),
     ] = None,
@@ -326,8 +336,10 @@ def server(
 
     if executor not in ("local", "kubernetes", "slurm"):
         die(f"--executor {executor!r}: use 'local', 'kubernetes' or 'slurm'")
-    if executor != "slurm" and (slurm_config is not None or slurm_conf is not None):
-        die("--slurm-config/--slurm-conf: only with --executor slurm")
+    if executor != "slurm" and (
+        slurm_config is not None or slurm_conf is not None or slurm_rest_url is not None
+    ):
+        die("--slurm-config/--slurm-conf/--slurm-rest-url: only with --executor slurm")
     if admission != "tensoryard" and executor != "kubernetes":
         die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
     if admission == "kueue" and (scheduler_config is not None or scheduler_set):
@@ -358,7 +370,7 @@ def server(
             cordon_nodes=cordon_nodes,
         )
     try:  # a settings file that cannot be used is bad input (exit 2), like a bad option
-        slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf)
+        slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf, rest_url=slurm_rest_url)
     except ConfigError as exc:
         die(str(exc), 2)
     config = ServerConfig(

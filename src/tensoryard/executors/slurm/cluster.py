@@ -9,12 +9,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
 from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
+
+if TYPE_CHECKING:
+    from tensoryard.executors.slurm.rest import SlurmRest
 
 __all__ = ["Partition", "SlurmCluster", "SlurmNode", "gpu_count"]
 
@@ -71,10 +75,12 @@ class SlurmCluster:
         commands: SlurmCommands,
         config: SlurmConfig,
         clock: Callable[[], float] = time.monotonic,
+        rest: SlurmRest | None = None,
     ) -> None:
         self.commands = commands
         self.config = config
         self.clock = clock
+        self.rest = rest  # set: nodes and partitions are read from slurmrestd
         self._lock = threading.Lock()
         self._listed_at = -math.inf
         self._nodes: tuple[SlurmNode, ...] = ()
@@ -83,6 +89,9 @@ class SlurmCluster:
     # -- listing ------------------------------------------------------------------------------
 
     def refresh(self) -> None:
+        if self.rest is not None:
+            self._refresh_rest(self.rest)
+            return
         nodes = tuple(_node(rec) for rec in self.commands.scontrol_lines("node"))
         partitions = {}
         for rec in self.commands.scontrol_lines("partition"):
@@ -91,6 +100,17 @@ class SlurmCluster:
             partitions[name] = Partition(
                 name, tuple(members), rec.get("Default") == "YES", rec.get("State") == "UP"
             )
+        with self._lock:
+            self._nodes, self._partitions, self._listed_at = nodes, partitions, self.clock()
+
+    def _refresh_rest(self, rest: SlurmRest) -> None:
+        nodes = rest.nodes()
+        partitions = {
+            p.name: Partition(
+                p.name, tuple(n.name for n in nodes if p.name in n.partitions), p.default, p.up
+            )
+            for p in rest.partitions()
+        }
         with self._lock:
             self._nodes, self._partitions, self._listed_at = nodes, partitions, self.clock()
 
@@ -134,6 +154,9 @@ class SlurmCluster:
         """At server start: slurmctld answers, and every partition, QOS and account the team
         mapping names exists. ConfigError naming the setting otherwise."""
         try:
+            if self.rest is not None:
+                self.rest.ping()
+                self._check_rest(self.rest)
             self.refresh()
         except ExecutorError as exc:
             raise ConfigError(f"--executor slurm: {exc}") from exc
@@ -164,6 +187,14 @@ class SlurmCluster:
                     f"slurm config: teams.{team}.{kind} {name!r} does not exist in Slurm's "
                     f"accounting (known: {', '.join(sorted(known)) or 'none'})"
                 )
+
+    def _check_rest(self, rest: SlurmRest) -> None:
+        if self.config.admission == "tensoryard" and not rest.dialect.pins_nodes:
+            raise ConfigError(
+                f"slurm config: admission: tensoryard pins each job's nodes, which slurmrestd "
+                f"{rest.dialect.version} at {rest.url} cannot do (fix: set admission: slurm, "
+                "or remove rest_url to submit with sbatch, or serve v0.0.40 or later)"
+            )
 
     def mapping(self, spec: JobSpec) -> TeamMapping:
         mapping = self.config.team(spec.team)

@@ -7,6 +7,7 @@ Plain data (no subprocess, no Slurm import), so the server config and the CLI ho
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -57,7 +58,26 @@ class SlurmConfig:
     nodes_ttl_s: float = 10.0
     """How long one listing of nodes and partitions serves checks and the scheduler."""
     extra_sbatch_args: tuple[str, ...] = ()
-    """Passed to every sbatch as they are (e.g. "--constraint=h100")."""
+    """Passed to every sbatch as they are (e.g. "--constraint=h100"); sbatch mode only."""
+    rest_url: str | None = None
+    """slurmrestd's address (e.g. "http://slurm-head:6820"): jobs are submitted, listed and
+    cancelled through Slurm's REST API instead of sbatch/squeue/scancel. None: sbatch mode."""
+    rest_user: str | None = None
+    """The Slurm user the REST calls act as (X-SLURM-USER-NAME); None: the server's own user."""
+    rest_token_file: Path | None = None
+    """A file holding the user's JWT (`scontrol token` prints one), read at every call so a
+    refreshed token is picked up; None: the environment variable `rest_token_env`."""
+    rest_token_env: str = "SLURM_JWT"
+    """The environment variable holding the JWT when `rest_token_file` is not set (either
+    the bare token or `scontrol token`'s "SLURM_JWT=..." line)."""
+    rest_api_version: str | None = None
+    """The OpenAPI version to speak (e.g. "v0.0.38"); None: the newest one that slurmrestd
+    announces and tensoryard speaks."""
+
+    @property
+    def rest(self) -> bool:
+        """Whether attempts go through slurmrestd (else sbatch)."""
+        return self.rest_url is not None
 
     def team(self, name: str) -> TeamMapping | None:
         """The mapping of team `name` ("*" when it has none of its own; None: neither)."""
@@ -96,7 +116,7 @@ def slurm_config_from(data: Mapping[str, Any], base: SlurmConfig | None = None) 
                     "slurm config: teams must map team names to partition/qos/account"
                 )
             values[key] = {str(t): _team_mapping(str(t), m) for t, m in value.items()}
-        elif key in ("slurm_conf", "bin_dir"):
+        elif key in ("slurm_conf", "bin_dir", "rest_token_file"):
             values[key] = Path(str(value)).expanduser() if value else None
         elif key == "admission":
             if value not in ("tensoryard", "slurm"):
@@ -120,9 +140,45 @@ def slurm_config_from(data: Mapping[str, Any], base: SlurmConfig | None = None) 
             values[key] = _positive(key, value)
         elif key == "signal_lead_s":
             values[key] = int(_positive(key, value))
+        elif key == "rest_url":
+            values[key] = _rest_url(value)
+        elif key == "rest_api_version":
+            values[key] = _api_version(value)
         else:
-            values[key] = str(value)
-    return SlurmConfig(**{**{f.name: getattr(base, f.name) for f in fields(base)}, **values})
+            values[key] = str(value) if value is not None else None
+    config = SlurmConfig(**{**{f.name: getattr(base, f.name) for f in fields(base)}, **values})
+    if config.rest and config.extra_sbatch_args:
+        raise ConfigError(
+            "slurm config: extra_sbatch_args are sbatch options and rest_url submits through "
+            "slurmrestd, which cannot take them (fix: remove extra_sbatch_args, or rest_url to "
+            "submit with sbatch)"
+        )
+    return config
+
+
+def _rest_url(value: Any) -> str | None:
+    if not value:
+        return None
+    url = str(value).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"slurm config: rest_url {value!r} must start with http:// or https:// "
+            "(e.g. http://slurm-head:6820, where slurmrestd listens)"
+        )
+    return url
+
+
+def _api_version(value: Any) -> str | None:
+    if not value:
+        return None
+    text = str(value)
+    version = text if text.startswith("v") else f"v{text}"
+    if not re.fullmatch(r"v\d+\.\d+\.\d+", version):
+        raise ConfigError(
+            f"slurm config: rest_api_version {value!r} is not an OpenAPI version such as "
+            "v0.0.38 (fix: remove it to use the newest one slurmrestd announces)"
+        )
+    return version
 
 
 def _positive(key: str, value: Any) -> float:

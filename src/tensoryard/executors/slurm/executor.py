@@ -1,8 +1,11 @@
-"""SlurmExecutor: each attempt is one Slurm batch job (sbatch), found again by its name.
+"""SlurmExecutor: each attempt is one Slurm batch job (sbatch, or slurmrestd when `rest_url`
+is set), found again by its name.
 
 The job's name is ``tyard.<attempt key>``, so the queue itself says whether an attempt was
 submitted: `launch` looks the key up (the queue, then the files the executor and the batch
-script leave in the attempt directory) before any sbatch, and returns the job it finds.
+script leave in the attempt directory) before any submission, and returns the job it finds.
+Both modes share this, the batch script and the files; only the calls differ (sbatch, squeue
+--json, scancel, scontrol, or slurmrestd's job/submit, jobs, job DELETE, nodes, partitions).
 The control plane and the job share the attempt directory (on storage every node mounts):
 
     job.sbatch               the batch script (script.py)
@@ -35,7 +38,8 @@ from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
 from tensoryard.executors.slurm.cluster import SlurmCluster
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
-from tensoryard.executors.slurm.script import batch_script, sbatch_args
+from tensoryard.executors.slurm.rest import SlurmRest
+from tensoryard.executors.slurm.script import batch_script, job_description, sbatch_args
 from tensoryard.executors.slurm.status import (
     SlurmJob,
     decode_wait_status,
@@ -94,6 +98,7 @@ class SlurmExecutor:
     Args:
         config: the cluster and submission settings.
         commands: the client-command runner (default: one for `config`).
+        rest: the slurmrestd client (default: one for `config` when it sets rest_url).
         cluster: nodes/partitions and the team mapping (default: one for `config`).
         base_env: the environment jobs inherit before spec.env and the TYARD_* variables;
             default: the variables of this process's environment named by `env_allow`.
@@ -107,6 +112,7 @@ class SlurmExecutor:
         config: SlurmConfig,
         *,
         commands: SlurmCommands | None = None,
+        rest: SlurmRest | None = None,
         cluster: SlurmCluster | None = None,
         base_env: Mapping[str, str] | None = None,
         env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW,
@@ -114,7 +120,8 @@ class SlurmExecutor:
     ) -> None:
         self.config = config
         self.commands = commands or SlurmCommands(config)
-        self.cluster = cluster or SlurmCluster(self.commands, config)
+        self.rest = rest or (SlurmRest(config) if config.rest else None)
+        self.cluster = cluster or SlurmCluster(self.commands, config, rest=self.rest)
         self.base_env = None if base_env is None else dict(base_env)
         self.env_allow = env_allow
         self.clock = clock
@@ -129,13 +136,23 @@ class SlurmExecutor:
     # -- the queue ----------------------------------------------------------------------------
 
     def queue(self, *, fresh: bool = False) -> dict[str, list[SlurmJob]]:
-        """tensoryard's Slurm jobs by attempt key, from one `squeue --json` at most every
-        `queue_ttl_s` (fresh: read now)."""
+        """tensoryard's Slurm jobs by attempt key, from one `squeue --json` (or slurmrestd's
+        job list) at most every `queue_ttl_s` (fresh: read now)."""
         with self._queue_lock:
             if fresh or self.clock() - self._queue_at > self.config.queue_ttl_s:
-                self._queue = jobs_by_key(parse_jobs(self.commands.squeue()))
+                if self.rest is not None:
+                    listed = self.rest.jobs()
+                else:
+                    listed = parse_jobs(self.commands.squeue())
+                self._queue = jobs_by_key(listed)
                 self._queue_at = self.clock()
             return self._queue
+
+    def _scancel(self, job_ids: list[int], *, signal: str | None = None) -> None:
+        if self.rest is not None:
+            self.rest.cancel(job_ids, signal=signal)
+        else:
+            self.commands.scancel(job_ids, signal=signal)
 
     def _forget_queue(self) -> None:
         with self._queue_lock:
@@ -148,7 +165,7 @@ class SlurmExecutor:
         return self._handle(request, _key_of(request), 0).to_dict()
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        """Submit the attempt with sbatch; the handle names its Slurm job.
+        """Submit the attempt (sbatch, or slurmrestd); the handle names its Slurm job.
 
         Idempotent per attempt key: when Slurm's queue holds a job named after the key, or the
         attempt directory records one, that job's handle is returned and nothing is submitted.
@@ -166,9 +183,19 @@ class SlurmExecutor:
             script.write_text(batch_script(request, layout.dir, key, self.config), encoding="utf-8")
             script.chmod(0o700)
             epoch = request.fencing_epoch
-            args = sbatch_args(request, layout.dir, key, self.config, mapping, fencing_epoch=epoch)
-            out = self.commands.run("sbatch", [*args, str(script)], env=self._job_env(request, key))
-            slurm_id = _parse_job_id(out)
+            if self.rest is not None:
+                job = job_description(
+                    request, layout.dir, key, self.config, mapping,
+                    fencing_epoch=epoch, environment=self._job_env(request, key),
+                )  # fmt: skip
+                slurm_id = self.rest.submit(job)
+            else:
+                args = sbatch_args(
+                    request, layout.dir, key, self.config, mapping, fencing_epoch=epoch
+                )
+                env = self._job_env(request, key)
+                out = self.commands.run("sbatch", [*args, str(script)], env=env)
+                slurm_id = _parse_job_id(out)
             self._forget_queue()
             write_json_atomic(
                 layout.dir / _SUBMITTED,
@@ -224,6 +251,11 @@ class SlurmExecutor:
         h = SlurmHandle.from_dict(handle)
         jobs = self.queue().get(h.attempt_key, [])
         job = _pick(jobs, h.slurm_job_id)
+        if job is not None and _ran_and_pending(h, job):
+            # the cached listing may predate the start its script recorded: read it again
+            job = _pick(self.queue(fresh=True).get(h.attempt_key, []), h.slurm_job_id)
+            if job is not None and _ran_and_pending(h, job):
+                return self._requeued(h, job)
         cancel = read_json(h.layout.cancel)
         if job is not None and job.state == "COMPLETING" and (h.layout.dir / _EXIT).exists():
             return self._outcome(h, None, cancel)  # the batch script ended: its record tells
@@ -236,6 +268,21 @@ class SlurmExecutor:
                 return AttemptStatus(AttemptPhase.RUNNING, admitted_at=job.start_time)
             return AttemptStatus(AttemptPhase.STARTING, admitted_at=job.start_time)
         return self._outcome(h, job, cancel)
+
+    def _requeued(self, h: SlurmHandle, job: SlurmJob) -> AttemptStatus:
+        """A job that ran and is pending again: Slurm requeued it (node failure, preemption,
+        `scontrol requeue`; slurmrestd v0.0.38 cannot switch requeue off). A new attempt is
+        the control plane's call, from the last checkpoint: the old job is cancelled."""
+        with contextlib.suppress(ExecutorError):  # gone already: nothing to cancel
+            self._scancel([job.job_id])
+        self._forget_queue()
+        why = f" (Slurm reason: {job.reason})" if job.reason not in ("", "None") else ""
+        return AttemptStatus(
+            AttemptPhase.FAILED,
+            reason=f"Slurm job {job.job_id} was requeued by Slurm after it started{why}; "
+            "tensoryard cancelled it and restarts the attempt itself from the last checkpoint",
+            failed_ranks=_failed_ranks(h.layout, h.world_size),
+        )
 
     def reattach(self, handle: dict[str, Any]) -> AttemptStatus:
         """After a control-plane restart: Slurm still knows the job, or its files tell the end."""
@@ -280,7 +327,8 @@ class SlurmExecutor:
     # -- stop ---------------------------------------------------------------------------------
 
     def cancel(self, handle: dict[str, Any], *, grace_s: float) -> None:
-        """SIGTERM to the job's steps now (the workers checkpoint), scancel after `grace_s`
+        """SIGTERM to the job's steps now (the workers checkpoint; in REST mode the batch
+        script sends it when it sees cancel.json, within a second), scancel after `grace_s`
         (done by later polls, so it happens after a control-plane restart too). A pending job
         is cancelled at once. Idempotent."""
         h = SlurmHandle.from_dict(handle)
@@ -293,25 +341,32 @@ class SlurmExecutor:
         jobs = [j for j in self.queue(fresh=True).get(h.attempt_key, []) if j.alive]
         pending = [j.job_id for j in jobs if j.pending or grace_s <= 0]
         running = [j.job_id for j in jobs if j.job_id not in pending]
-        self.commands.scancel(pending)
-        if running:
+        self._scancel(pending)
+        if running and self.rest is None:  # REST mode: the batch shell sees cancel.json
             with contextlib.suppress(ExecutorError):  # a step may not exist yet
-                self.commands.scancel(running, signal="TERM")
+                self._scancel(running, signal="TERM")
         self._forget_queue()
 
     def _escalate(self, job: SlurmJob, cancel: dict[str, Any]) -> None:
         due = float(cancel.get("requested_at", 0)) + float(cancel.get("grace_s", 0))
         if time.time() >= due:
-            self.commands.scancel([job.job_id])
+            self._scancel([job.job_id])
             self._forget_queue()
 
     def terminate(self, handle: dict[str, Any]) -> int:
         """scancel every Slurm job named after the attempt's key, now; how many were alive."""
         h = SlurmHandle.from_dict(handle)
         alive = [j.job_id for j in self.queue(fresh=True).get(h.attempt_key, []) if j.alive]
-        self.commands.scancel(alive)
+        self._scancel(alive)
         self._forget_queue()
         return len(alive)
+
+
+def _ran_and_pending(h: SlurmHandle, job: SlurmJob) -> bool:
+    """Pending again after its batch script started: requeued (CONFIGURING: still booting)."""
+    if not job.pending or job.state == "CONFIGURING":
+        return False
+    return (h.layout.dir / f"slurm-started.{job.job_id}.json").exists()
 
 
 def _pick(jobs: list[SlurmJob], slurm_id: int) -> SlurmJob | None:

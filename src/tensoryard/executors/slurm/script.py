@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensoryard.errors import ExecutorError
@@ -21,14 +23,36 @@ from tensoryard.executors.local.plan import RANK_WRAPPER
 from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
 from tensoryard.executors.slurm.status import JOB_NAME_PREFIX
 
-__all__ = ["batch_script", "sbatch_args"]
+__all__ = ["JobDescription", "batch_script", "job_description", "sbatch_args"]
 
 _MIB = 1024 * 1024
+
+# slurmrestd (v0.0.38) cannot signal only a job's steps (its DELETE with signal=TERM ends the
+# whole job at once): in REST mode the batch shell turns tensoryard's cancel request
+# (cancel.json) into SIGTERM for the workers itself, as `scancel --signal=TERM` does in sbatch
+# mode; the grace's end is still enforced from the control plane.
+_CANCEL_WATCH = """(
+  while kill -0 "$step_pid" 2>/dev/null; do
+    if [ -e "$attempt_dir/cancel.json" ]; then
+      echo "tensoryard: cancel requested: SIGTERM to the workers (they checkpoint and stop)"
+      scancel --signal=TERM "$SLURM_JOB_ID"; break
+    fi
+    sleep 1
+  done
+) &
+"""
 
 _TEMPLATE = """#!/bin/bash
 # tensoryard job {job_id} attempt {attempt} (key {key}); written by the Slurm executor.
 set -u
 attempt_dir={attempt_dir}
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then
+  # requeued by Slurm (slurmrestd v0.0.38 cannot switch requeue off): a new attempt is the
+  # control plane's call, from the last checkpoint; this run of the old one ends here
+  echo "tensoryard: Slurm requeued job $SLURM_JOB_ID (restart $SLURM_RESTART_COUNT);" \
+    "not running the attempt again (restarts are tensoryard's)"
+  exit 75
+fi
 printf '{{"slurm_job_id": %s, "started_at": %s, "nodes": "%s"}}\\n' \\
   "$SLURM_JOB_ID" "$(date +%s)" "$SLURM_JOB_NODELIST" \\
   > "$attempt_dir/slurm-started.$SLURM_JOB_ID.json"
@@ -52,7 +76,7 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL \\
   bash -c 'export TYARD_NODE="$SLURMD_NODENAME" PET_NODE_RANK="$SLURM_NODEID"; exec "$@"' \\
   tyard-step {step} &
 step_pid=$!
-while :; do
+{cancel_watch}while :; do
   wait "$step_pid"; rc=$?
   kill -0 "$step_pid" 2>/dev/null || break  # a trapped signal interrupted the wait
 done
@@ -99,6 +123,7 @@ def batch_script(request: LaunchRequest, attempt_dir: Path, key: str, config: Sl
         port_low=low,
         port_span=high - low + 1,
         step=step,
+        cancel_watch=_CANCEL_WATCH if config.rest else "",
     )
 
 
@@ -143,3 +168,65 @@ def sbatch_args(
         args.append(f"--nodelist={','.join(sorted(request.placement))}")
     args.extend(config.extra_sbatch_args)
     return args
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobDescription:
+    """One attempt's Slurm job as data: what sbatch_args says with options, for slurmrestd's
+    job submission (each REST API version shapes it its own way: rest_api.py)."""
+
+    script: str
+    name: str
+    comment: str
+    nodes: int
+    cpus_per_task: int
+    memory_mib: int  # per node
+    standard_output: str
+    working_directory: str
+    environment: Mapping[str, str] = field(default_factory=dict)
+    gpus_per_node: int = 0
+    time_limit_min: int | None = None
+    partition: str | None = None
+    qos: str | None = None
+    account: str | None = None
+    required_nodes: tuple[str, ...] = ()
+    signal_lead_s: int = 120
+
+
+def job_description(
+    request: LaunchRequest,
+    attempt_dir: Path,
+    key: str,
+    config: SlurmConfig,
+    mapping: TeamMapping,
+    *,
+    fencing_epoch: int,
+    environment: Mapping[str, str],
+) -> JobDescription:
+    """The same job as `sbatch_args` + `batch_script`, for a slurmrestd submission."""
+    spec = request.spec
+    res = spec.resources
+    pinned = config.admission == "tensoryard" and request.placement
+    return JobDescription(
+        script=batch_script(request, attempt_dir, key, config),
+        name=f"{JOB_NAME_PREFIX}{key}",
+        comment=f"tensoryard job={request.job_id} attempt={request.attempt} key={key} "
+        f"epoch={fencing_epoch}",
+        nodes=res.nodes,
+        cpus_per_task=max(1, math.ceil(res.cpu)),
+        memory_mib=max(1, math.ceil(res.memory / _MIB)),
+        standard_output=str(attempt_dir / "launcher.log"),
+        working_directory=str(Path(spec.workdir) if spec.workdir else request.run_dir),
+        environment=dict(environment),
+        gpus_per_node=res.gpus_per_node,
+        time_limit_min=(
+            max(1, math.ceil(float(spec.max_runtime) / 60))
+            if spec.max_runtime is not None
+            else None
+        ),
+        partition=mapping.partition,
+        qos=mapping.qos,
+        account=mapping.account,
+        required_nodes=tuple(sorted(request.placement)) if pinned else (),
+        signal_lead_s=config.signal_lead_s,
+    )
