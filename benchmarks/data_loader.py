@@ -518,7 +518,7 @@ def main() -> None:
     else:
         result = cold_run(args) if args.cold else warm_run(args)
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.quick or args.no_results_line:
         return
     text, goal, met = cold_results_cells(result) if args.cold else warm_results_cells(result)
