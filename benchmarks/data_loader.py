@@ -460,7 +460,7 @@ def warm_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
         f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s vs {peers or 'no peer'}"
         f" = {vs_peer:.2f}x best peer ({ratios['best_peer']})"
         if vs_peer
-        else f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s",
+        else f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s (no peer in this run)",
         f"{vs_memcpy:.0%} of the memcpy gather (median of alternating windows in one process; "
         f"separate runs: {_fmt(tps.get('memcpy'))} tok/s)"
         if vs_memcpy
