@@ -145,7 +145,7 @@ def ensure_venv(name: str, base_python: str | None = None) -> Path:
     VENVS.mkdir(parents=True, exist_ok=True)
     log = VENVS / f"{name}.log"
     log.write_text("")
-    base = base_python or getattr(sys, "_base_executable", sys.executable)
+    base = str(base_python or getattr(sys, "_base_executable", sys.executable))
     _run([base, "-m", "venv", "--clear", str(VENVS / name)], log)
     constraints = VENVS / "constraints.txt"
     constraints.write_text(TORCH_PIN + "\n")

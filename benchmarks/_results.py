@@ -59,10 +59,19 @@ def started_at(out: Path, ranks: int) -> float | None:
 
 
 def write_results_line(
-    name: str, command: str, result: str, goal: str, met: str, *, path: Path = RESULTS
+    name: str,
+    command: str,
+    result: str,
+    goal: str,
+    met: str,
+    *,
+    date: str | None = None,
+    path: Path = RESULTS,
 ) -> None:
-    """Replace (or append) the table row of benchmark `name` in RESULTS.md."""
-    line = f"| {name} | {dt.date.today().isoformat()} | `{command}` | {result} | {goal} | {met} |"
+    """Replace (or append) the table row of benchmark `name` in RESULTS.md; `date`: the day the
+    run was made (default today)."""
+    day = date or dt.date.today().isoformat()
+    line = f"| {name} | {day} | `{command}` | {result} | {goal} | {met} |"
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     for i, existing in enumerate(lines):
         if existing.startswith(f"| {name} |"):
@@ -89,16 +98,24 @@ def benchmark_main(
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
     *,
     needs_root: str | None = None,
+    json_name: Callable[[argparse.Namespace], str] | None = None,
+    row_name: Callable[[dict[str, Any]], str] | None = None,
 ) -> None:
     """The command line of a benchmark: measure and keep the JSON under benchmarks/results/,
-    or rebuild the row from that JSON (`--row-from-json`); then write its RESULTS.md row.
-    `needs_root`: why measuring needs root, refused without it."""
+    or rebuild the row from that JSON (`--row-from-json`); then write its RESULTS.md row, dated
+    the day of the run. `needs_root`: why measuring needs root, refused without it.
+    `json_name`: the JSON file's name for these arguments (default `name`), for a benchmark
+    with variants that keep their own file; `row_name`: the row's name for a result (default
+    `name`), for a variant with its own row."""
     parser = argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
     parser.add_argument(
-        "--json", type=Path, default=Path(__file__).resolve().parent / "results" / f"{name}.json"
+        "--json",
+        type=Path,
+        default=None,
+        help="the run's JSON (default benchmarks/results/<name>.json, committed)",
     )
     parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
     parser.add_argument(
@@ -107,6 +124,9 @@ def benchmark_main(
         help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
     )
     args = parser.parse_args()
+    if args.json is None:
+        stem = json_name(args) if json_name else name
+        args.json = Path(__file__).resolve().parent / "results" / f"{stem}.json"
     if args.row_from_json:
         result = json.loads(args.json.read_text())
     else:
@@ -118,4 +138,6 @@ def benchmark_main(
     text, met = summary(result)
     print(text)
     if not args.no_results_line:
-        write_results_line(name, result["command"], text, goal, met)
+        row = row_name(result) if row_name else name
+        day = str(result.get("date", ""))[:10] or None
+        write_results_line(row, result["command"], text, goal, met, date=day)

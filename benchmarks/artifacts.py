@@ -20,7 +20,10 @@ MLflow runs in its own venv (``benchmarks/.venvs/mlflow``, made on first use; it
 would downgrade the project's). Everything reads from the page cache and writes to the same disk;
 absolute numbers drift on these shared 2-core machines, the ratios are the result.
 
-    python benchmarks/artifacts.py --json benchmarks/out/artifacts.json [--size-mb 2048]
+    python benchmarks/artifacts.py [--size-mb 2048] [--rounds 4]
+
+The JSON goes to benchmarks/results/artifacts.json (committed) and the row is written from it;
+`--row-from-json` writes the row again from that file.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from tensoryard.registry.service import ModelRegistry
 from tensoryard.store import Store, default_sqlite_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line
+from _results import provenance, write_results_line
 
 NAME = "artifacts"
 HERE = Path(__file__).resolve().parent
@@ -446,11 +449,19 @@ def summary(res: dict[str, Any], size_mb: int) -> tuple[str, str]:
     return "; ".join(parts), met
 
 
+GOAL = "register >= 80% of plain copy; <= 15% new bytes for 10% changed / inserted"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=HERE / "results" / f"{NAME}.json",
+        help="the run's JSON (default benchmarks/results/artifacts.json, committed)",
+    )
     p.add_argument("--size-mb", type=int, default=2048, help="checkpoint size (default 2048)")
     p.add_argument("--work", type=Path, default=HERE / ".data" / "artifacts", help="scratch dir")
     p.add_argument("--skip-s3", action="store_true", help="leave out the moto S3 comparison")
@@ -458,20 +469,28 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=2, help="interleaved copy/register rounds (default 2)"
     )
     p.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
+    p.add_argument(
+        "--row-from-json",
+        action="store_true",
+        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
+    )
     args = p.parse_args(argv)
-    res = run(args.size_mb, args.work, args.skip_s3, args.rounds)
-    text, met = summary(res, args.size_mb)
-    print(json.dumps(res, indent=2))
-    if args.json:
+    if args.row_from_json:
+        res = json.loads(args.json.read_text())
+    else:
+        res = run(args.size_mb, args.work, args.skip_s3, args.rounds)
+        prov = provenance("artifacts.py")
+        if argv is not None:
+            prov["command"] = "python benchmarks/artifacts.py " + " ".join(argv)
+        if str(args.work) in prov["command"]:  # the command names no path of this machine
+            prov["command"] = prov["command"].replace(str(args.work), "DIR")
+        res = {**prov, "size_mb": args.size_mb, "rounds": args.rounds, **res}
+        print(json.dumps(res, indent=2))
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2) + "\n")
+    text, met = summary(res, res["size_mb"])
     if not args.no_results:
-        cmd = (
-            "python benchmarks/artifacts.py --json benchmarks/out/artifacts.json "
-            f"--size-mb {args.size_mb} --rounds {args.rounds}"
-        )
-        goal = "register >= 80% of plain copy; <= 15% new bytes for 10% changed / inserted"
-        write_results_line(NAME, cmd, text, goal, met)
+        write_results_line(NAME, res["command"], text, GOAL, met, date=res["date"][:10])
     return 0
 
 

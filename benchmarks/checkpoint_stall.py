@@ -1,7 +1,7 @@
 """How long a checkpoint save stops training: synchronous vs asynchronous, pageable vs pinned.
 
-    python benchmarks/checkpoint_stall.py --json benchmarks/out/checkpoint_stall.json
-    python benchmarks/checkpoint_stall.py --device cuda --d-model 1024 --layers 24 --json PATH
+    python benchmarks/checkpoint_stall.py       # JSON: benchmarks/results/checkpoint_stall_cpu.json
+    python benchmarks/checkpoint_stall.py --device cuda --d-model 1024 --layers 12 --heads 16
 
 One process builds the tiny GPT of examples/tiny_gpt at the given size, takes an optimizer step
 (so AdamW's state exists, as in training) and saves it with tensoryard's Checkpointer, in the
@@ -37,6 +37,9 @@ EXAMPLE = ROOT / "examples" / "tiny_gpt"
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(EXAMPLE))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import benchmark_main, provenance  # noqa: E402
+
+NAME = "checkpoint_stall"
 
 
 def _free_port() -> int:
@@ -222,9 +225,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def results_line(report: dict[str, Any], command: str) -> None:
-    from _results import write_results_line
+GOAL = "async save stalls the step < 10% of the synchronous save"
 
+
+def summary(report: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
     full, r = report["full"], report["ratios"]
     parts = [
         f"{report['device']}, {report['params'] / 1e6:.0f}M params, "
@@ -246,18 +251,22 @@ def results_line(report: dict[str, Any], command: str) -> None:
             f"sharded (FSDP2, DCP): sync {sh['sync']['stall_s']:.3f} s, async "
             f"{sh['async']['stall_s']:.3f} s = {r['sharded_async_over_sync_stall']:.1%}"
         )
+    parts.append(f"load average at the end {report['load_average']}")
     worst = max(v for k, v in r.items() if k.endswith("async_over_sync_stall"))
-    write_results_line(
-        f"checkpoint_stall ({report['device']})",
-        command,
-        "; ".join(parts),
-        "async save stalls the step < 10% of the synchronous save",
-        "yes" if worst < 0.10 else f"no (worst {worst:.1%})",
-    )
+    return "; ".join(parts), "yes" if worst < 0.10 else f"no (worst {worst:.1%})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.repeats < 2:
+        sys.exit("--repeats must be at least 2 (the first save of an arm warms up)")
+    if args.no_results:
+        args.no_results_line = True
+    report = run(args)
+    print(json.dumps(report["ratios"]))
+    return {**provenance("checkpoint_stall.py"), **report}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--d-model", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
@@ -265,21 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=4, help="saves per arm (>= 2)")
     parser.add_argument("--dir", default=None, help="where checkpoints are written (a temp dir)")
     parser.add_argument("--no-sharded", action="store_true", help="skip the FSDP2/DCP arms")
-    parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
-    args = parser.parse_args(argv)
-    if args.repeats < 2:
-        parser.error("--repeats must be at least 2 (the first save of an arm warms up)")
-    report = run(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(report["ratios"]))
-    if not args.no_results:
-        results_line(
-            report, "python benchmarks/checkpoint_stall.py " + " ".join(argv or sys.argv[1:])
-        )
-    return 0
+    parser.add_argument("--no-results", action="store_true", help="the same as --no-results-line")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    benchmark_main(
+        NAME,
+        __doc__,
+        GOAL,
+        measure,
+        summary,
+        add_arguments,
+        json_name=lambda args: f"{NAME}_{args.device.split(':')[0]}",
+        row_name=lambda report: f"{NAME} ({report['device']})",
+    )

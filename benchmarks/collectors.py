@@ -12,7 +12,7 @@ with everything (GPUs too) and with only what node_exporter also does.
 Goal: under 1% of one core at a 1 s scrape interval (10 ms of CPU per scrape), and no more
 than node_exporter.
 
-    python benchmarks/collectors.py --json benchmarks/out/collectors.json
+    python benchmarks/collectors.py      # JSON in benchmarks/results/, row in RESULTS.md
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _results import benchmark_main, provenance  # noqa: E402
+
 FIXTURES = HERE.parent / "tests" / "unit" / "observability" / "fixtures"
 NAME = "collectors"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -156,27 +158,23 @@ def measure(cmd: list[str], port: int, scrapes: int) -> dict[str, Any]:
         proc.wait(timeout=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, required=False)
-    parser.add_argument("--scrapes", type=int, default=1000)
-    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-service", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--no-gpus", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-hw-counters", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, not args.no_gpus, not args.no_hw_counters)
-        return
-    if args.serve_service:
-        serve_service(args.serve_service)
-        return
+GOAL = "<1% of a core at 1 s scrapes; <= node_exporter"
+
+
+def node_exporter_version(binary: str) -> str:
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    words = (done.stdout + done.stderr).split()
+    return words[words.index("version") + 1] if "version" in words else "unknown"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every arm, one after another; the JSON of the run."""
     node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if node_exporter is None:
         sys.exit("node_exporter is missing: apt-get install prometheus-node-exporter")
     me = [sys.executable, str(Path(__file__).resolve())]
-    result: dict[str, Any] = {}
-    configs = (
+    result: dict[str, Any] = {"scrapes": args.scrapes}
+    configs: tuple[tuple[str, list[str]], ...] = (
         ("agent_all", []),  # GPUs, IB with hw_counters, disks, mounts
         ("agent_comparable", ["--no-gpus"]),  # what node_exporter does, plus IB hw_counters
         ("agent_same_files", ["--no-gpus", "--no-hw-counters"]),  # the files node_exporter reads
@@ -201,24 +199,26 @@ def main() -> None:
         port,
         args.scrapes,
     )
+    result["node_exporter"]["version"] = node_exporter_version(node_exporter)
     ne = result["node_exporter"]["cpu_s_per_scrape"]
     for name in [n for n, _ in configs] + ["agent_service"]:
         r = result[name]
         r["core_share_at_1s"] = r["cpu_s_per_scrape"] / 1.0
         r["ratio_to_node_exporter"] = r["cpu_s_per_scrape"] / ne if ne else None
     result["node_exporter"]["core_share_at_1s"] = ne
-    a, c, f = result["agent_all"], result["agent_comparable"], result["agent_same_files"]
-    svc = result["agent_service"]
+    a, f, svc = result["agent_all"], result["agent_same_files"], result["agent_service"]
     result["goal"] = {"max_cpu_s_per_scrape": GOAL_S, "max_ratio_to_node_exporter": 1.0}
     under_1pct = max(a["cpu_s_per_scrape"], svc["cpu_s_per_scrape"]) < GOAL_S
     not_more = f["ratio_to_node_exporter"] is not None and f["ratio_to_node_exporter"] <= 1.0
     result["met"] = {"under_1pct_core": under_1pct, "not_more_than_node_exporter": not_more}
     print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    from _results import write_results_line
+    return {**provenance("collectors.py"), **result}
 
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
+    a, c, f = result["agent_all"], result["agent_comparable"], result["agent_same_files"]
+    svc, ne = result["agent_service"], result["node_exporter"]
     text = (
         f"agent {a['cpu_s_per_scrape'] * 1e3:.2f} ms CPU/scrape with 8 GPUs + 8 IB ports + disks "
         f"+ mounts ({a['series']} series) = {a['core_share_at_1s']:.2%} of a core at 1 s; "
@@ -229,20 +229,38 @@ def main() -> None:
         f"{c['cpu_s_per_scrape'] * 1e3:.2f} ms ({c['series']} series) = "
         f"{c['ratio_to_node_exporter']:.2f}x; reading only the files node_exporter reads "
         f"(no IB hw_counters) {f['cpu_s_per_scrape'] * 1e3:.2f} ms ({f['series']} series) = "
-        f"{f['ratio_to_node_exporter']:.2f}x node_exporter 1.5 ({ne * 1e3:.2f} ms, "
-        f"{result['node_exporter']['series']} series; infiniband+diskstats+mountstats, same trees)"
+        f"{f['ratio_to_node_exporter']:.2f}x node_exporter {ne.get('version', '')} "
+        f"({ne['cpu_s_per_scrape'] * 1e3:.2f} ms, {ne['series']} series; "
+        f"infiniband+diskstats+mountstats, same trees); {result['scrapes']} scrapes each; "
+        f"load average at the end {result['load_average']}"
     )
     met = (
-        f"<1% core: {'met' if under_1pct else 'not met'}; "
-        f"<= node_exporter on the same files: {'met' if not_more else 'not met'}"
+        f"<1% core: {'met' if result['met']['under_1pct_core'] else 'not met'}; "
+        "<= node_exporter on the same files: "
+        f"{'met' if result['met']['not_more_than_node_exporter'] else 'not met'}"
     )
-    write_results_line(
-        NAME,
-        "python benchmarks/collectors.py --json benchmarks/out/collectors.json",
-        text,
-        "<1% of a core at 1 s scrapes; <= node_exporter",
-        met,
-    )
+    return text, met
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scrapes", type=int, default=1000)
+
+
+def main() -> None:
+    """`--serve PORT` / `--serve-service PORT`: one exporter the benchmark scrapes (a child of
+    the run); otherwise the benchmark."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--serve", type=int)
+    parser.add_argument("--serve-service", type=int)
+    parser.add_argument("--no-gpus", action="store_true")
+    parser.add_argument("--no-hw-counters", action="store_true")
+    child, _ = parser.parse_known_args()
+    if child.serve:
+        serve(child.serve, not child.no_gpus, not child.no_hw_counters)
+    elif child.serve_service:
+        serve_service(child.serve_service)
+    else:
+        benchmark_main(NAME, __doc__, GOAL, run, summary, add_arguments)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,15 @@ slot and N pending jobs that cannot start (loaded through the batch endpoint). T
 Goals at 20k pending on the embedded default: idle CPU < 10% of a core, submit p99 < 50 ms, next
 job running < 2 s after a slot frees.
 
-    python benchmarks/control_plane.py --json benchmarks/out/control_plane.json
+    python benchmarks/control_plane.py          # JSON in benchmarks/results/, row in RESULTS.md
+    python benchmarks/control_plane.py --levels 20000    # the goal's backlog only
     python benchmarks/control_plane.py --quick --json /tmp/cp.json   # smoke run, 1 minute
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import secrets
@@ -46,7 +48,7 @@ from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity
 from tensoryard.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line
+from _results import benchmark_main, provenance
 
 NAME = "control_plane"
 GOAL_LEVEL = 20_000
@@ -252,10 +254,10 @@ def _measure(
     time.sleep(window)
     idle_share = (server.cpu_seconds() - c0) / (time.monotonic() - w0)
 
-    submits = [
-        timed(lambda i=i: client.submit(spec(work, f"s{i}", 60, "stop-next")))
-        for i in range(100 if quick else 300)
-    ]
+    def submit_one(i: int) -> Any:
+        return client.submit(spec(work, f"s{i}", 60, "stop-next"))
+
+    submits = [timed(functools.partial(submit_one, i)) for i in range(100 if quick else 300)]
 
     count = [0]
     stop_at = time.monotonic() + (2.0 if quick else 5.0)
@@ -328,19 +330,18 @@ def results_line(rows: list[dict[str, Any]]) -> tuple[str, str]:
     return "; ".join(parts), ", ".join(verdicts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
-    parser.add_argument("--quick", action="store_true", help="Smoke run: 200 and 1,000 pending.")
-    parser.add_argument("--levels", type=int, nargs="*", help="Backlog sizes to measure.")
-    parser.add_argument("--sqlite-only", action="store_true")
-    parser.add_argument("--no-results-line", action="store_true")
-    args = parser.parse_args(argv)
+GOAL = "at 20k pending (SQLite): idle CPU < 10% of a core, submit p99 < 50 ms, next job < 2 s"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every backlog size on each database; the JSON of the run."""
+    if args.quick:  # a smoke run never writes the row
+        args.no_results_line = True
     levels = args.levels or ([200, 1000] if args.quick else [1000, 10_000, 20_000, 50_000])
     rows = []
     with pg_database() as pg_url:
         for n in levels:
-            backends = [("sqlite", None)]
+            backends: list[tuple[str, str | None]] = [("sqlite", None)]
             if pg_url and not args.sqlite_only:
                 backends.append(("postgresql", pg_url))
             for backend, url in backends:
@@ -350,19 +351,22 @@ def main(argv: list[str] | None = None) -> int:
                 row = measure(backend, url, n, args.quick)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"goals_at_20k_sqlite": GOALS, "rows": rows}, indent=1))
-    text, met = results_line(rows)
-    print(text)
-    print(met)
-    if not args.quick and not args.no_results_line:
-        cmd = "python benchmarks/control_plane.py --json benchmarks/out/control_plane.json"
-        goal = (
-            "at 20k pending (SQLite): idle CPU < 10% of a core, submit p99 < 50 ms, next job < 2 s"
-        )
-        write_results_line(NAME, cmd, text, goal, met)
-    return 0
+    return {**provenance("control_plane.py"), "goals_at_20k_sqlite": GOALS, "rows": rows}
+
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
+    text, met = results_line(result["rows"])
+    if "load_average" in result:
+        text += f"; load average at the end {result['load_average']}"
+    return text, met
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="Smoke run: 200 and 1,000 pending.")
+    parser.add_argument("--levels", type=int, nargs="*", help="Backlog sizes to measure.")
+    parser.add_argument("--sqlite-only", action="store_true")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    benchmark_main(NAME, __doc__, GOAL, run, summary, add_arguments)

@@ -21,10 +21,12 @@ memcpy in one process (both then see the same load). Every dataset is read once 
 measured, so all loaders start from the page cache.
 
 Peers live in their own venvs under benchmarks/.venvs (see _data_peers.py); data lives under
-benchmarks/.data. Both are reused by later runs. A full run rewrites this benchmark's line in
-benchmarks/RESULTS.md; --quick (a 4 Mi-token smoke run) does not.
+benchmarks/.data. Both are reused by later runs. A full run writes its JSON under
+benchmarks/results/ (committed) and this benchmark's row of benchmarks/RESULTS.md from it
+(`--row-from-json` rebuilds the row from that file); --quick (a 4 Mi-token smoke run) does not
+write the row.
 
-    python benchmarks/data_loader.py --json benchmarks/out/data_loader.json
+    python benchmarks/data_loader.py
     python benchmarks/data_loader.py --json /tmp/q.json --quick --only tensoryard,memcpy
 """
 
@@ -49,10 +51,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import _data_peers  # noqa: E402
+import _results  # noqa: E402
 
 WORKER = HERE / "_data_worker.py"
 DATA = HERE / ".data"
-RESULTS_MD = HERE / "RESULTS.md"
 NAME = "data_loader"
 ALL = ["tensoryard", "litdata", "streaming", "hf_datasets", "memcpy"]
 PEERS = ["litdata", "streaming", "hf_datasets"]
@@ -445,7 +447,8 @@ def _fmt(x: float | None, scale: float = 1e6, unit: str = "M") -> str:
     return "n/a" if x is None else f"{x / scale:.1f}{unit}"
 
 
-def results_line(r: dict[str, Any], command: str) -> str:
+def warm_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
+    """The RESULTS.md cells of a warm run, from its JSON."""
     tps, ratios, g = r["tokens_per_s"], r["ratios"], r["goals"]
     peers = ", ".join(f"{p} {_fmt(tps.get(p))}" for p in PEERS if tps.get(p))
     missing = ", ".join(f"{p}: {r['notes'][p]}" for p in PEERS if p in r["notes"])
@@ -457,7 +460,7 @@ def results_line(r: dict[str, Any], command: str) -> str:
         f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s vs {peers or 'no peer'}"
         f" = {vs_peer:.2f}x best peer ({ratios['best_peer']})"
         if vs_peer
-        else f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s",
+        else f"tensoryard {_fmt(tps.get('tensoryard'))} tok/s (no peer in this run)",
         f"{vs_memcpy:.0%} of the memcpy gather (median of alternating windows in one process; "
         f"separate runs: {_fmt(tps.get('memcpy'))} tok/s)"
         if vs_memcpy
@@ -471,31 +474,23 @@ def results_line(r: dict[str, Any], command: str) -> str:
         + "/".join(f"{mem.get(k, {}).get('peak_anon_mb') or 0:.0f}" for k in ("small", "full")),
         f"not installed: {missing}" if missing else "",
         "streaming runs beside a torchvision stub in its own venv" if tps.get("streaming") else "",
+        f"load average at the end {r['load_average']}" if "load_average" in r else "",
     ]
     result = "; ".join(p for p in parts if p)
     goal = ">=3x best peer; >=50% memcpy; ttfb<0.5s flat; resume<50ms; flat RSS"
     met = "; ".join(f"{k}: {v}" for k, v in g.items())
-    date = dt.date.today().isoformat()
-    return f"| {NAME} | {date} | `{command}` | {result} | {goal} | {met} |"
-
-
-def write_results_md(line: str) -> None:
-    lines = RESULTS_MD.read_text().splitlines() if RESULTS_MD.exists() else []
-    for i, old in enumerate(lines):
-        cells = [c.strip() for c in old.split("|")]
-        if len(cells) > 2 and cells[1] == NAME:
-            lines[i] = line
-            break
-    else:
-        lines.append(line)
-    RESULTS_MD.write_text("\n".join(lines) + "\n")
+    return result, goal, met
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--json", required=True, type=Path, help="where to write the results")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="the run's JSON (default benchmarks/results/data_loader[_cold].json, committed)",
+    )
     parser.add_argument("--quick", action="store_true", help="small smoke run (4 Mi tokens)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument(
@@ -509,31 +504,46 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8, help="--cold: ranks on the node")
     parser.add_argument("--workers", type=int, default=2, help="--cold: DataLoader workers/rank")
     parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
+    parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
+    parser.add_argument(
+        "--row-from-json",
+        action="store_true",
+        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
+    )
     args = parser.parse_args()
-    if args.cold:
-        cold_main(args)
+    name = "data_loader_cold" if args.cold else NAME
+    args.json = args.json or HERE / "results" / f"{name}.json"
+    if args.row_from_json:
+        result = json.loads(args.json.read_text())
+    else:
+        result = cold_run(args) if args.cold else warm_run(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.quick or args.no_results_line:
         return
+    text, goal, met = cold_results_cells(result) if args.cold else warm_results_cells(result)
+    day = str(result.get("date", ""))[:10] or None
+    _results.write_results_line(name, result["command"], text, goal, met, date=day)
+
+
+def warm_run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every loader from the page cache; the JSON of the run."""
     t0 = time.perf_counter()
     result = run(args)
     result["wall_s"] = time.perf_counter() - t0
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    command = "python benchmarks/data_loader.py --json benchmarks/out/data_loader.json" + (
-        f" --only {args.only}" if args.only else ""
-    )
-    if not args.quick:
-        write_results_md(results_line(result, command))
     console.print_json(json.dumps({k: result[k] for k in ("tokens_per_s", "ratios", "goals")}))
+    if args.data_dir != DATA:  # the command names no path of this machine
+        sys.argv = [a if a != str(args.data_dir) else "DIR" for a in sys.argv]
+    return {**_results.provenance("data_loader.py"), **result}
 
 
 # ---------------------------------------------------------------------------------------------
 # --cold: remote backends
 
 
-def cold_main(args: argparse.Namespace) -> None:
-    """Run every cold-start arm, write the JSON (and, unless --quick, the RESULTS row)."""
+def cold_run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every cold-start arm; the JSON of the run."""
     import _data_cold
-    import _results
 
     cfg = {
         "megabytes": 8 if args.quick else args.cold_mb,
@@ -565,12 +575,8 @@ def cold_main(args: argparse.Namespace) -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": _machine(),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    if not args.quick:
-        text, goal, met = cold_results_cells(result)
-        _results.write_results_line("data_loader_cold", command, text, goal, met)
     console.print_json(json.dumps(result["arms"]))
+    return result
 
 
 def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:

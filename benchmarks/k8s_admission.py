@@ -28,8 +28,13 @@ watch), the time until every job succeeded, and GPU allocation (GPUs held by bou
 pods over all GPUs) averaged while jobs were still waiting. Goal: tensoryard admits at least 5x
 as many jobs per second as Kueue, with allocation no worse.
 
-    python benchmarks/k8s_admission.py --json benchmarks/out/k8s_admission.json     # 128 x 2000
-    python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --json /tmp/adm.json   # quick
+    python benchmarks/k8s_admission.py                  # 128 x 2000
+    python benchmarks/k8s_admission.py --nodes 32 --jobs 400 --order tensoryard,kueue,limit
+    python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --no-results-line --json /tmp/a.json
+
+A run's JSON goes to benchmarks/results/k8s_admission_<nodes>x<jobs>.json (committed) and its
+row, `k8s_admission (<nodes>x<jobs>)`, is written from it; `--row-from-json` (with the same
+--nodes and --jobs) writes the row again from that file.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line  # noqa: E402
+from _results import provenance, write_results_line  # noqa: E402
 from k8s_launch import GANGS, create_fake_nodes, gang_sizes, test_cluster  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID  # noqa: E402
@@ -626,7 +631,16 @@ def wait_pods_gone(api: Any, pool: str, timeout: float = 300) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="the run's JSON (default benchmarks/results/k8s_admission_<nodes>x<jobs>.json)",
+    )
+    parser.add_argument(
+        "--row-from-json",
+        action="store_true",
+        help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
+    )
     parser.add_argument("--nodes", type=int, default=128, help="Fake 8-GPU nodes.")
     parser.add_argument("--jobs", type=int, default=2000, help="Jobs in the burst.")
     parser.add_argument("--teams", type=int, default=10, help="Teams of equal quota.")
@@ -643,6 +657,13 @@ def main() -> None:
         "--no-results-line", action="store_true", help="Do not write benchmarks/RESULTS.md."
     )
     args = parser.parse_args()
+    args.json = (
+        args.json
+        or Path(__file__).resolve().parent / "results" / f"{NAME}_{args.nodes}x{args.jobs}.json"
+    )
+    if args.row_from_json:
+        write_row(json.loads(args.json.read_text()))
+        return
     unknown = set(args.order.split(",")) - {"tensoryard", "kueue", "limit"}
     if unknown or not args.order:
         parser.error(
@@ -684,10 +705,14 @@ def main() -> None:
             for name in nodes:
                 core.delete_node(name)
     limit = limit_ratios(arms)
+    prov = provenance("k8s_admission.py")
+    if args.kubeconfig:  # the command names no path of this machine
+        prov["command"] = prov["command"].replace(str(args.kubeconfig), "KUBECONFIG")
     if "tensoryard" not in arms or "kueue" not in arms:  # its numbers, no RESULTS line
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps({"nodes": args.nodes, "jobs": args.jobs, **arms, **limit}, indent=2) + "\n"
+            json.dumps({**prov, "nodes": args.nodes, "jobs": args.jobs, **arms, **limit}, indent=2)
+            + "\n"
         )
         print(f"arms {args.order}: no tensoryard/Kueue ratio; {limit}; numbers in {args.json}")
         return
@@ -704,11 +729,13 @@ def main() -> None:
         kq["gpu_allocation_while_waiting"] or 0
     )
     result = {
+        **prov,
         "nodes": args.nodes,
         "gpus": args.nodes * 8,
         "jobs": args.jobs,
         "teams": args.teams,
         "order": args.order,
+        "timeout_s": args.timeout,
         "gang_sizes": {str(n): sizes.count(n) for n, _ in GANGS},
         "tensoryard": ty,
         "kueue": kq,
@@ -729,13 +756,20 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    cmd = (
-        f"python benchmarks/k8s_admission.py --nodes {args.nodes} --jobs {args.jobs} "
-        f"--teams {args.teams} --order {args.order} --json PATH"
+    if not args.no_results_line:
+        write_row(result)
+
+
+def write_row(result: dict[str, Any]) -> None:
+    """This run's RESULTS.md row, `k8s_admission (<nodes>x<jobs>)`, from its JSON."""
+    ty, kq = result["tensoryard"], result["kueue"]
+    ratio, wave_ratio = (
+        result["admissions_per_s_ratio"],
+        result["first_wave_admissions_per_s_ratio"],
     )
     text = (
-        f"{args.jobs} jobs, {args.teams} teams, {args.nodes}x8 fake GPUs, arms in order "
-        f"{args.order}: admissions/s tensoryard {ty['admissions_per_s']} vs Kueue "
+        f"{result['jobs']} jobs, {result['teams']} teams, {result['nodes']}x8 fake GPUs, arms in "
+        f"order {result['order']}: admissions/s tensoryard {ty['admissions_per_s']} vs Kueue "
         f"{kq['admissions_per_s']} ("
         + (
             f"{ratio:.2f}x"
@@ -743,7 +777,7 @@ def main() -> None:
             else "no ratio: "
             + ", ".join(
                 f"{name} had {arm['succeeded']} of {arm['jobs']} done at the "
-                f"{args.timeout:g} s limit"
+                f"{result['timeout_s']:g} s limit"
                 for name, arm in (("tensoryard", ty), ("Kueue", kq))
                 if arm["timed_out"]
             )
@@ -759,26 +793,26 @@ def main() -> None:
         f"jobs waited "
         f"{ty['gpu_allocation_while_waiting']} vs {kq['gpu_allocation_while_waiting']}"
     )
-    if "limit" in arms:
-        lim = arms["limit"]
+    if "limit" in result:
+        lim = result["limit"]
         text += (
             f"; the physical limit (an admission engine that costs nothing, same launch path): "
             f"{lim['admissions_per_s']} admissions/s, all done after {lim['makespan_s']} s, "
-            f"so at most {limit.get('limit_over_kueue_admissions_per_s')}x Kueue's admissions/s "
-            f"is attainable here; tensoryard reached "
-            f"{limit.get('tensoryard_of_limit_admissions_per_s')} of the limit's admissions/s and "
-            f"Kueue {limit.get('kueue_of_limit_admissions_per_s')}; makespan limit/tensoryard "
-            f"{limit.get('limit_over_tensoryard_makespan')}, limit/Kueue "
-            f"{limit.get('limit_over_kueue_makespan')}"
+            f"so at most {result.get('limit_over_kueue_admissions_per_s')}x Kueue's "
+            f"admissions/s is attainable here; tensoryard reached "
+            f"{result.get('tensoryard_of_limit_admissions_per_s')} of the limit's admissions/s "
+            f"and Kueue {result.get('kueue_of_limit_admissions_per_s')}; makespan "
+            f"limit/tensoryard {result.get('limit_over_tensoryard_makespan')}, limit/Kueue "
+            f"{result.get('limit_over_kueue_makespan')}"
         )
-    if args.no_results_line:
-        return
+    text += f"; load average at the end {result['load_average']}"
     write_results_line(
-        NAME,
-        cmd,
+        f"{NAME} ({result['nodes']}x{result['jobs']})",
+        result["command"],
         text,
         f"admissions/s >= {GOAL_RATIO}x Kueue (burst and first wave), allocation no worse",
         "yes" if result["met"] else "no",
+        date=result["date"][:10],
     )
 
 

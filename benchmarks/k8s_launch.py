@@ -16,8 +16,8 @@ executor and cluster view made per job (watch streams not counted), and whether 
 bound to a node other than the one tensoryard chose. Goal: tensoryard's time <= 1.2 x
 kubectl's, and no pod bound elsewhere.
 
-    python benchmarks/k8s_launch.py --json benchmarks/out/k8s_launch.json          # 128 x 1000
-    python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --json /tmp/k8s.json     # quick
+    python benchmarks/k8s_launch.py            # 128 x 1000; JSON in benchmarks/results/, the row
+    python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --no-results-line --json /tmp/k8s.json
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line  # noqa: E402
+from _results import benchmark_main, provenance  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import (  # noqa: E402
     LABEL_JOB_ID,
@@ -330,17 +330,25 @@ def run_tensoryard(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
-    parser.add_argument("--nodes", type=int, default=128, help="Fake 8-GPU nodes.")
-    parser.add_argument("--jobs", type=int, default=1000, help="Jobs of mixed gang sizes.")
-    parser.add_argument(
-        "--kubeconfig", type=Path, help="A running test cluster (default: start one)."
-    )
-    parser.add_argument("--timeout", type=float, default=1800, help="Seconds per side.")
-    args = parser.parse_args()
+GOAL = f"ratio <= {GOAL_RATIO}, 0 pods elsewhere"
 
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
+    tyard, kubectl = result["tensoryard"], result["kubectl"]
+    ratio = result["ratio_tensoryard_to_kubectl"]
+    text = (
+        f"{result['jobs']} jobs on {result['nodes']}x8 fake GPUs: all pods running after "
+        f"{tyard['seconds']:.1f}s (tensoryard) vs {kubectl['seconds']:.1f}s (kubectl apply), "
+        f"ratio {ratio:.2f}; {tyard['api_calls_per_job']:.1f} API calls/job; "
+        f"{tyard['pods_bound_elsewhere']} of {tyard['pods_checked']} pods bound elsewhere; "
+        f"load average at the end {result['load_average']}"
+    )
+    met = ratio <= GOAL_RATIO and tyard["pods_bound_elsewhere"] == 0
+    return text, "yes" if met else "no"
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client, config
 
     sizes = gang_sizes(args.jobs)
@@ -356,32 +364,32 @@ def main() -> None:
         finally:
             for name in nodes:
                 core.delete_node(name)
-    ratio = tyard["seconds"] / kubectl["seconds"]
+    prov = provenance("k8s_launch.py")
+    if args.kubeconfig:  # the command names no path of this machine
+        prov["command"] = prov["command"].replace(str(args.kubeconfig), "KUBECONFIG")
     result = {
+        **prov,
         "nodes": args.nodes,
         "gpus": args.nodes * 8,
         "jobs": args.jobs,
         "gang_sizes": {str(n): sizes.count(n) for n, _ in GANGS},
         "kubectl": kubectl,
         "tensoryard": tyard,
-        "ratio_tensoryard_to_kubectl": round(ratio, 3),
+        "ratio_tensoryard_to_kubectl": round(tyard["seconds"] / kubectl["seconds"], 3),
         "goal_ratio": GOAL_RATIO,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
-    met = ratio <= GOAL_RATIO and tyard["pods_bound_elsewhere"] == 0
-    cmd = f"python benchmarks/k8s_launch.py --nodes {args.nodes} --jobs {args.jobs} --json PATH"
-    text = (
-        f"{args.jobs} jobs on {args.nodes}x8 fake GPUs: all pods running after "
-        f"{tyard['seconds']:.1f}s (tensoryard) vs {kubectl['seconds']:.1f}s (kubectl apply), "
-        f"ratio {ratio:.2f}; {tyard['api_calls_per_job']:.1f} API calls/job; "
-        f"{tyard['pods_bound_elsewhere']} of {tyard['pods_checked']} pods bound elsewhere"
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=128, help="Fake 8-GPU nodes.")
+    parser.add_argument("--jobs", type=int, default=1000, help="Jobs of mixed gang sizes.")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="A running test cluster (default: start one)."
     )
-    write_results_line(
-        NAME, cmd, text, f"ratio <= {GOAL_RATIO}, 0 pods elsewhere", "yes" if met else "no"
-    )
+    parser.add_argument("--timeout", type=float, default=1800, help="Seconds per side.")
 
 
 if __name__ == "__main__":
-    main()
+    benchmark_main(NAME, __doc__, GOAL, measure, summary, add_arguments)

@@ -7,7 +7,7 @@ so `tensoryard.executors.kubernetes.watch` skips the model. The events are pods 
 Kubernetes executor renders them (a JobSet's 8-node gang, with the status a running pod has),
 one ADDED and MODIFIED lines per pod, as a watch stream carries them.
 
-    python benchmarks/k8s_watch_events.py --json benchmarks/out/k8s_watch_events.json
+    python benchmarks/k8s_watch_events.py   # JSON in benchmarks/results/, row in RESULTS.md
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line
+from _results import benchmark_main, provenance
 
 from tensoryard.executors.kubernetes.watch import raw_watch
 
@@ -100,19 +100,15 @@ def decode_all(watch: Any, lines: list[str], return_type: Any) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
-    parser.add_argument("--events", type=int, default=4000, help="Events per arm and round.")
-    parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds per arm.")
-    parser.add_argument("--no-results-line", action="store_true")
-    args = parser.parse_args()
+GOAL = "decoding no slower than the stock client's (a cost the watch caches pay per event)"
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client, watch
 
     lines = pod_events(args.events)
-    stock, raw = watch.Watch(), raw_watch()
-    pod_type = stock.get_return_type(client.CoreV1Api().list_namespaced_pod)
+    stock, raw = watch.Watch(), raw_watch()  # type: ignore[no-untyped-call]
+    pod_type = stock.get_return_type(client.CoreV1Api().list_namespaced_pod)  # type: ignore[no-untyped-call]
     stock_s: list[float] = []
     raw_s: list[float] = []
     for r in range(args.rounds):  # alternate which arm goes first: the machine drifts
@@ -121,7 +117,8 @@ def main() -> None:
             into.append(decode_all(w, lines, rtype))
     stock_us = 1e6 * min(stock_s) / args.events
     raw_us = 1e6 * min(raw_s) / args.events
-    result = {
+    return {
+        **provenance("k8s_watch_events.py"),
         "events": args.events,
         "rounds": args.rounds,
         "event_bytes_mean": round(sum(map(len, lines)) / len(lines)),
@@ -131,24 +128,25 @@ def main() -> None:
         "stock_s_per_round": [round(x, 3) for x in stock_s],
         "raw_s_per_round": [round(x, 3) for x in raw_s],
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
     text = (
-        f"{args.events} pod watch events (~{result['event_bytes_mean']} bytes each, rendered by "
-        f"the executor), best of {args.rounds} alternating rounds: stock kubernetes Watch "
-        f"{result['stock_us_per_event']} us/event (JSON + V1Pod model) vs raw "
-        f"{result['raw_us_per_event']} us/event (JSON only): {result['stock_over_raw']}x"
+        f"{result['events']} pod watch events (~{result['event_bytes_mean']} bytes each, "
+        f"rendered by the executor), best of {result['rounds']} alternating rounds: stock "
+        f"kubernetes Watch {result['stock_us_per_event']} us/event (JSON + V1Pod model) vs raw "
+        f"{result['raw_us_per_event']} us/event (JSON only): {result['stock_over_raw']}x; "
+        f"load average at the end {result['load_average']}"
     )
-    print(text)
-    if not args.no_results_line:
-        write_results_line(
-            NAME,
-            "python benchmarks/k8s_watch_events.py --json benchmarks/out/k8s_watch_events.json",
-            text,
-            "decoding no slower than the stock client's (a cost the watch caches pay per event)",
-            "yes" if stock_us >= raw_us else "no",
-        )
+    met = result["stock_us_per_event"] >= result["raw_us_per_event"]
+    return text, "yes" if met else "no"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--events", type=int, default=4000, help="Events per arm and round.")
+    parser.add_argument("--rounds", type=int, default=5, help="Alternating rounds per arm.")
 
 
 if __name__ == "__main__":
-    main()
+    benchmark_main(NAME, __doc__, GOAL, measure, summary, add_arguments)

@@ -17,14 +17,18 @@ Goal (issue 13): the default policy's average JCT within 10% of the SRTF oracle'
 window and configuration, and in the multi-team runs no team with demand below its
 entitlement for more than 10 minutes. Every ratio is reported, met or not.
 
-    python benchmarks/scheduler_quality.py --json out.json [--quick] [--workers N]
+    python benchmarks/scheduler_quality.py [--workers N]   # JSON in benchmarks/results/
+    python benchmarks/scheduler_quality.py --quick --json /tmp/q.json
+    python benchmarks/scheduler_quality.py --row-from-json   # the row and section, from the JSON
+
+A full run writes its JSON to benchmarks/results/scheduler_quality.json (committed) and, from it,
+this benchmark's row and its section of every ratio in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import sys
 import time
@@ -45,6 +49,7 @@ from tensoryard.sim.policies.default import DefaultPolicy
 from tensoryard.sim.trace import load_trace, select_window
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import provenance
 from _results import write_results_line as write_results_row
 
 NAME = "scheduler_quality"
@@ -156,9 +161,10 @@ def evaluate(
     return ratios, goals
 
 
-def write_results(path: Path, command: str, runs: list[dict[str, Any]]) -> None:
-    """Rewrite this benchmark's line in RESULTS.md and its section with every ratio."""
-    today = dt.date.today().isoformat()
+def write_results(path: Path, payload: dict[str, Any]) -> None:
+    """Rewrite this benchmark's line in RESULTS.md and its section with every ratio, from the
+    JSON of a run."""
+    runs, command, today = payload["runs"], payload["command"], payload["date"][:10]
     ratios = [r["ratios"]["default_over_srtf_oracle_avg_jct"] for r in runs]
     multi = [r for r in runs if r["config"] == "multi-team"]
     worst_wait = max(r["ratios"]["default_max_below_entitlement_s"] for r in multi)
@@ -166,7 +172,8 @@ def write_results(path: Path, command: str, runs: list[dict[str, Any]]) -> None:
     result = (
         f"default/srtf-oracle avg JCT {min(ratios):.2f}-{max(ratios):.2f} over "
         f"{len(runs)} runs (3 non-tuning Philly windows x single/multi-team, 24x8); max below "
-        f"entitlement {worst_wait:.0f} s (multi-team); every ratio in the section below"
+        f"entitlement {worst_wait:.0f} s (multi-team); every ratio in the section below; "
+        f"load average at the end {payload['load_average']}"
     )
     goal = "<=1.10x SRTF oracle avg JCT; <=600 s below entitlement (multi-team)"
     met = (
@@ -177,7 +184,7 @@ def write_results(path: Path, command: str, runs: list[dict[str, Any]]) -> None:
             f"entitlement: {'met' if worst_wait <= ENTITLEMENT_LIMIT_S else 'not met'}"
         )
     )
-    write_results_row(NAME, command, result, goal, met, path=path)
+    write_results_row(NAME, command, result, goal, met, date=today, path=path)
     text = path.read_text(encoding="utf-8")
     section = _section(runs, today, command)
     if BEGIN in text and END in text:
@@ -267,7 +274,17 @@ def table(run: dict[str, Any]) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", required=True, type=Path, help="write results here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / f"{NAME}.json",
+        help="the run's JSON (default benchmarks/results/scheduler_quality.json, committed)",
+    )
+    parser.add_argument(
+        "--row-from-json",
+        action="store_true",
+        help="measure nothing: write the RESULTS.md row and section from the JSON of a run",
+    )
     parser.add_argument("--quick", action="store_true", help="small smoke run (300 jobs on 16x8)")
     parser.add_argument("--workers", type=int, default=1, help="replays run in parallel")
     parser.add_argument(
@@ -280,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         help="RESULTS.md to update (full runs only)",
     )
     args = parser.parse_args(argv)
+    if args.row_from_json:
+        write_results(args.results_md, json.loads(args.json.read_text(encoding="utf-8")))
+        return 0
     console = Console(stderr=True)
     shared = find_shared_dir()
     if shared is None:
@@ -321,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     payload = {
+        **provenance("scheduler_quality.py"),
         "benchmark": NAME,
         "trace": "philly",
         "tuning_window_excluded": list(TUNING_WINDOW),
@@ -344,9 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         Console(width=160).print(table(run))
         Console().print(json.dumps({"ratios": run["ratios"], "goals": run["goals"]}, indent=2))
     if not args.quick:
-        extra = "".join(f" --core {c}" for c in args.core)
-        command = f"python benchmarks/scheduler_quality.py --json out.json{extra}"
-        write_results(args.results_md, command, runs)
+        write_results(args.results_md, payload)
     return 0
 
 

@@ -17,17 +17,19 @@ steady-state cycles only, at 50k pending; cycle times are CPU time of the schedu
 neighbours. Wall times are reported beside them. Reading every pending reason and estimate
 (built lazily) is measured separately as ``read_all_pending_reasons_ms``.
 
-The anchors are published figures of other schedulers (not re-run here: none of them runs on
-this machine without a cluster); we report our ratio to each.
+No other scheduler runs in this benchmark (none of them runs on this machine without a
+cluster), so it reports no ratio to one: earlier versions divided by rates said to be published
+for Kueue, kube-scheduler, Slurm and Volcano, with no source and measured on other setups, and
+those ratios were dropped. The same-run comparisons with Kueue are in k8s_admission.py.
 
-    python benchmarks/scheduler_throughput.py --json out.json [--quick]
+    python benchmarks/scheduler_throughput.py       # JSON in benchmarks/results/, row in RESULTS.md
+    python benchmarks/scheduler_throughput.py --quick --no-results-line --json /tmp/t.json
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import random
 import statistics
 import sys
@@ -48,22 +50,15 @@ from tensoryard.scheduler import (
 from tensoryard.spec.queue import CohortSpec, QueueSpec, QuotaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line as write_results_row
+from _results import benchmark_main, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = ROOT.parent / "shared" / "traces" / "philly" / "philly.csv"
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 NAME = "scheduler_throughput"
 
 # Philly's GPU-count mix (../shared/traces/README.md): used when the trace is absent.
 BUILTIN_MIX = {1: 76627, 2: 1818, 4: 1870, 8: 1643, 12: 7, 16: 199, 24: 7, 32: 67, 64: 6, 128: 3}
 
-ANCHORS = {
-    "kueue_perf_test_workloads_per_s": 43.0,
-    "kube_scheduler_pods_per_s": 300.0,  # upper end of the quoted 100-300
-    "slurm_jobs_per_s": 500.0,
-    "volcano_pods_per_s": 1000.0,
-}
 GOAL_ADMISSIONS_PER_S = 2000.0
 GOAL_P99_MS = 200.0
 
@@ -248,10 +243,12 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def write_results_line(result: dict[str, Any], command: str) -> None:
+GOAL = f">= {GOAL_ADMISSIONS_PER_S:.0f}/s and p99 <= {GOAL_P99_MS:.0f} ms at 50k pending"
+
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
     main = result["levels"][str(result["headline_pending"])]
-    met = main["admissions_per_s"] >= GOAL_ADMISSIONS_PER_S and main["cycle_ms_p99"] <= GOAL_P99_MS
-    ratios = result["ratios"]
     levels = ", ".join(
         f"{r['admissions_per_s']:.0f}/s p99 {r['cycle_ms_p99']:.0f} ms at {int(lv) // 1000}k"
         for lv, r in result["levels"].items()
@@ -263,24 +260,15 @@ def write_results_line(result: dict[str, Any], command: str) -> None:
         f"{main['admissions_per_s']:.0f} gang admissions/s, cycle p50 "
         f"{main['cycle_ms_p50']:.0f} ms / p99 {main['cycle_ms_p99']:.0f} ms at "
         f"{main['pending']} pending (CPU time, one core) [{levels}]; initial fill separately: "
-        f"{main['fill_admissions']} admissions in {main['fill_cycle_ms']:.0f} ms; "
-        f"{ratios['kueue_perf_test_workloads_per_s']:.0f}x Kueue perf test, "
-        f"{ratios['volcano_pods_per_s']:.1f}x Volcano"
+        f"{main['fill_admissions']} admissions in {main['fill_cycle_ms']:.0f} ms; no peer "
+        f"runs here (no ratio); load average at the end {result['load_average']}"
     )
-    goal = f">= {GOAL_ADMISSIONS_PER_S:.0f}/s and p99 <= {GOAL_P99_MS:.0f} ms at 50k pending"
-    write_results_row(NAME, command, text, goal, "yes" if met else "no")
+    return text, "yes" if result["goal"]["met"] else "no"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
-    parser.add_argument("--quick", action="store_true", help="Small smoke run (seconds).")
-    parser.add_argument("--cycles", type=int, default=None, help="Steady-state cycles per level.")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--no-results-line", action="store_true", help="Do not rewrite benchmarks/RESULTS.md."
-    )
-    args = parser.parse_args(argv)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:  # a smoke run never writes the row
+        args.no_results_line = True
     levels = [1000, 5000] if args.quick else [10_000, 50_000, 100_000]
     headline = 5000 if args.quick else 50_000
     cycles = args.cycles if args.cycles is not None else (3 if args.quick else 30)
@@ -309,21 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     out["cost_per_cycle_ms"] = {
         lv: {"p50": r["cycle_ms_p50"], "p99": r["cycle_ms_p99"]} for lv, r in out["levels"].items()
     }
-    out["anchors"] = ANCHORS
-    out["ratios"] = {k: main_level["admissions_per_s"] / v for k, v in ANCHORS.items()}
     out["goal"] = {
         "admissions_per_s": GOAL_ADMISSIONS_PER_S,
         "cycle_ms_p99": GOAL_P99_MS,
         "met": main_level["admissions_per_s"] >= GOAL_ADMISSIONS_PER_S
         and main_level["cycle_ms_p99"] <= GOAL_P99_MS,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2), encoding="utf-8")
     _print_table(out)
-    if not args.quick and not args.no_results_line:
-        command = "python benchmarks/scheduler_throughput.py --json out.json"
-        write_results_line(out, command)
-    return 0
+    return {**provenance("scheduler_throughput.py"), **out}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="Small smoke run (seconds).")
+    parser.add_argument("--cycles", type=int, default=None, help="Steady-state cycles per level.")
+    parser.add_argument("--seed", type=int, default=7)
 
 
 def _print_table(out: dict[str, Any]) -> None:
@@ -336,11 +323,8 @@ def _print_table(out: dict[str, Any]) -> None:
             f"{r['steady_admitted_per_completed']:>9.2f} {r['fill_cycle_ms']:>9.1f} "
             f"{r['fill_admissions']:>9}"
         )
-    print("anchors (published):")
-    for key, value in out["anchors"].items():
-        print(f"  {key:<34} {value:>7.0f}/s   ours/theirs = {out['ratios'][key]:.1f}x")
     print(f"goal met: {out['goal']['met']}")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    benchmark_main(NAME, __doc__, GOAL, measure, summary, add_arguments)

@@ -1,7 +1,7 @@
 """Model serving: the gateway against calling replicas directly, prefix-aware routing against
 round-robin, the router's latency at 200 req/s, and cold start. One run, side by side.
 
-    python benchmarks/serving.py --json benchmarks/out/serving.json
+    python benchmarks/serving.py      # JSON in benchmarks/results/, row in RESULTS.md
     python benchmarks/serving.py --quick --json /tmp/serving.json   # smoke run
 
 A real control plane (`tyard server`, SQLite) runs as its own process; the deployments are
@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import write_results_line
+from _results import benchmark_main, provenance
 
 from tensoryard.serving.engine import engine_available, prompt_reuse
 from tensoryard.serving.source import ensure_smollm2
@@ -617,19 +617,14 @@ def _max_rss(res: dict[str, Any]) -> float | None:
     return max(values) if values else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="Write results here.")
-    parser.add_argument("--quick", action="store_true", help="Fewer requests (smoke run).")
-    parser.add_argument("--rate", type=float, default=200.0, help="Router test req/s.")
-    parser.add_argument("--no-results-line", action="store_true")
-    args = parser.parse_args()
-    missing = engine_available()
-    if missing:
-        raise SystemExit(missing)
-    res = asyncio.run(main_async(args))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=2) + "\n")
+GOAL = (
+    "gw >= 0.95, TTFT < +10 ms; prefix/RR TTFT <= 0.6; prefix reuse >= 2x; low-load >= 0.98; "
+    "cold start <= 10 s; router p99 < 10 ms @200 req/s"
+)
+
+
+def summary(res: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
     rl = res["router_latency"]
     text = (
         f"gateway/direct throughput {res['gateway_throughput_ratio']:.3f}, TTFT "
@@ -652,13 +647,7 @@ def main() -> None:
         f"(overhead p99 {rl.get('router_overhead_p99_ms')} ms); the gateway's own time per "
         f"request (its histogram, engine time excluded) p50 {rl['gateway_self']['p50_ms']} "
         f"ms, p99 {rl['gateway_self']['p99_ms']} ms; replica memory after the shared-prefix "
-        f"sets at most {_max_rss(res)} MB"
-    )
-    print(text)
-    goal = (
-        "gw >= 0.95, TTFT < +10 ms; prefix/RR TTFT <= 0.6; prefix reuse >= 2x; low-load >= 0.98; "
-        "cold start "
-        "<= 10 s; router p99 < 10 ms @200 req/s"
+        f"sets at most {_max_rss(res)} MB; load average at the end {res['load_average']}"
     )
     met = ", ".join(
         f"{k} {'yes' if ok else 'no'}"
@@ -676,10 +665,23 @@ def main() -> None:
             ("router self-measured", (rl["gateway_self"]["p99_ms"] or 1e9) < 10),
         )
     )
-    if not args.quick and not args.no_results_line:
-        cmd = "python benchmarks/serving.py --json benchmarks/out/serving.json"
-        write_results_line(NAME, cmd, text, goal, met)
+    return text, met
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:  # a smoke run never writes the row
+        args.no_results_line = True
+    missing = engine_available()
+    if missing:
+        raise SystemExit(missing)
+    res = asyncio.run(main_async(args))
+    return {**provenance("serving.py"), **res}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="Fewer requests (smoke run).")
+    parser.add_argument("--rate", type=float, default=200.0, help="Router test req/s.")
 
 
 if __name__ == "__main__":
-    main()
+    benchmark_main(NAME, __doc__, GOAL, measure, summary, add_arguments)

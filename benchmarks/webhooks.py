@@ -10,7 +10,7 @@
 
 No goal was set for webhooks; the numbers say what durability costs on this machine.
 
-    python benchmarks/webhooks.py --json benchmarks/out/webhooks.json [--db-url URL]
+    python benchmarks/webhooks.py [--db-url URL]   # JSON in benchmarks/results/, row in RESULTS.md
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _results import write_results_line  # noqa: E402
+from _results import benchmark_main, provenance  # noqa: E402
 
 from tensoryard.registry.webhooks import (  # noqa: E402
     WebhookConfig,
@@ -125,28 +125,28 @@ def direct_rate(receiver: Receiver, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--db-url", help="database (default: a SQLite file in a temp dir)")
-    parser.add_argument("--registrations", type=int, default=300)
-    parser.add_argument("--events", type=int, default=500)
-    args = parser.parse_args()
+GOAL = "none set (the cost of durability)"
 
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db_url or default_sqlite_url(Path(tmp))
         receiver = Receiver()
-        events = ("model.version.created",)
+        events: tuple[str, ...] = ("model.version.created",)
         two = [(receiver.url, events), (receiver.url + "2", events)]
         register_latency(url, two, 20)  # warm-up
         base, with_rows = register_latency(url, two, args.registrations)
         outbox = statistics.median(outbox_rate(url, receiver, args.events) for _ in range(3))
         direct = statistics.median(direct_rate(receiver, args.events) for _ in range(3))
         receiver.server.shutdown()
-        backend = "postgresql" if url.startswith("postgresql") else "sqlite"
-
-    result: dict[str, Any] = {
-        "backend": backend,
+    run = provenance("webhooks.py")
+    if args.db_url:  # the URL may carry a password: the command keeps only its scheme
+        run["command"] = run["command"].replace(args.db_url, f"{backend_of(args)}://...")
+    return {
+        **run,
+        "backend": backend_of(args),
+        "registrations": args.registrations,
+        "events": args.events,
         "register_p50_ms": {
             "no_hooks": _pct(base, 0.5) * 1e3,
             "two_hooks": _pct(with_rows, 0.5) * 1e3,
@@ -159,22 +159,46 @@ def main() -> None:
         "delivery_events_per_s": {"outbox": outbox, "direct_httpx": direct},
         "delivery_ratio": outbox / direct,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def summary(result: dict[str, Any]) -> tuple[str, str]:
+    """The RESULTS.md row's result and met columns, from a run's JSON."""
     p50, p99 = result["register_p50_ms"], result["register_p99_ms"]
-    line = (
-        f"{backend}: register p50 {p50['no_hooks']:.1f} -> {p50['two_hooks']:.1f} ms with 2 hooks "
-        f"(x{result['register_p50_ratio']:.2f}), p99 {p99['no_hooks']:.1f} -> "
-        f"{p99['two_hooks']:.1f} ms; delivery {outbox:.0f} events/s (outbox loop, 4 senders) vs "
-        f"{direct:.0f}/s plain httpx POSTs without a database = {result['delivery_ratio']:.2f}x"
+    rate = result["delivery_events_per_s"]
+    text = (
+        f"{result['backend']}: register p50 {p50['no_hooks']:.1f} -> {p50['two_hooks']:.1f} ms "
+        f"with 2 hooks (x{result['register_p50_ratio']:.2f}), p99 {p99['no_hooks']:.1f} -> "
+        f"{p99['two_hooks']:.1f} ms; delivery {rate['outbox']:.0f} events/s (outbox loop, 4 "
+        f"senders) vs {rate['direct_httpx']:.0f}/s plain httpx POSTs without a database = "
+        f"{result['delivery_ratio']:.2f}x; load average at the end {result['load_average']}"
     )
-    print(line)
-    command = "python benchmarks/webhooks.py --json benchmarks/out/webhooks.json"
-    if args.db_url:
-        command += f" --db-url {backend}://..."
-    name = NAME if backend == "sqlite" else f"{NAME}_{backend}"
-    write_results_line(name, command, line, "none set (the cost of durability)", "-")
+    return text, "-"
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    url = args.db_url or "sqlite"
+    return "postgresql" if url.startswith("postgresql") else "sqlite"
+
+
+def variant(args: argparse.Namespace) -> str:
+    backend = backend_of(args)
+    return NAME if backend == "sqlite" else f"{NAME}_{backend}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db-url", help="database (default: a SQLite file in a temp dir)")
+    parser.add_argument("--registrations", type=int, default=300)
+    parser.add_argument("--events", type=int, default=500)
 
 
 if __name__ == "__main__":
-    main()
+    benchmark_main(
+        NAME,
+        __doc__,
+        GOAL,
+        measure,
+        summary,
+        add_arguments,
+        json_name=variant,
+        row_name=lambda r: NAME if r["backend"] == "sqlite" else f"{NAME}_{r['backend']}",
+    )

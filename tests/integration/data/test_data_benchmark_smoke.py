@@ -1,7 +1,7 @@
 """Smoke run of benchmarks/data_loader.py: tensoryard and the memcpy limit on a tiny corpus.
 
 Peers are left out (`--only tensoryard,memcpy`) so CI never builds their venvs; the full run
-with every peer is `python benchmarks/data_loader.py --json benchmarks/out/data_loader.json`.
+with every peer is `python benchmarks/data_loader.py` (JSON in benchmarks/results/).
 """
 
 from __future__ import annotations

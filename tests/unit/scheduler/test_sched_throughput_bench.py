@@ -33,7 +33,8 @@ def test_the_throughput_benchmark_quick_run_writes_its_json(tmp_path: Path) -> N
     assert result["admissions_per_s"] > 0
     assert result["cycle_ms_p99"] >= result["cycle_ms_p50"] > 0
     assert set(result["cost_per_cycle_ms"]) == {"1000", "5000"}
-    assert set(result["ratios"]) == set(result["anchors"])
+    assert "ratios" not in result  # no peer runs here, so no ratio to one
+    assert result["command"].startswith("python benchmarks/scheduler_throughput.py")
     for level in result["levels"].values():
         assert level["admissions"] > 0
         # the rate counts steady-state cycles only; the initial fill is reported apart
