@@ -18,7 +18,7 @@ Medians of the repeats are compared; ratio tensoryard/kubectl is the platform's 
 Kubernetes' own. Goal (issue 30): under 10%.
 
     python benchmarks/k8s_pods.py                        # gangs of 1, 2, 4 x 3 repeats
-    python benchmarks/k8s_pods.py --repeats 1 --no-results-line --json /tmp/p.json
+    python benchmarks/k8s_pods.py --repeats 1 --no-results-line --json pods.json
 """
 
 from __future__ import annotations
