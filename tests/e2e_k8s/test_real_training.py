@@ -490,6 +490,21 @@ def test_a_jobs_volume_claims_are_mounted_in_its_pods_read_only_where_asked(
     assert f"read: written by job {writer}" in log, log
     assert "refused: Read-only file system" in log, log
 
+    # The team's volume, mounted by the server into every job of the team (--team-volume).
+    server = platform.server
+    server.stop()
+    server.extra_args = [*server.extra_args, "--team-volume", "default=team-data:/data:ro"]
+    server.start()
+    team_reader = submit(server, python_job(tmp_path, "team-reader", READ, []))
+    job = wait_for(client, team_reader, TERMINAL, timeout=180)
+    assert job["state"] == "SUCCEEDED", explain(platform, team_reader)
+    log = tyard(server, "logs", str(team_reader)).stdout
+    assert f"read: written by job {writer}" in log and "refused: Read-only" in log, log
+    # A job of the team may not mount its own volume over the team's.
+    path = python_job(tmp_path, "overlap", READ, [{"claim": "team-data", "mount": "/data/x"}])
+    done = tyard(server, "submit", str(path))
+    assert done.returncode != 0 and "volumes.0.mount" in done.stdout + done.stderr, done
+
 
 def test_a_job_naming_a_claim_that_does_not_exist_is_refused_at_submit_naming_it(
     platform: Platform, tmp_path: Path
@@ -546,6 +561,23 @@ def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming
     assert done.returncode == 1, done.stdout + done.stderr
     assert "no-such-claim" in done.stderr and "fix:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_control_plane_whose_team_volume_claim_does_not_exist_refuses_to_start_naming_it(
+    namespace: str, identity: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
+            "--port", str(free_port()), "--executor", "kubernetes",
+            "--kubeconfig", str(identity), "--namespace", namespace,
+            "--team-volume", "nlp=no-such-data:/data:ro",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "--team-volume nlp" in done.stderr and "no-such-data" in done.stderr
+    assert "fix:" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_control_plane_whose_node_selector_matches_no_node_refuses_to_start_naming_it(

@@ -180,6 +180,13 @@ def server(
             help="[kubernetes] KEY=VALUE: only nodes with this label are tensoryard's (repeatable)."
         ),
     ] = None,
+    team_volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="[kubernetes] TEAM=CLAIM:/PATH[:ro]: mount this PersistentVolumeClaim into "
+            "every pod of the team's jobs (repeatable), e.g. --team-volume nlp=nlp-data:/data:ro.",
+        ),
+    ] = None,
     toleration: Annotated[
         list[str] | None,
         typer.Option(
@@ -368,6 +375,7 @@ def server(
             watch=watch,
             keep_finished_s=None if keep_finished < 0 else keep_finished,
             cordon_nodes=cordon_nodes,
+            team_volumes=team_volume or [],
         )
     try:  # a settings file that cannot be used is bad input (exit 2), like a bad option
         slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf, rest_url=slurm_rest_url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,6 +77,7 @@ def kubernetes_config(
     watch: bool = True,
     keep_finished_s: int | None = 3600,
     cordon_nodes: bool = True,
+    team_volumes: list[str] | None = None,
 ) -> KubernetesConfig:
     """A KubernetesConfig from command-line values (SpecError naming the option)."""
     if workload not in ("auto", "jobset", "job"):
@@ -118,7 +120,53 @@ def kubernetes_config(
         watch=watch,
         keep_finished_s=keep_finished_s,
         cordon_nodes=cordon_nodes,
+        team_volumes=_team_volumes(team_volumes or []),
     )
+
+
+def _team_volumes(values: list[str]) -> dict[str, tuple[tuple[str, str, bool], ...]]:
+    """`--team-volume TEAM=CLAIM:/PATH[:ro]` values, each checked like a job's `volumes:`."""
+    from pydantic import ValidationError
+
+    from tensoryard.spec.job import NAME_PATTERN, VolumeSpec, parse_job_spec
+
+    out: dict[str, list[tuple[str, str, bool]]] = {}
+    for value in values:
+        team, sep, rest = value.partition("=")
+        parts = rest.split(":")
+        ro = len(parts) == 3 and parts[2] in ("ro", "rw")
+        if not sep or not re.match(NAME_PATTERN, team) or not (len(parts) == 2 or ro):
+            raise SpecError(
+                [
+                    FieldIssue(
+                        "--team-volume",
+                        f"{value!r} is not TEAM=CLAIM:/PATH or TEAM=CLAIM:/PATH:ro",
+                        "name the team, the claim and where to mount it, like "
+                        "nlp=nlp-data:/data:ro",
+                    )
+                ],
+                source="command line",
+            )
+        try:
+            v = VolumeSpec(claim=parts[0], mount=parts[1], read_only=ro and parts[2] == "ro")
+        except ValidationError as exc:
+            why = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise SpecError(
+                [FieldIssue("--team-volume", f"{value!r}: {why}", "fix the claim or the path")],
+                source="command line",
+            ) from None
+        out.setdefault(team, []).append((v.claim, v.mount, v.read_only))
+    for team, volumes in out.items():  # the same checks as a job's own list (no overlaps)
+        spec = [{"claim": c, "mount": m, "read_only": r} for c, m, r in volumes]
+        try:
+            parse_job_spec({"name": "x", "command": ["x"], "volumes": spec})
+        except SpecError as exc:
+            why = "; ".join(i.message for i in exc.issues)
+            raise SpecError(
+                [FieldIssue("--team-volume", f"team {team}: {why}", "give each its own path")],
+                source="command line",
+            ) from None
+    return {team: tuple(v) for team, v in out.items()}
 
 
 def _dump(objects: list[dict[str, Any]], output: str) -> str:

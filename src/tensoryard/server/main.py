@@ -177,6 +177,9 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         kube = connect(config.kubernetes)
         cluster = KubernetesCluster(kube)
         cluster.check_labels()
+        for team, volumes in sorted(config.kubernetes.team_volumes.items()):
+            for _, problem, fix in check_volumes(kube, [claim for claim, _, _ in volumes]):
+                raise ExecutorError(f"--team-volume {team}: {problem} (fix: {fix})")
         executor = KubernetesExecutor(kube, grace_s=config.cancel_grace_s)
         if config.kubernetes.watch:
             cluster.start_watches()
@@ -194,6 +197,23 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         except ImageRefError as exc:
             raise SpecError([FieldIssue("image", f"{exc.value!r} {exc.problem}", exc.fix)]) from exc
         cluster.check_fits(spec)
+        for i, v in enumerate(spec.volumes):
+            for claim, mount, _ in config.kubernetes.team_volumes.get(spec.team, ()):
+                if (
+                    v.mount == mount
+                    or v.mount.startswith(mount + "/")
+                    or (mount.startswith(v.mount + "/"))
+                ):
+                    raise SpecError(
+                        [
+                            FieldIssue(
+                                f"volumes.{i}.mount",
+                                f"{v.mount} overlaps team {spec.team}'s volume {claim} at "
+                                f"{mount} (the server's --team-volume)",
+                                "mount it elsewhere, or use the team's volume",
+                            )
+                        ]
+                    )
         try:
             unmountable = check_volumes(kube, [v.claim for v in spec.volumes])
         except ExecutorError as exc:

@@ -154,3 +154,34 @@ def test_a_matrix_image_is_checked_by_each_pod_before_torchrun_and_a_full_refere
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"][0] == "torchrun"
     assert "TYARD_IMAGE_EXPECT" not in {e["name"] for e in container["env"]}
+
+
+def test_a_teams_volumes_come_first_in_every_pod_of_its_jobs_and_options_are_checked() -> None:
+    from tensoryard.cli.k8s import kubernetes_config
+    from tensoryard.errors import SpecError
+
+    config = kubernetes_config(
+        namespace="ml", team_volumes=["default=team-data:/data:ro", "default=cache:/cache"]
+    )
+    assert config.team_volumes == {
+        "default": (("team-data", "/data", True), ("cache", "/cache", False))
+    }
+    w = workload_for(request(volumes=[{"claim": "mine", "mount": "/mine"}]), config)
+    assert [c for c, _, _ in w.volumes] == ["team-data", "cache", "mine"]
+    _, job, _ = render_attempt(w, "Job")
+    validate(job)
+    other = workload_for(request(team="vision"), config)  # another team: none of them
+    assert other.volumes == ()
+    for bad, says in [
+        ("team-data:/data", "TEAM=CLAIM:/PATH"),
+        ("Default=x:/data", "TEAM=CLAIM:/PATH"),
+        ("nlp=x:data", "not an absolute directory"),
+        ("nlp=x:/opt/tensoryard", "elsewhere"),
+        ("nlp=Bad_Claim:/data", "kubectl get pvc"),
+    ]:
+        with pytest.raises(SpecError) as caught:
+            kubernetes_config(team_volumes=[bad])
+        (issue,) = caught.value.issues
+        assert issue.path == "--team-volume" and says in issue.message, issue
+    with pytest.raises(SpecError, match="overlap"):
+        kubernetes_config(team_volumes=["nlp=a:/data", "nlp=b:/data/b"])

@@ -67,6 +67,10 @@ class KubernetesConfig:
     subdirectory at the same path, so metrics, logs and checkpoints are written by the pods and
     read by the control plane (checkpoints, the registry, `tyard ckpt`) through the volume.
     None: run directories stay on the control plane's disk, where pods cannot write them."""
+    team_volumes: Mapping[str, Sequence[tuple[str, str, bool]]] = field(default_factory=dict)
+    """team -> (claim, mount path, read-only) mounted into every pod of that team's jobs
+    (`--team-volume TEAM=CLAIM:/PATH[:ro]`): a team's datasets or shared cache, without naming
+    it in each job; a job's own `volumes:` come beside them and may not overlap them."""
     run_as_user: int | None = 1000
     """runAsUser / runAsGroup / fsGroup of the training pods: the user of the images `tyard
     images build` makes. A control plane running as root makes each job's directory on

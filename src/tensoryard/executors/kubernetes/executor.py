@@ -172,7 +172,10 @@ def workload_for(
         shm_size=config.shm_size,
         pvc_name=config.pvc_name,
         pvc_mount_path=config.pvc_mount_path,
-        volumes=tuple((v.claim, v.mount, v.read_only) for v in spec.volumes),
+        volumes=(
+            *config.team_volumes.get(spec.team, ()),
+            *((v.claim, v.mount, v.read_only) for v in spec.volumes),
+        ),
         termination_grace_s=max(int(grace_s), 0),
         pod_annotations={
             **config.pod_annotations,
