@@ -143,7 +143,22 @@ def load_yaml_text(text: str, *, source: str = "") -> Any:
             ],
             source=source,
         )
-    loader = yaml.SafeLoader(text)
+    try:  # the reader refuses control characters as soon as it is made
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        at = f"character {exc.position + 1}" if exc.position >= 0 else "an unknown position"
+        char = exc.character
+        what = f"U+{char:04X}" if isinstance(char, int) else repr(char)
+        raise SpecError(
+            [
+                FieldIssue(
+                    "",
+                    f"the YAML holds the control character {what} at {at}",
+                    "remove it: YAML allows printable characters, tabs and line breaks only",
+                )
+            ],
+            source=source,
+        ) from None
     try:
         node = loader.get_single_node()
         if node is None:

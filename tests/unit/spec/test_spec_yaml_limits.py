@@ -30,6 +30,7 @@ def _billion_laughs(levels: int = 9) -> str:
         ("- " * 50_000 + "x", "nested too deeply"),
         ("x: " + "y" * (MAX_SPEC_BYTES + 1), "at most"),
         ("a: !!python/object/apply:os.system ['true']\n", "malformed YAML"),
+        ("name: a\x1f\n", "control character U\\+001F at character 8"),
     ],
     ids=[
         "a billion laughs",
@@ -38,6 +39,7 @@ def _billion_laughs(levels: int = 9) -> str:
         "50k levels of block nesting",
         "a document over the size limit",
         "a python object tag",
+        "a control character (the API's spec_yaml, found by the fuzzer)",
     ],
 )
 def test_hostile_yaml_is_a_spec_error_within_a_second(text: str, message: str) -> None:
