@@ -545,57 +545,46 @@ def test_an_image_whose_torch_is_not_the_matrix_pin_fails_at_once_naming_both_an
     assert not platform.client.metrics(job_id)  # no training step ran
 
 
-def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming_it(
-    namespace: str, identity: Path, tmp_path: Path
-) -> None:
+def refused_start(
+    namespace: str, identity: Path, home: Path, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """`tyard server --executor kubernetes` with `options`, which must stop it at start: exit 1,
+    like a missing namespace (the cluster lacks something; 2 is a malformed option), the fix in
+    its error, no traceback."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
+            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(home),
             "--port", str(free_port()), "--executor", "kubernetes",
-            "--kubeconfig", str(identity), "--namespace", namespace,
-            "--runs-claim", "no-such-claim",
+            "--kubeconfig", str(identity), "--namespace", namespace, *options,
         ],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    # 1, like a missing namespace: the cluster lacks something (2 is a malformed option)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "no-such-claim" in done.stderr and "fix:" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "fix:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def test_a_control_plane_whose_runs_claim_does_not_exist_refuses_to_start_naming_it(
+    namespace: str, identity: Path, tmp_path: Path
+) -> None:
+    done = refused_start(namespace, identity, tmp_path, "--runs-claim", "no-such-claim")
+    assert "no-such-claim" in done.stderr
 
 
 def test_a_control_plane_whose_team_volume_claim_does_not_exist_refuses_to_start_naming_it(
     namespace: str, identity: Path, tmp_path: Path
 ) -> None:
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
-            "--port", str(free_port()), "--executor", "kubernetes",
-            "--kubeconfig", str(identity), "--namespace", namespace,
-            "--team-volume", "nlp=no-such-data:/data:ro",
-        ],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
+    option = ("--team-volume", "nlp=no-such-data:/data:ro")
+    done = refused_start(namespace, identity, tmp_path, *option)
     assert "--team-volume nlp" in done.stderr and "no-such-data" in done.stderr
-    assert "fix:" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_control_plane_whose_node_selector_matches_no_node_refuses_to_start_naming_it(
     namespace: str, identity: Path, tmp_path: Path
 ) -> None:
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "tensoryard.cli.main", "server", "--home", str(tmp_path),
-            "--port", str(free_port()), "--executor", "kubernetes",
-            "--kubeconfig", str(identity), "--namespace", namespace,
-            "--node-selector", "gpu.example.com/product=B300",
-        ],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "gpu.example.com/product=B300" in done.stderr and "fix:" in done.stderr
-    assert "kubectl label node" in done.stderr
-    assert "Traceback" not in done.stderr
+    option = ("--node-selector", "gpu.example.com/product=B300")
+    done = refused_start(namespace, identity, tmp_path, *option)
+    assert "gpu.example.com/product=B300" in done.stderr and "kubectl label node" in done.stderr
 
 
 def jobsets_of(custom: Any, namespace: str, job_id: int) -> list[str]:
