@@ -32,7 +32,7 @@ from tensoryard.server.metrics import LoopMetrics, StateCollector
 from tensoryard.server.scheduling import CorePolicy, KueuePolicy, NodeCapacity
 from tensoryard.serving.deploy import Deployer
 from tensoryard.serving.plane import ServingPlane
-from tensoryard.spec.job import JobSpec
+from tensoryard.spec.job import JobSpec, mounts_overlap
 from tensoryard.store import NodeRecord, Store
 from tensoryard.store._db import safe_url
 
@@ -199,11 +199,7 @@ def _kubernetes_backend(config: ServerConfig) -> _Backend:
         cluster.check_fits(spec)
         for i, v in enumerate(spec.volumes):
             for claim, mount, _ in config.kubernetes.team_volumes.get(spec.team, ()):
-                if (
-                    v.mount == mount
-                    or v.mount.startswith(mount + "/")
-                    or (mount.startswith(v.mount + "/"))
-                ):
+                if mounts_overlap(v.mount, mount):
                     raise SpecError(
                         [
                             FieldIssue(

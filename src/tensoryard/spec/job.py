@@ -29,6 +29,7 @@ __all__ = [
     "SchedulingSpec",
     "VolumeSpec",
     "load_job_spec",
+    "mounts_overlap",
     "parse_job_spec",
 ]
 
@@ -226,6 +227,11 @@ class SchedulingSpec(StrictModel):
     preemptible: bool = Field(True, description="May be preempted (after a checkpoint grace).")
 
 
+def mounts_overlap(a: str, b: str) -> bool:
+    """Whether two mount paths are the same directory or one lies under the other."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
 class VolumeSpec(StrictModel):
     """A PersistentVolumeClaim mounted into every pod of the job (Kubernetes executor): a
     dataset, a shared cache, a team's checkpoint area."""
@@ -324,7 +330,7 @@ class JobSpec(StrictModel):
         mounts = [v.mount for v in value]
         for i, mount in enumerate(mounts):
             for other in mounts[:i]:
-                if mount == other or mount.startswith(other + "/") or other.startswith(mount + "/"):
+                if mounts_overlap(mount, other):
                     raise ValueError(
                         f"volumes mount {other} and {mount} overlap (fix: give each volume "
                         "its own directory)"
