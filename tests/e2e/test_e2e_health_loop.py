@@ -12,6 +12,7 @@ import shutil
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,21 +27,25 @@ SYS_FIXTURE = REPO / "tests" / "unit" / "observability" / "fixtures" / "sys"
 pytestmark = pytest.mark.slow
 
 
+def checkpointed_job(client: Any, tmp_path: Path) -> tuple[int, str, str]:
+    """The tiny GPT running on one of n1, n2 with a checkpoint written: (job, its node, the
+    other). 600 steps: still running when the fault lands (60 steps took 2 s in one CI run)."""
+    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "600").read_text())
+    job_id = int(client.submit(spec)["id"])
+    [node] = wait_for(client, job_id, {"RUNNING"})["placement"]
+    deadline = time.monotonic() + 120
+    while not client.checkpoints(job_id):
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.3)
+    return job_id, node, "n2" if node == "n1" else "n1"
+
+
 def test_an_xid_on_a_node_drains_it_and_the_job_resumes_on_the_other_node_from_its_checkpoint(
     two_nodes: ServerProcess, tmp_path: Path
 ) -> None:
     client = two_nodes.start()
     env = env_for(two_nodes)
-    # long enough to be still running when the drain lands (60 steps took 2 s in one CI run)
-    spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "600").read_text())
-    job_id = client.submit(spec)["id"]
-    job = wait_for(client, job_id, {"RUNNING"})
-    [sick] = job["placement"]
-    healthy = "n2" if sick == "n1" else "n1"
-    deadline = time.monotonic() + 120
-    while not client.checkpoints(job_id):
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.3)
+    job_id, sick, healthy = checkpointed_job(client, tmp_path)
 
     nvml = FakeNvml.with_gpus(4)
     agent = NodeAgent(
@@ -138,15 +143,7 @@ def test_a_node_whose_agent_stops_reporting_is_lost_and_its_job_resumes_on_the_o
         while not all(n.get("heartbeat_at") for n in client.nodes()):
             assert time.monotonic() < deadline, "the agents did not report"
             time.sleep(0.2)
-        spec = yaml.safe_load(tiny_job(tmp_path, "--steps", "600").read_text())
-        job_id = client.submit(spec)["id"]
-        job = wait_for(client, job_id, {"RUNNING"})
-        [sick] = job["placement"]
-        healthy = "n2" if sick == "n1" else "n1"
-        deadline = time.monotonic() + 120
-        while not client.checkpoints(job_id):
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.3)
+        job_id, sick, healthy = checkpointed_job(client, tmp_path)
         agents[sick].send_signal(signal.SIGKILL)  # the node's agent is gone
         agents[sick].wait()
         killed_at = time.monotonic()
