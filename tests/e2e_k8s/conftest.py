@@ -309,6 +309,37 @@ def real_nodes(k8s_env: K8sEnv, api_client: Any) -> list[str]:
     return names
 
 
+def _load_built(k8s_env: K8sEnv, name: str, build: str) -> str:
+    """The built image `name` imported into every real node's containerd: its reference."""
+    from tensoryard.images.builder import find_built
+
+    built = find_built(name)
+    if built is None or not Path(built["archive"]).is_file():
+        _unavailable(f"the {name} image is not built: run `{build}` (as root)")
+    if k8s_env.dir is None:
+        _unavailable("the test environment's directory is unknown (reused by kubeconfig)")
+    assert built is not None and k8s_env.dir is not None
+    subprocess.run(
+        [SCRIPT, "load-image", built["archive"], "--dir", str(k8s_env.dir)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    return str(built["ref"])
+
+
+@pytest.fixture(scope="session")
+def cpu_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
+    """The CPU image's reference, imported into every real node's containerd."""
+    return _load_built(k8s_env, "cpu", "tyard images build cpu")
+
+
+@pytest.fixture(scope="session")
+def postgres_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
+    """The control plane's PostgreSQL image, imported into every real node's containerd."""
+    return _load_built(k8s_env, "postgres", "tyard images build postgres")
+
+
 def jobset_served(api_client: Any) -> bool:
     """Whether this environment has the JobSet CRD (and so its controller)."""
     from kubernetes import client

@@ -43,26 +43,6 @@ RUNS_CLAIM = "tensoryard-runs"
 
 
 @pytest.fixture(scope="module")
-def cpu_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
-    """The CPU image's reference, imported into every real node's containerd."""
-    from tensoryard.images.builder import find_built
-
-    built = find_built("cpu")
-    if built is None or not Path(built["archive"]).is_file():
-        _unavailable("the CPU image is not built: run `tyard images build cpu` (as root)")
-    if k8s_env.dir is None:
-        _unavailable("the test environment's directory is unknown (reused by kubeconfig)")
-    assert built is not None and k8s_env.dir is not None
-    subprocess.run(
-        [SCRIPT, "load-image", built["archive"], "--dir", str(k8s_env.dir)],
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
-    return str(built["ref"])
-
-
-@pytest.fixture(scope="module")
 def gateway(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
     """The host's address on the real nodes' network: the control plane listens there."""
     return subprocess.run(

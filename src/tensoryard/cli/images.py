@@ -89,7 +89,12 @@ def list_images(
 
 @images_app.command("build")
 def build_image(
-    name: Annotated[str, typer.Argument(help="A matrix image, e.g. cpu.")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A matrix image, e.g. cpu; or `postgres`: the control plane's database."
+        ),
+    ],
     source: Annotated[
         Path | None, typer.Option("--source", help="tensoryard checkout to install.")
     ] = None,
@@ -103,9 +108,11 @@ def build_image(
     Needs root and Debian's debootstrap, umoci and skopeo. The archive loads into containerd
     with `ctr -n k8s.io images import ARCHIVE`."""
     from tensoryard.images.builder import build
+    from tensoryard.images.postgres import NAME as POSTGRES
+    from tensoryard.images.postgres import build_postgres
 
     with user_errors():
-        entry = _matrix(matrix).get(name)
+        entry = None if name == POSTGRES else _matrix(matrix).get(name)
         progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -120,14 +127,18 @@ def build_image(
             def step(text: str) -> None:
                 progress.update(task, description=f"{name}: {text}", advance=1)
 
-            result = build(entry, source=source, registry=registry, progress=step, force=force)
+            if entry is None:
+                result = build_postgres(registry=registry, progress=step, force=force)
+            else:
+                result = build(entry, source=source, registry=registry, progress=step, force=force)
     if json_out:
         print_json(result.as_dict())
         return
     how = "cached, not rebuilt" if result.cached else f"built in {result.build_s:.0f} s"
+    python = f", {result.packages} Python packages" if result.packages else ""
     console.print(
         f"{result.ref} ({how}): {result.archive} ({result.archive_bytes / 2**30:.2f} "
-        f"GiB, {len(result.layers)} layers, {result.packages} Python packages)"
+        f"GiB, {len(result.layers)} layers{python})"
     )
 
 
@@ -168,7 +179,7 @@ def check_image(
 
 @images_app.command("push")
 def push_image(
-    name: Annotated[str, typer.Argument(help="A built matrix image.")],
+    name: Annotated[str, typer.Argument(help="A built matrix image, or postgres.")],
     registry: Annotated[
         str,
         typer.Argument(help="Registry prefix (registry.example.com/ml) or a skopeo destination."),
@@ -179,15 +190,14 @@ def push_image(
     json_out: JsonOpt = False,
 ) -> None:
     """Copy a built image to a registry with skopeo (REGISTRY/NAME:VERSION)."""
-    from tensoryard.images.operate import built_rootfs, push, push_destination
+    from tensoryard.images.operate import built_archive, push, push_destination
 
     with user_errors():
         try:
             destination = push_destination(name, registry, __version__)
         except ImageRefError as exc:
             die(str(exc), 2)
-        record, _ = built_rootfs(name)
-        done = push(Path(record["archive"]), destination, tls_verify=tls_verify)
+        done = push(built_archive(name), destination, tls_verify=tls_verify)
     if json_out:
         print_json({"name": name, "destination": done})
     else:

@@ -33,9 +33,24 @@ from tensoryard.images.compat import incompatibilities
 from tensoryard.images.matrix import ImageEntry
 from tensoryard.images.refs import validate_image_ref
 
-__all__ = ["built_rootfs", "check_in_rootfs", "push", "push_destination", "resolve_manifest"]
+__all__ = [
+    "built_archive",
+    "built_rootfs",
+    "check_in_rootfs",
+    "push",
+    "push_destination",
+    "resolve_manifest",
+]
 
 CHECK_TIMEOUT_S = 600
+
+
+def built_archive(name: str, root: Path | None = None) -> Path:
+    """The OCI archive of a built image (a matrix image or `postgres`)."""
+    record = find_built(name, root)
+    if record is None or not Path(record["archive"]).is_file():
+        raise ImageBuildError(f"image {name!r} is not built here; run `tyard images build {name}`")
+    return Path(record["archive"])
 
 
 def built_rootfs(name: str, root: Path | None = None) -> tuple[dict[str, Any], Path]:

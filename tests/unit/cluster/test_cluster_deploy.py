@@ -23,8 +23,32 @@ def test_the_dev_overlay_runs_one_replica_with_a_generated_database_secret(tmp_p
     assert deployment["spec"]["replicas"] == 1
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "tensoryard-control-plane"
-    env = pod["containers"][0]["env"][0]
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "tensoryard-db", "key": "url"}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    db_url = env["TYARD_DB_URL"]["valueFrom"]["secretKeyRef"]
+    assert db_url == {"name": "tensoryard-db", "key": "url"}
+    # The Kubernetes executor, its run directories on the runs claim the base ships, mounted at
+    # the server's runs directory; its home on a claim the replicas share; the images' user.
+    args = pod["containers"][0]["args"]
+    assert "--executor=kubernetes" in args and "--namespace=tensoryard" in args
+    assert "--public-url=http://tensoryard-server.tensoryard.svc:8642" in args
+    claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    assert {"tensoryard-home", "tensoryard-runs"} <= set(claims)
+    assert all(c["spec"]["accessModes"] == ["ReadWriteMany"] for c in claims.values())
+    assert "--runs-claim=tensoryard-runs" in args and "--home=/var/lib/tensoryard" in args
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == "tensoryard-runs"
+    assert mounts["runs"] == "/var/lib/tensoryard/runs"
+    assert volumes["home"]["persistentVolumeClaim"]["claimName"] == "tensoryard-home"
+    assert pod["securityContext"]["runAsUser"] == 1000
+    # Its PostgreSQL, from tensoryard's image, its password from the same Secret.
+    postgres = next(o for o in objects if o["kind"] == "StatefulSet")
+    container = postgres["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("tensoryard/postgres:")
+    pg_env = {e["name"]: e for e in container["env"]}
+    ref = pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "tensoryard-db", "key": "password"}
+    assert ("Service", "postgres") in kinds
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     assert all(
         o["metadata"].get("namespace") == "tensoryard"

@@ -1,0 +1,297 @@
+"""The control plane inside the test cluster, deployed as a platform engineer deploys it.
+
+`kubectl apply -k` of deploy/kubernetes-overlays/dev (the base in deploy/kubernetes plus the
+PostgreSQL of deploy/kubernetes-overlays/postgres), with only what any site changes on top: the
+images (tensoryard's CPU image and its PostgreSQL image, both built by `tyard images build` and
+imported into the real nodes), the database password (a Secret), where the pods may run (the
+real nodes' label and taint) and a NodePort on the Service so that `tyard` on the host reaches it.
+The control plane then runs as its ServiceAccount with the in-cluster config (the `kubernetes`
+Service, through kube-proxy), keeps its state in PostgreSQL and its run directories on the
+`tensoryard-runs` claim, and launches the tiny GPT as a gang of two pods on two real nodes.
+Killing the control plane's pod while the job trains loses nothing: the Deployment's next pod
+reads the database and the job ends once, from one JobSet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tensoryard.client import Client
+from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
+from tests.e2e.conftest import wait_for
+from tests.e2e_k8s.conftest import REAL_NODE_LABEL, REPO, K8sEnv, wait_until
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "tensoryard"  # the base's namespace, as deployed
+DEV = REPO / "deploy" / "kubernetes-overlays" / "dev"
+IN_IMAGE = "/opt/tensoryard/examples/tiny_gpt"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+TOLERATION = {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _name_tag(ref: str) -> tuple[str, str]:
+    name, _, tag = ref.rpartition(":")
+    return name, tag
+
+
+def site_overlay(where: Path, cpu_image: str, postgres_image: str, password: str) -> Path:
+    """A site's kustomization over the dev overlay: images, the database Secret, placement,
+    a NodePort. Nothing else of the shipped manifests is changed."""
+    cpu_name, cpu_tag = _name_tag(cpu_image)
+    pg_name, pg_tag = _name_tag(postgres_image)
+    url = f"postgresql+psycopg://tensoryard:{password}@postgres.{NAMESPACE}.svc:5432/tensoryard"
+    pod = "/spec/template/spec"
+    placement = [
+        {"op": "add", "path": f"{pod}/nodeSelector", "value": {REAL_NODE_LABEL: "true"}},
+        {"op": "add", "path": f"{pod}/tolerations", "value": [TOLERATION]},
+    ]
+    server_args = [
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}
+        for arg in (
+            f"--node-selector={REAL_NODE_LABEL}=true",
+            f"--toleration={REAL_NODE_LABEL}:NoSchedule",
+            "--cancel-grace=5",
+        )
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEV, where)],
+        "images": [
+            {"name": "tensoryard/tensoryard", "newName": cpu_name, "newTag": cpu_tag},
+            {"name": "tensoryard/postgres", "newName": pg_name, "newTag": pg_tag},
+        ],
+        "secretGenerator": [
+            {
+                "name": "tensoryard-db",
+                "namespace": NAMESPACE,
+                "behavior": "replace",
+                "literals": [f"password={password}", f"url={url}"],
+                "options": {"disableNameSuffixHash": True},
+            }
+        ],
+        "patches": [
+            {
+                "target": {"kind": "Deployment", "name": "tensoryard-server"},
+                "patch": yaml.safe_dump(placement + server_args),
+            },
+            {
+                "target": {"kind": "StatefulSet", "name": "postgres"},
+                "patch": yaml.safe_dump(placement),
+            },
+            {
+                "target": {"kind": "Service", "name": "tensoryard-server"},
+                "patch": yaml.safe_dump([{"op": "add", "path": "/spec/type", "value": "NodePort"}]),
+            },
+        ],
+    }  # fmt: skip
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return where
+
+
+def kubectl(env: K8sEnv, *args: str, check: bool = True, timeout: float = 120) -> str:
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        pytest.fail(f"kubectl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+@dataclass
+class Deployed:
+    env: K8sEnv
+    url: str
+    token: str
+    client: Client
+
+    def tyard(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tensoryard.cli.main", *args],
+            env={**os.environ, "TYARD_SERVER": self.url, "TYARD_TOKEN": self.token},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
+def _server_pods(core: Any) -> list[Any]:
+    pods = core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/name=tensoryard-server"
+    ).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _diagnose(env: K8sEnv) -> str:
+    out = [kubectl(env, "get", "pods,pvc,svc", "-n", NAMESPACE, "-o", "wide", check=False)]
+    for app in ("tensoryard-server", "postgres"):
+        out.append(
+            kubectl(
+                env, "logs", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={app}",
+                "--tail=40", check=False,
+            )
+        )  # fmt: skip
+    out.append(kubectl(env, "get", "events", "-n", NAMESPACE, check=False)[-3000:])
+    return "\n".join(out)
+
+
+def _admin_token(env: K8sEnv, core: Any) -> str:
+    """The admin token the server wrote to its home claim, read as an operator reads it."""
+    pod = _server_pods(core)[0].metadata.name
+    return kubectl(
+        env, "exec", "-n", NAMESPACE, pod, "--", "cat", "/var/lib/tensoryard/admin.token"
+    ).strip()
+
+
+@pytest.fixture
+def deployed(
+    k8s_env: K8sEnv,
+    core: Any,
+    real_nodes: list[str],
+    cpu_image: str,
+    postgres_image: str,
+    tmp_path: Path,
+) -> Iterator[Deployed]:
+    overlay = site_overlay(tmp_path / "site", cpu_image, postgres_image, secrets.token_hex(16))
+    # Another test's `tensoryard` namespace (the dry-run of the overlays) may still be going.
+    wait_until(
+        lambda: NAMESPACE not in {n.metadata.name for n in core.list_namespace().items},
+        timeout=180,
+        what=f"namespace {NAMESPACE} gone",
+        interval=1,
+    )
+    try:
+        kubectl(k8s_env, "apply", "-k", str(overlay))
+        try:
+            wait_until(
+                lambda: [p for p in _server_pods(core) if _ready(p)] or None,
+                timeout=240,
+                what="a Ready control plane pod",
+                interval=1,
+            )
+        except BaseException:
+            print(_diagnose(k8s_env))
+            raise
+        service = core.read_namespaced_service("tensoryard-server", NAMESPACE)
+        node_port = service.spec.ports[0].node_port
+        node = core.read_node(real_nodes[0])
+        ip = next(a.address for a in node.status.addresses if a.type == "InternalIP")
+        url = f"http://{ip}:{node_port}"
+        token = _admin_token(k8s_env, core)
+        yield Deployed(k8s_env, url, token, Client(url, token=token))
+    finally:
+        # The namespace (and with it the claims, whose volumes the provisioner deletes) too.
+        kubectl(k8s_env, "delete", "-k", str(overlay), "--wait=true", check=False, timeout=300)
+
+
+def _spec(tmp_path: Path, steps: int) -> Path:
+    spec = {
+        "name": "tiny-gpt-in-cluster",
+        "image": "cpu",
+        "command": [
+            "train.py", "--text-file", "README.md", "--steps", str(steps),
+            "--d-model", "64", "--seq-len", "64", "--batch-size", "8", "--warmup", "5",
+        ],
+        "workdir": IN_IMAGE,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "resources": {
+            "nodes": 2, "gpus_per_node": 0, "processes_per_node": 1, "cpu": 0.25, "memory": "1Gi",
+        },
+        "checkpoint": {"interval": 10},
+        "restart": {"max_restarts": 2, "backoff": "0s"},
+    }  # fmt: skip
+    path = tmp_path / "tiny-gpt.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_own_pod_kill(
+    deployed: Deployed, core: Any, real_nodes: list[str], tmp_path: Path
+) -> None:
+    env = deployed.env
+    assert deployed.client.healthz()["ok"] is True  # through the Service's NodePort
+
+    steps = 200
+    done = deployed.tyard("submit", str(_spec(tmp_path, steps)), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = int(json.loads(done.stdout)["id"])
+    client = deployed.client
+    try:
+        wait_until(
+            lambda: client.metrics(job_id) or None, timeout=240, what="the first step", interval=1
+        )
+    except BaseException:
+        print(_diagnose(env))
+        raise
+
+    # SIGKILL the control plane mid-run (the container dies with no grace, as on a node loss):
+    # the Deployment starts another pod, which resumes from the database.
+    victim = _server_pods(core)[0].metadata.name
+    at_kill = client.job(job_id)
+    assert at_kill["state"] == "RUNNING", at_kill
+    kubectl(env, "delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
+    wait_until(
+        lambda: [p for p in _server_pods(core) if _ready(p) and p.metadata.name != victim] or None,
+        timeout=180,
+        what="the control plane's next pod Ready",
+        interval=1,
+    )
+    job = wait_for(client, job_id, TERMINAL, timeout=420)
+    assert job["state"] == "SUCCEEDED", client.events(job_id)
+    # The training never noticed: the next control plane adopted the running attempt.
+    assert job["attempts"] == 1 and job["restarts"] == 0, client.events(job_id)
+
+    # One JobSet for the job: the restarted control plane adopted the running attempt.
+    jobsets = kubectl(
+        env, "get", "jobsets", "-n", NAMESPACE, "-l", f"{LABEL_JOB_ID}={job_id}", "-o", "json"
+    )
+    assert len(json.loads(jobsets)["items"]) == job["attempts"], jobsets
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB_ID}={job_id}").items
+    assert {p.spec.node_name for p in pods} <= set(real_nodes)
+    assert len({p.spec.node_name for p in pods if p.status.phase == "Succeeded"}) == 2
+
+    summary = client.summary(job_id)
+    assert summary["steps"] == steps
+    assert summary["final_loss"] < summary["initial_loss"]
+    # Checkpoints on the runs claim, read by the control plane through its mount of it.
+    steps_saved = {c["step"] for c in client.checkpoints(job_id)}
+    assert max(steps_saved) == steps, steps_saved  # (the newest few are kept)
+    described = deployed.tyard("describe", str(job_id))
+    assert described.returncode == 0 and "SUCCEEDED" in described.stdout, described.stderr
+    # Live logs came through the API from the pods (kept by the platform once they ended).
+    logs = deployed.tyard("logs", str(job_id), "--rank", "1")
+    assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
+
+    # The state lives in the PostgreSQL pod: the job's row, read there with psql.
+    query = f"SELECT state FROM jobs WHERE id = {job_id}"
+    row = kubectl(
+        env, "exec", "-n", NAMESPACE, "postgres-0", "--", "sh", "-c",
+        f'PGPASSWORD="$POSTGRES_PASSWORD" psql -h /tmp -U tensoryard -d tensoryard -tAc "{query}"',
+    )  # fmt: skip
+    assert row.strip() == "SUCCEEDED", row
+    # Never as cluster-admin: the control plane's pods ran as the shipped ServiceAccount.
+    assert all(
+        p.spec.service_account_name == "tensoryard-control-plane" for p in _server_pods(core)
+    )
