@@ -102,6 +102,44 @@ def site_overlay(where: Path, cpu_image: str, postgres_image: str, password: str
     return where
 
 
+def agent_overlay(where: Path, cpu_image: str, token: str) -> Path:
+    """deploy/kubernetes-overlays/agent as a site applies it beside the control plane (its
+    default TYARD_SERVER is the in-cluster Service), for the CPU-only real nodes here: the CPU
+    image, no NVIDIA runtime class, the real nodes' label and taint, a 1 s health interval."""
+    name, tag = _name_tag(cpu_image)
+    pod = "/spec/template/spec"
+    term = {"key": REAL_NODE_LABEL, "operator": "In", "values": ["true"]}
+    selector = f"{pod}/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+    patch = [
+        {"op": "remove", "path": f"{pod}/runtimeClassName"},
+        {"op": "replace", "path": f"{selector}/nodeSelectorTerms/0/matchExpressions/0",
+         "value": term},
+        {"op": "add", "path": f"{pod}/tolerations/-", "value": TOLERATION},
+        {"op": "add", "path": f"{pod}/containers/0/args/-", "value": "--interval=1"},
+    ]  # fmt: skip
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEV.parent / "agent", where)],
+        "images": [{"name": "tensoryard/tensoryard", "newName": name, "newTag": tag}],
+        "secretGenerator": [
+            {
+                "name": "tensoryard-agent",
+                "namespace": NAMESPACE,
+                "literals": [f"token={token}"],
+                "options": {"disableNameSuffixHash": True},
+            }
+        ],
+        "patches": [
+            {"target": {"kind": "DaemonSet", "name": "tensoryard-agent"},
+             "patch": yaml.safe_dump(patch)},
+        ],
+    }  # fmt: skip
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return where
+
+
 def kubectl(env: K8sEnv, *args: str, check: bool = True, timeout: float = 120) -> str:
     done = subprocess.run(
         ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
@@ -206,6 +244,14 @@ def deployed(
         kubectl(k8s_env, "delete", "-k", str(overlay), "--wait=true", check=False, timeout=300)
 
 
+def _heartbeats(client: Client, names: list[str]) -> dict[str, str] | None:
+    """Each named node's last agent heartbeat, once every one of them has one."""
+    beats = {n["name"]: n.get("heartbeat_at") for n in client.nodes()}
+    if all(beats.get(name) for name in names):
+        return {name: str(beats[name]) for name in names}
+    return None
+
+
 def _spec(tmp_path: Path, steps: int) -> Path:
     spec = {
         "name": "tiny-gpt-in-cluster",
@@ -228,7 +274,7 @@ def _spec(tmp_path: Path, steps: int) -> Path:
 
 
 def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_own_pod_kill(
-    deployed: Deployed, core: Any, real_nodes: list[str], tmp_path: Path
+    deployed: Deployed, core: Any, real_nodes: list[str], cpu_image: str, tmp_path: Path
 ) -> None:
     env = deployed.env
     assert deployed.client.healthz()["ok"] is True  # through the Service's NodePort
@@ -291,6 +337,26 @@ def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_o
         f'PGPASSWORD="$POSTGRES_PASSWORD" psql -h /tmp -U tensoryard -d tensoryard -tAc "{query}"',
     )  # fmt: skip
     assert row.strip() == "SUCCEEDED", row
+    # The agent DaemonSet on every real node reports to this control plane through its
+    # Service name (CoreDNS, kube-proxy): each node's heartbeat arrives.
+    agents = agent_overlay(tmp_path / "agent", cpu_image, deployed.token)
+    kubectl(env, "apply", "-k", str(agents))
+    try:
+        beats = wait_until(
+            lambda: _heartbeats(client, real_nodes),
+            timeout=180,
+            what="a heartbeat from the agent of every real node",
+            interval=1,
+        )
+    except BaseException:
+        print(_diagnose(env))
+        print(
+            kubectl(env, "logs", "-n", NAMESPACE, "ds/tensoryard-agent", "--tail=30", check=False)
+        )
+        raise
+    finally:
+        kubectl(env, "delete", "-k", str(agents), "--wait=true", check=False, timeout=120)
+    assert set(beats) == set(real_nodes)
     # Never as cluster-admin: the control plane's pods ran as the shipped ServiceAccount.
     assert all(
         p.spec.service_account_name == "tensoryard-control-plane" for p in _server_pods(core)
