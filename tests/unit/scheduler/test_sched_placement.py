@@ -238,9 +238,10 @@ def test_a_gang_the_cluster_as_it_is_cannot_hold_says_what_is_short(
 
 def test_a_gang_waits_for_nodes_to_be_added_and_starts_when_they_are() -> None:
     gang = make_workload("gang").gpus(8).nodes(2).obj()
-    assert "cannot fit the cluster as it is" in schedule(make_nodes(1), BIG, [gang]).pending[
-        "gang"
-    ].reason
+    assert (
+        "cannot fit the cluster as it is"
+        in schedule(make_nodes(1), BIG, [gang]).pending["gang"].reason
+    )
     grown = schedule(make_nodes(2), BIG, [gang])  # the autoscaler added a node
     assert set(grown.admitted["gang"].gpus) == {"n0", "n1"}
 

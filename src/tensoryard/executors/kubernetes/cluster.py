@@ -120,9 +120,7 @@ def node_capacities(
     return tuple(sorted(out, key=lambda n: n.name))
 
 
-def check_fits(
-    spec: JobSpec, nodes: Sequence[NodeCapacity], *, autoscaler: bool = False
-) -> None:
+def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity], *, autoscaler: bool = False) -> None:
     """Refuse a job that no set of these nodes could ever hold, naming the field and the fix.
 
     Counts every GPU of every node (busy, cordoned or not): a job that merely has to wait is
