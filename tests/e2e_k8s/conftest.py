@@ -20,9 +20,11 @@ import random
 import secrets
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -281,6 +283,164 @@ def gpu_nodes(core: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     for name in created:
         core.delete_node(name)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class HeartbeatNode:
+    """A fake GPU node that kwok does not manage: this object is its kubelet, so a test can
+    break it. While alive it renews the node's Lease and Ready condition every `interval_s`
+    and moves the pods bound to it to Running (what kwok does for its own nodes, which it
+    keeps Ready whatever happens). `stop()` stops posting: the controller-manager marks the
+    node Unknown after its grace period (20 s in scripts/k8s-testenv) and taints it
+    unreachable, as for a node whose kubelet died. `not_ready()` posts Ready=False first, as a
+    kubelet that says its node is not ready (KubeletNotReady), then stops."""
+
+    def __init__(self, core: Any, name: str, pool: str, *, interval_s: float = 2.0) -> None:
+        from kubernetes import client
+
+        self.core, self.name, self.interval_s = core, name, interval_s
+        self.leases = client.CoordinationV1Api(core.api_client)
+        self._stop = threading.Event()
+        node = fake_gpu_node(name, pool)
+        del node["metadata"]["annotations"]["kwok.x-k8s.io/node"]  # not kwok's to keep Ready
+        node["metadata"]["labels"]["type"] = "heartbeat"
+        uid = core.create_node(node).metadata.uid
+        self.leases.create_namespaced_lease(
+            "kube-node-lease",
+            {
+                "metadata": {
+                    "name": name,
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
+                    ],
+                },
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": 40},
+            },
+        )
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name=f"kubelet {name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._beat()
+            except Exception:  # an API hiccup: the next beat tries again, as a kubelet does
+                continue
+
+    def _ready(self, status: str, reason: str, message: str) -> None:
+        now = _now()
+        node = self.core.read_node_status(self.name)
+        old = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+        since = old.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ") if old else now
+        if old is None or old.status != status:
+            since = now
+        condition = {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": since,
+        }
+        self.core.patch_node_status(self.name, {"status": {"conditions": [condition]}})
+
+    def _beat(self) -> None:
+        self._ready("True", "KubeletReady", "kubelet is posting ready status")
+        renew = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.leases.patch_namespaced_lease(
+            self.name, "kube-node-lease", {"spec": {"renewTime": renew}}
+        )
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.name}")
+        for pod in pods.items:
+            if pod.metadata.deletion_timestamp is not None:  # the kubelet finishes a delete
+                self.core.delete_namespaced_pod(
+                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
+                )
+            elif pod.status.phase == "Pending":
+                self._run_pod(pod)
+
+    def _run_pod(self, pod: Any) -> None:
+        now = _now()
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("Initialized", "Ready", "ContainersReady")
+        ]
+        running = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        done = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+            for c in pod.spec.init_containers or []
+        ]
+        status = {
+            "phase": "Running",
+            "conditions": conditions,
+            "containerStatuses": running,
+            "initContainerStatuses": done,
+            "hostIP": "10.0.0.2",
+            "podIP": "10.244.250.1",
+            "startTime": now,
+        }
+        self.core.patch_namespaced_pod_status(
+            pod.metadata.name, pod.metadata.namespace, {"status": status}
+        )
+
+    def stop(self) -> None:
+        """The kubelet dies: nothing is posted any more."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def not_ready(self) -> None:
+        """The kubelet reports its node not ready, then stops posting."""
+        self.stop()
+        self._ready("False", "KubeletNotReady", "container runtime is down")
+
+
+@pytest.fixture
+def heartbeat_nodes(core: Any, namespace: str) -> Iterator[Callable[[str], HeartbeatNode]]:
+    """Make fake GPU nodes of this test's pool whose heartbeat the test controls
+    (`HeartbeatNode`); stopped and deleted after the test."""
+    made: list[HeartbeatNode] = []
+
+    def make(suffix: str) -> HeartbeatNode:
+        node = HeartbeatNode(core, f"{namespace}-{suffix}", pool=namespace)
+        made.append(node)
+        wait_until(lambda: _node_ready(core, node.name), timeout=60, what=f"{node.name} Ready")
+        return node
+
+    yield make
+    for node in made:
+        node.stop()
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    for node in made:
+        core.delete_node(node.name)
 
 
 def _node_ready(core: Any, name: str) -> bool:

@@ -216,6 +216,32 @@ def test_a_job_asking_for_more_gpus_than_any_node_has_is_refused_before_anything
     assert core.list_namespaced_pod(namespace).items == []
 
 
+def test_with_the_autoscaler_a_gang_wider_than_the_pool_waits_for_a_node_and_then_runs(
+    core: Any, namespace: str, identity: Path, switch_nodes: Any,
+    servers: list[ServerProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    switch_nodes(["leaf-a"])
+    server, client = _start(servers, tmp_path, identity, namespace, "--autoscaler", *LONG_RUNNING)
+    job_id = _submit(server, job_spec(tmp_path / "job.yaml", nodes=2, gpus=8))
+    reason = wait_until(
+        lambda: client.job(job_id)["pending_reason"], timeout=30, what="a why-pending"
+    )
+    assert reason.startswith(
+        "cannot fit the cluster as it is: needs 2 nodes of 8 NVIDIA-H100-80GB-HBM3 GPUs; the "
+        "cluster has 1 node(s) with 8 or more NVIDIA-H100-80GB-HBM3 GPUs (short by 1)"
+    ), reason
+    assert core.list_namespaced_pod(namespace).items == []  # it holds nothing meanwhile
+    added = fake_gpu_node(f"{namespace}-added", pool=namespace)  # what an autoscaler does
+    added["metadata"]["labels"][SWITCH] = "leaf-a"
+    core.create_node(added)
+    try:
+        job = wait_for(client, job_id, {"RUNNING"}, timeout=60)
+        assert f"{namespace}-added" in job["placement"] and len(job["placement"]) == 2
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        core.delete_node(f"{namespace}-added")
+
+
 def test_cancel_deletes_every_object_of_the_attempt(
     api_client: Any, core: Any, namespace: str, identity: Path, switch_nodes: Any,
     servers: list[ServerProcess], tmp_path: Path,

@@ -242,6 +242,15 @@ def server(
             "a node (unschedulable, taint tensoryard.io/unhealthy; needs `patch nodes`)."
         ),
     ] = True,
+    autoscaler: Annotated[
+        bool,
+        typer.Option(
+            "--autoscaler",
+            help="[kubernetes] Nodes can be added to the cluster (a cluster autoscaler, "
+            "Karpenter): a job no set of today's nodes could hold is accepted and pending "
+            "('cannot fit the cluster as it is: ...') until such nodes come, instead of refused.",
+        ),
+    ] = False,
     cancel_grace: Annotated[
         float,
         typer.Option(help="Seconds a cancelled job gets to checkpoint before it is killed.", min=0),
@@ -349,6 +358,11 @@ def server(
         die("--slurm-config/--slurm-conf/--slurm-rest-url: only with --executor slurm")
     if admission != "tensoryard" and executor != "kubernetes":
         die(f"--admission {admission}: only with --executor kubernetes (Kueue runs on a cluster)")
+    if autoscaler and executor != "kubernetes":
+        die(
+            f"--autoscaler: only with --executor kubernetes (the {executor} executor's nodes "
+            "are fixed; fix: drop --autoscaler, or run with --executor kubernetes)"
+        )
     if admission == "kueue" and (scheduler_config is not None or scheduler_set):
         die(
             "--scheduler/--scheduler-config: with --admission kueue Kueue admits jobs and "
@@ -376,6 +390,7 @@ def server(
             keep_finished_s=None if keep_finished < 0 else keep_finished,
             cordon_nodes=cordon_nodes,
             team_volumes=team_volume or [],
+            autoscaler=autoscaler,
         )
     try:  # a settings file that cannot be used is bad input (exit 2), like a bad option
         slurm = load_slurm_config(slurm_config, slurm_conf=slurm_conf, rest_url=slurm_rest_url)

@@ -78,6 +78,7 @@ def kubernetes_config(
     keep_finished_s: int | None = 3600,
     cordon_nodes: bool = True,
     team_volumes: list[str] | None = None,
+    autoscaler: bool = False,
 ) -> KubernetesConfig:
     """A KubernetesConfig from command-line values (SpecError naming the option)."""
     if workload not in ("auto", "jobset", "job"):
@@ -121,6 +122,7 @@ def kubernetes_config(
         keep_finished_s=keep_finished_s,
         cordon_nodes=cordon_nodes,
         team_volumes=_team_volumes(team_volumes or []),
+        autoscaler=autoscaler,
     )
 
 

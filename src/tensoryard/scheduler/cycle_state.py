@@ -107,6 +107,8 @@ class CycleState:
     leaving_charge: dict[tuple[str, str], float] = field(default_factory=dict)
     # budgets used and failure caches
     cap_fail: dict[str, list[tuple[int, int, float, int, bool]]] = field(default_factory=dict)
+    # (GPU model, GPUs per node) -> schedulable nodes of that model with at least that many
+    big_nodes: dict[tuple[str, int], int] = field(default_factory=dict)
     quota_fail: dict[tuple[str, str], float] = field(default_factory=dict)
     preempt_attempts: int = 0
     preemptors: int = 0

@@ -316,6 +316,24 @@ def _render(outcome: Outcome, w: Workload | None, now: float) -> str:
     return outcome.code
 
 
+_AS_IT_IS = "cannot fit the cluster as it is"
+
+
+def _short_of_nodes(w: Workload, fitting: int, model: object) -> str:
+    """A gang larger than every node there is (busy, cordoned or NotReady ones counted)."""
+    if w.gpus_per_node == 0:
+        shape, has = f"{w.nodes} nodes", f"the cluster has {fitting}"
+    else:
+        kind = f"{model} " if model else ""
+        shape = f"{w.nodes} nodes of {w.gpus_per_node} {kind}GPUs"
+        has = f"the cluster has {fitting} node(s) with {w.gpus_per_node} or more {kind}GPUs"
+    fix = f"ask for at most {fitting} nodes" if fitting else "ask for fewer GPUs per node"
+    return (
+        f"{_AS_IT_IS}: needs {shape}; {has} (short by {w.nodes - fitting}); it starts when "
+        f"nodes are added (fix: {fix})"
+    )
+
+
 def _unschedulable(d: Mapping[str, object], w: Workload | None) -> str:
     if d.get("missing_queue"):
         return (
@@ -331,13 +349,20 @@ def _unschedulable(d: Mapping[str, object], w: Workload | None) -> str:
             "it starts when an admin uncordons one"
         )
     if w.gpu_model and not d.get("model_known"):
-        return f"no schedulable node has GPU model {w.gpu_model} (fix: choose another model)"
+        return (
+            f"{_AS_IT_IS}: no schedulable node has GPU model {w.gpu_model}; it starts when "
+            "such nodes are added (fix: choose another model)"
+        )
     largest = d.get("largest_node_gpus", 0)
     if isinstance(largest, int) and w.gpus_per_node > largest:
         return (
-            f"needs {w.gpus_per_node} GPUs per node but the largest node has {largest} "
-            f"(fix: use more nodes with fewer GPUs each)"
+            f"{_AS_IT_IS}: needs {w.gpus_per_node} GPUs per node but the largest node has "
+            f"{largest}; it starts when such nodes are added (fix: use more nodes with fewer "
+            "GPUs each)"
         )
+    fitting = d.get("fitting_nodes")
+    if isinstance(fitting, int) and fitting < w.nodes:
+        return _short_of_nodes(w, fitting, d.get("fitting_model"))
     cpu = d.get("largest_node_cpu")
     if isinstance(cpu, int | float) and w.cpu_per_node > cpu:
         return (

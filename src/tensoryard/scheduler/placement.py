@@ -37,7 +37,22 @@ def models_for(st: CycleState, w: Workload) -> list[str]:
         and st.max_gpus_per_node[m] >= w.gpus_per_node
         and state.schedulable_nodes.get(m, 0) >= w.nodes
         and st.tree.max_ever(w.queue, m) >= w.total_gpus
+        and (w.nodes == 1 or _schedulable_with(st, m, w.gpus_per_node) >= w.nodes)
     ]
+
+
+def _schedulable_with(st: CycleState, model: str, gpus: int) -> int:
+    """Schedulable nodes of `model` with at least `gpus` GPUs: a gang needs that many, or it
+    would hold nodes for a placement that can never exist (memoized for the cycle)."""
+    key = (model, gpus)
+    count = st.big_nodes.get(key)
+    if count is None:
+        count = st.big_nodes[key] = sum(
+            1
+            for n in st.snap.nodes
+            if n.schedulable and n.gpu_model == model and n.gpus_total >= gpus
+        )
+    return count
 
 
 def _node_fits(st: CycleState, w: Workload, key: str) -> bool:
@@ -58,11 +73,14 @@ def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
         if w.gpus_per_node > 0 and st.tree.has_queue(w.queue)
         else None
     )
+    fitting, fitting_model = _nodes_big_enough(st, w, models)
     return {
         "nodes": w.nodes,
         "gpus_per_node": w.gpus_per_node,
         "gpu_model": w.gpu_model,
         "model_known": model_known,
+        "fitting_nodes": fitting,
+        "fitting_model": fitting_model,
         "largest_node_gpus": largest,
         "largest_node_cpu": max(st.max_cpu_per_node.values(), default=0.0),
         "largest_node_mem": max(st.max_mem_per_node.values(), default=0),
@@ -71,6 +89,20 @@ def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
         "queue": w.queue,
         "quota_max": quota_max,
     }
+
+
+def _nodes_big_enough(st: CycleState, w: Workload, models: list[str]) -> tuple[int, str | None]:
+    """How many nodes, in any state (busy, cordoned, NotReady), have the GPUs one worker of
+    `w` needs, on the model with the most such nodes: fewer than `w.nodes` means the cluster
+    as it is can never hold `w`, only a cluster with more nodes can."""
+    if w.gpus_per_node == 0:
+        return len(st.state.states), None
+    counts = dict.fromkeys(models, 0)
+    for node in st.state.states:
+        if node.gpu_model in counts and node.gpus_total >= w.gpus_per_node:
+            counts[node.gpu_model] += 1
+    best = max(counts, key=lambda m: counts[m], default=None)
+    return (counts[best], best) if best is not None else (0, None)
 
 
 def capacity_details(st: CycleState, w: Workload, model: str) -> dict[str, object]:

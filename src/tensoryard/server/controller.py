@@ -284,6 +284,7 @@ class Controller:
         self._wake_at: float | None = None  # the last pass's Decisions.wake_at
         self._last_full_check = 0.0
         self._pending_info: dict[int, tuple[str, datetime | None]] = {}
+        self._restart_notes: dict[tuple[int, int], str] = {}  # (job, attempts) -> note
         self._last_state_save = 0.0
         self._node_states: dict[str, NodeRecord] = {}
         self._nodes_read = float("-inf")
@@ -1011,13 +1012,38 @@ class Controller:
             left = spec.restart.max_restarts - job.restarts - 1
             return (
                 JobState.RESTARTING,
-                f"{reason}; restarting from the last checkpoint in {spec.restart.backoff:g}s "
-                f"({left} restart(s) left)",
+                f"{reason}; restarting from the last checkpoint ({self._resume_point(job)}) as "
+                f"attempt {job.attempts + 1} in {spec.restart.backoff:g}s ({left} restart(s) left)",
             )
         return (
             JobState.FAILED,
             f"{reason}; no restarts left (max_restarts={spec.restart.max_restarts})",
         )
+
+    def _resume_point(self, job: JobRecord) -> str:
+        latest = self.store.latest_checkpoint(job.id)
+        return f"step {latest.step}" if latest is not None else "none yet: from the start"
+
+    def _restarting_note(self, job: JobRecord) -> str:
+        """What a requeued job is doing, before the scheduler's why-pending: "restarting
+        attempt 3 from step 1200 after attempt 2 ended (node n2 deleted ...)". Read once per
+        requeue (the checkpoint does not move while no attempt runs)."""
+        key = (job.id, job.attempts)
+        note = self._restart_notes.get(key)
+        if note is None:
+            cause = re.sub(r"^attempt \d+: ", "", job.reason)
+            cause = re.split(r"; (?:requeued|restarting from)", cause)[0]
+            waiting = job.reason.partition("; requeued: ")[2]  # "waiting for a node to ..."
+            latest = self.store.latest_checkpoint(job.id)
+            start = f"from step {latest.step}" if latest is not None else "from the start"
+            note = (
+                f"restarting attempt {job.attempts + 1} {start} after attempt {job.attempts} "
+                f"ended ({cause})" + (f", {waiting}" if waiting else "")
+            )
+            if len(self._restart_notes) > 10_000:  # jobs long gone; cheap to read again
+                self._restart_notes.clear()
+            self._restart_notes[key] = note
+        return note
 
     # 2b -----------------------------------------------------------------------------------
     def _read_nodes(self, now: float) -> dict[str, NodeRecord]:
@@ -1292,8 +1318,11 @@ class Controller:
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
             eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
-            if job.pending_reason != info.reason or _eta_moved(job.pending_eta, eta):
-                self._pending_info[job_id] = (info.reason, eta)
+            reason = info.reason
+            if job.attempts:  # requeued: say what happened and where it resumes, then why
+                reason = f"{self._restarting_note(job)}; {reason}"
+            if job.pending_reason != reason or _eta_moved(job.pending_eta, eta):
+                self._pending_info[job_id] = (reason, eta)
             else:
                 self._pending_info.pop(job_id, None)  # an older change not yet written
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tensoryard.cli.k8s import kubernetes_config
 from tensoryard.cli.main import app
 from tensoryard.errors import ExecutorError, SpecError
 from tensoryard.executors.base import LaunchRequest
@@ -187,6 +188,21 @@ def test_jobs_no_node_set_could_hold_are_refused(fields: dict[str, Any], message
     assert err.value.issues[0].render() == message
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"resources": {"nodes": 3, "gpus_per_node": 8}},
+        {"resources": {"gpus_per_node": 16}},
+        {"scheduling": {"gpu_model": "B200"}},
+    ],
+    ids=["more such nodes than exist", "more GPUs per node than any node has", "a new model"],
+)
+def test_with_an_autoscaler_a_job_the_cluster_as_it_is_cannot_hold_is_accepted(
+    fields: dict[str, Any],
+) -> None:
+    check_fits(spec(**fields), NODES, autoscaler=True)  # it waits for nodes to be added
+
+
 def test_a_job_that_only_has_to_wait_is_not_refused() -> None:
     busy = list(capacities([node("a"), node("b")], [pod_on("a", 8), pod_on("b", 8)]).values())
     check_fits(spec(resources={"nodes": 2, "gpus_per_node": 8}), busy)
@@ -330,3 +346,12 @@ def test_render_prints_the_secret_and_jobset_the_executor_creates(tmp_path: Path
     assert yaml_out.exit_code == 0, yaml_out.output
     kinds = [d["kind"] for d in yaml.safe_load_all(yaml_out.output)]
     assert kinds == ["Secret", "Job", "Service"]
+
+
+def test_the_autoscaler_setting_is_refused_off_kubernetes_and_read_on_it() -> None:
+    result = CliRunner().invoke(app, ["server", "--autoscaler"])
+    assert result.exit_code == 2
+    assert "--autoscaler: only with --executor kubernetes" in result.output
+    assert "drop --autoscaler" in result.output
+    assert kubernetes_config(autoscaler=True).autoscaler
+    assert not kubernetes_config().autoscaler

@@ -190,6 +190,62 @@ def test_impossible_requests_say_why_and_how_to_fix(builder, fragment: str) -> N
     assert info.eta_s is None
 
 
+@pytest.mark.parametrize(
+    ("nodes", "builder", "reason"),
+    [
+        (
+            make_nodes(1),
+            make_workload("w").gpus(8).nodes(2),
+            "cannot fit the cluster as it is: needs 2 nodes of 8 H100 GPUs; the cluster has 1 "
+            "node(s) with 8 or more H100 GPUs (short by 1); it starts when nodes are added (fix: "
+            "ask for at most 1 nodes)",
+        ),
+        (
+            make_nodes(2) + make_nodes(3, gpus=4, prefix="s"),
+            make_workload("w").gpus(8).nodes(3),
+            "cannot fit the cluster as it is: needs 3 nodes of 8 H100 GPUs; the cluster has 2 "
+            "node(s) with 8 or more H100 GPUs (short by 1); it starts when nodes are added (fix: "
+            "ask for at most 2 nodes)",
+        ),
+        (
+            make_nodes(1, model="A100", gpus=4, prefix="a") + make_nodes(1),
+            make_workload("w").gpus(8).model("A100").nodes(2),
+            "cannot fit the cluster as it is: needs 2 nodes of 8 A100 GPUs; the cluster has 0 "
+            "node(s) with 8 or more A100 GPUs (short by 2); it starts when nodes are added (fix: "
+            "ask for fewer GPUs per node)",
+        ),
+        (
+            make_nodes(2, gpus=0),
+            make_workload("w").cpu_only().nodes(3),
+            "cannot fit the cluster as it is: needs 3 nodes; the cluster has 2 (short by 1); it "
+            "starts when nodes are added (fix: ask for at most 2 nodes)",
+        ),
+    ],
+    ids=[
+        "a 2-node gang on a 1-node cluster",
+        "more nodes with enough GPUs than there are, smaller nodes not counted",
+        "a model whose nodes are all too small",
+        "a CPU gang larger than the cluster",
+    ],
+)
+def test_a_gang_the_cluster_as_it_is_cannot_hold_says_what_is_short(
+    nodes: tuple[Node, ...], builder, reason: str
+) -> None:
+    quotas = make_quotas({"team-a": {"H100": 64, "A100": 64}})
+    info = schedule(nodes, quotas, [builder.obj()]).pending["w"]
+    assert (info.code, info.reason, info.eta_s) == ("unschedulable", reason, None)
+
+
+def test_a_gang_waits_for_nodes_to_be_added_and_starts_when_they_are() -> None:
+    gang = make_workload("gang").gpus(8).nodes(2).obj()
+    assert (
+        "cannot fit the cluster as it is"
+        in schedule(make_nodes(1), BIG, [gang]).pending["gang"].reason
+    )
+    grown = schedule(make_nodes(2), BIG, [gang])  # the autoscaler added a node
+    assert set(grown.admitted["gang"].gpus) == {"n0", "n1"}
+
+
 def test_avoided_nodes_are_never_chosen_even_when_they_fit_best() -> None:
     running = [make_workload("r").gpus(6).running_on({"n0": range(6)}, start=0).obj()]
     small = replace(make_workload("small").gpus(2).obj(), avoid_nodes=frozenset({"n0"}))

@@ -462,6 +462,19 @@ def test_a_restart_gets_the_young_daly_checkpoint_interval_only_when_asked(
     assert advice.interval_steps != 100  # the advice differs, so the test tells them apart
 
 
+def test_a_restarting_job_says_which_attempt_comes_and_from_which_step(world: World) -> None:
+    job_id = world.submit(restart={"max_restarts": 2, "backoff": "30s"})
+    world.cycle(2)
+    world.store.add_checkpoint(job_id, 1, step=1200, path="c1200", ts=world.clock.t + 10)
+    world.executor.finish(world.key(job_id), AttemptPhase.FAILED, "exit code 1")
+    world.cycle(1)
+    job = world.store.get_job(job_id)
+    assert job.state is JobState.RESTARTING
+    assert job.reason.endswith(
+        "; restarting from the last checkpoint (step 1200) as attempt 2 in 30s (1 restart(s) left)"
+    ), job.reason
+
+
 def test_in_place_restarts_are_granted_within_the_restart_budget_and_counted_against_it(
     world: World,
 ) -> None:

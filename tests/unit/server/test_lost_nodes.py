@@ -104,6 +104,7 @@ def test_without_a_spare_the_job_waits_for_a_replacement_then_resumes_when_the_n
     world = make(url, tmp_path, cluster)
     job_id = gang(world)
     world.cycle(2)
+    world.store.add_checkpoint(job_id, 1, step=1200, path="c1200", ts=world.clock.t)
     cluster.nodes["n2"] = NodeCapacity(
         "n2", cpu_slots=2, memory_bytes=64 * 2**30, cordoned=True
     )  # NotReady: no new placements
@@ -116,6 +117,13 @@ def test_without_a_spare_the_job_waits_for_a_replacement_then_resumes_when_the_n
     launches = dict(world.executor.launches)
     world.cycle(3, advance=1)
     assert world.executor.launches == launches  # nothing placed on the NotReady node
+    # why-pending says what is happening first, then why it waits
+    assert world.store.get_job(job_id).pending_reason == (
+        "restarting attempt 2 from step 1200 after attempt 1 ended (node n2 NotReady since "
+        "12:01:03Z under rank 1), waiting for a node to replace n2; needs 2 node(s) but only 1 "
+        "of 2 are schedulable now (the others are cordoned, draining or NotReady: `tyard nodes "
+        "list` says why); it starts when enough are back"
+    )
     cluster.nodes["n2"] = node("n2")  # Ready again: used again, at the next cycle
     world.cycle(3, advance=1)
     job = world.store.get_job(job_id)

@@ -31,7 +31,7 @@ from tensoryard.executors.kubernetes.watch import WatchCache
 from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
 
-__all__ = ["KubernetesCluster", "check_fits", "node_capacities"]
+__all__ = ["KubernetesCluster", "check_fits", "node_capacities", "unfit_issue"]
 
 
 def _tolerated(taint: Obj, tolerations: Sequence[Obj]) -> bool:
@@ -120,68 +120,55 @@ def node_capacities(
     return tuple(sorted(out, key=lambda n: n.name))
 
 
-def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> None:
+def check_fits(spec: JobSpec, nodes: Sequence[NodeCapacity], *, autoscaler: bool = False) -> None:
     """Refuse a job that no set of these nodes could ever hold, naming the field and the fix.
 
     Counts every GPU of every node (busy, cordoned or not): a job that merely has to wait is
-    not refused here."""
+    not refused here. With `autoscaler` (nodes can be added to the cluster) such a job is
+    accepted: it stays pending, saying what the cluster as it is lacks, until nodes come."""
+    issue = unfit_issue(spec, nodes)
+    if issue is not None and not autoscaler:
+        raise SpecError([issue], source="request")
+
+
+def unfit_issue(spec: JobSpec, nodes: Sequence[NodeCapacity]) -> FieldIssue | None:
+    """What no set of `nodes` could ever give the job (what is short, by how much), or None."""
     res = spec.resources
     model = spec.scheduling.gpu_model
     models = sorted({n.gpu_model for n in nodes if n.gpu_model})
     if model and model not in models:
         known = ", ".join(models) or "none (no node has GPUs)"
-        raise SpecError(
-            [
-                FieldIssue(
-                    "scheduling.gpu_model",
-                    f"no node has GPUs of model {model!r}",
-                    f"use one of: {known}",
-                )
-            ],
-            source="request",
+        return FieldIssue(
+            "scheduling.gpu_model", f"no node has GPUs of model {model!r}", f"use one of: {known}"
         )
     if not res.gpus_per_node:
         if res.nodes > len(nodes):  # a gang needs one node per worker group
-            raise SpecError(
-                [
-                    FieldIssue(
-                        "resources.nodes",
-                        f"{res.nodes} nodes needed, but the cluster has {len(nodes)} "
-                        f"(short by {res.nodes - len(nodes)})",
-                        f"ask for at most {len(nodes)} nodes, or add nodes to the cluster",
-                    )
-                ],
-                source="request",
+            return FieldIssue(
+                "resources.nodes",
+                f"{res.nodes} nodes needed, but the cluster has {len(nodes)} "
+                f"(short by {res.nodes - len(nodes)})",
+                f"ask for at most {len(nodes)} nodes, or add nodes to the cluster",
             )
-        return
+        return None
     usable = [n for n in nodes if n.gpu_model and (not model or n.gpu_model == model)]
     largest = max((len(n.gpu_indices) for n in usable), default=0)
     if res.gpus_per_node > largest:
-        raise SpecError(
-            [
-                FieldIssue(
-                    "resources.gpus_per_node",
-                    f"{res.gpus_per_node} GPUs per node, but the largest node has {largest}",
-                    f"ask for at most {largest} per node and more nodes"
-                    if largest
-                    else "this cluster has no GPU nodes",
-                )
-            ],
-            source="request",
+        return FieldIssue(
+            "resources.gpus_per_node",
+            f"{res.gpus_per_node} GPUs per node, but the largest node has {largest}",
+            f"ask for at most {largest} per node and more nodes"
+            if largest
+            else "this cluster has no GPU nodes",
         )
     enough = sum(1 for n in usable if len(n.gpu_indices) >= res.gpus_per_node)
     if res.nodes > enough:
-        raise SpecError(
-            [
-                FieldIssue(
-                    "resources.nodes",
-                    f"{res.nodes} nodes with {res.gpus_per_node} GPUs each, but the cluster has "
-                    f"{enough} such node(s) (short by {res.nodes - enough})",
-                    f"ask for at most {enough} nodes",
-                )
-            ],
-            source="request",
+        return FieldIssue(
+            "resources.nodes",
+            f"{res.nodes} nodes with {res.gpus_per_node} GPUs each, but the cluster has "
+            f"{enough} such node(s) (short by {res.nodes - enough})",
+            f"ask for at most {enough} nodes",
         )
+    return None
 
 
 _LIVE = "status.phase!=Succeeded,status.phase!=Failed"
@@ -248,7 +235,7 @@ class KubernetesCluster:
             return self._cached
 
     def check_fits(self, spec: JobSpec) -> None:
-        check_fits(spec, self.capacity())
+        check_fits(spec, self.capacity(), autoscaler=self.kube.config.autoscaler)
 
     def node_objects(self) -> list[Obj]:
         """The selected Node objects: from the watch cache when it is healthy, else a LIST."""

@@ -45,6 +45,11 @@ class KubernetesConfig:
     store into a GPU serving pod (`python -m tensoryard.serving.pull`): tensoryard installed."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Only nodes with these labels are tensoryard's to schedule on (empty: every node)."""
+    autoscaler: bool = False
+    """Nodes can be added to the cluster (a cluster autoscaler, Karpenter, a cloud node pool
+    that grows): a job that no set of today's nodes could hold is accepted and stays pending
+    with "cannot fit the cluster as it is: ..." until nodes that fit it come, instead of being
+    refused at submit (HTTP 422). False: the selected nodes are all there will be."""
     switch_label: str = "tensoryard.io/switch"
     """Node label naming the leaf switch a node hangs off (topology-aware placement)."""
     block_label: str = "tensoryard.io/block"
