@@ -495,9 +495,19 @@ def cpu_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
-    """The control plane's PostgreSQL image, imported into every real node's containerd."""
-    return _load_built(k8s_env, "postgres", "tyard images build postgres")
+def registry(k8s_env: K8sEnv, real_nodes: list[str]) -> tuple[str, Path]:
+    """The test cluster's image registry (`scripts/k8s-testenv registry`): its address, and the
+    directory holding its CA (for `tyard images push --cert-dir`). Nodes pull from it."""
+    if k8s_env.dir is None:
+        _unavailable("the test environment's directory is unknown (reused by kubeconfig)")
+    assert k8s_env.dir is not None
+    address = subprocess.run(
+        [SCRIPT, "registry", "--dir", str(k8s_env.dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return address, k8s_env.dir / "registry-ca"
 
 
 def jobset_served(api_client: Any) -> bool:

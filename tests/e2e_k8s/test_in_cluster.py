@@ -2,8 +2,9 @@
 
 `kubectl apply -k` of deploy/kubernetes-overlays/dev (the base in deploy/kubernetes plus the
 PostgreSQL of deploy/kubernetes-overlays/postgres), with only what any site changes on top: the
-images (tensoryard's CPU image and its PostgreSQL image, both built by `tyard images build` and
-imported into the real nodes), the database password (a Secret), where the pods may run (the
+images (tensoryard's CPU image, imported into the real nodes, and its PostgreSQL image, pushed
+with `tyard images push` to the test cluster's registry and pulled from there by the node), the
+database password (a Secret), where the pods may run (the
 real nodes' label and taint) and a NodePort on the Service so that `tyard` on the host reaches it.
 The control plane then runs as its ServiceAccount with the in-cluster config (the `kubernetes`
 Service, through kube-proxy), keeps its state in PostgreSQL and its run directories on the
@@ -30,7 +31,7 @@ import yaml
 from tensoryard.client import Client
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
 from tests.e2e.conftest import wait_for
-from tests.e2e_k8s.conftest import REAL_NODE_LABEL, REPO, K8sEnv, wait_until
+from tests.e2e_k8s.conftest import REAL_NODE_LABEL, REPO, K8sEnv, _unavailable, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -204,6 +205,29 @@ def _admin_token(env: K8sEnv, core: Any) -> str:
 
 
 @pytest.fixture
+def postgres_image(registry: tuple[str, Path]) -> str:
+    """The PostgreSQL image pushed with `tyard images push` to the cluster's registry, which the
+    nodes pull it from (it is not imported into them): its reference there."""
+    from tensoryard import __version__
+
+    address, ca_dir = registry
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "tensoryard.cli.main", "images", "push", "postgres",
+            f"{address}/site", "--cert-dir", str(ca_dir), "--json",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and "is not built" in done.stdout + done.stderr:
+        _unavailable("the postgres image is not built: run `tyard images build postgres`")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        json.loads(done.stdout)["destination"] == f"docker://{address}/site/postgres:{__version__}"
+    )
+    return f"{address}/site/postgres:{__version__}"
+
+
+@pytest.fixture
 def deployed(
     k8s_env: K8sEnv,
     core: Any,
@@ -274,7 +298,12 @@ def _spec(tmp_path: Path, steps: int) -> Path:
 
 
 def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_own_pod_kill(
-    deployed: Deployed, core: Any, real_nodes: list[str], cpu_image: str, tmp_path: Path
+    deployed: Deployed,
+    core: Any,
+    real_nodes: list[str],
+    cpu_image: str,
+    postgres_image: str,
+    tmp_path: Path,
 ) -> None:
     env = deployed.env
     assert deployed.client.healthz()["ok"] is True  # through the Service's NodePort
@@ -330,6 +359,12 @@ def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_o
     logs = deployed.tyard("logs", str(job_id), "--rank", "1")
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
+    # PostgreSQL's image came from the registry: the node pulled it (it was never imported).
+    (pg_pod,) = core.list_namespaced_pod(
+        NAMESPACE, label_selector="app.kubernetes.io/name=postgres"
+    ).items
+    pulled = pg_pod.status.container_statuses[0].image_id
+    assert pulled.startswith(postgres_image.rsplit(":", 1)[0] + "@sha256:"), pulled
     # The state lives in the PostgreSQL pod: the job's row, read there with psql.
     query = f"SELECT state FROM jobs WHERE id = {job_id}"
     row = kubectl(

@@ -187,6 +187,14 @@ def push_image(
     tls_verify: Annotated[
         bool, typer.Option("--tls-verify/--no-tls-verify", help="Verify the registry's TLS.")
     ] = True,
+    cert_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cert-dir",
+            help="Directory with the registry's CA (ca.crt) when a site CA signs its TLS.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Copy a built image to a registry with skopeo (REGISTRY/NAME:VERSION)."""
@@ -197,7 +205,7 @@ def push_image(
             destination = push_destination(name, registry, __version__)
         except ImageRefError as exc:
             die(str(exc), 2)
-        done = push(built_archive(name), destination, tls_verify=tls_verify)
+        done = push(built_archive(name), destination, tls_verify=tls_verify, cert_dir=cert_dir)
     if json_out:
         print_json({"name": name, "destination": done})
     else:

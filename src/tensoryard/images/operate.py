@@ -108,12 +108,23 @@ def push_destination(name: str, registry: str, version: str) -> str:
     return f"docker://{ref}"
 
 
-def push(archive: Path, destination: str, *, tls_verify: bool = True) -> str:
+def push(
+    archive: Path, destination: str, *, tls_verify: bool = True, cert_dir: Path | None = None
+) -> str:
+    """Copy ``archive`` to ``destination`` with skopeo; ``cert_dir`` holds the registry's CA
+    (``*.crt``) and client certificates where its TLS is signed by a CA of the site's own."""
     if shutil.which("skopeo") is None:
         raise ImageBuildError("pushing needs skopeo (Debian: apt-get install skopeo)")
+    if cert_dir is not None and not cert_dir.is_dir():
+        raise ImageBuildError(
+            f"--cert-dir {cert_dir}: no such directory (fix: a directory holding the "
+            "registry's CA as ca.crt)"
+        )
     cmd = ["skopeo", "copy", "--quiet"]
     if destination.startswith("docker://"):
         cmd.append(f"--dest-tls-verify={'true' if tls_verify else 'false'}")
+        if cert_dir is not None:
+            cmd.append(f"--dest-cert-dir={cert_dir}")
     cmd += [f"oci-archive:{archive}", destination]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
