@@ -1,4 +1,4 @@
-"""A mixed queue of 16 one-GPU jobs from 3 teams with GPU quotas (2, 3, 3) on the Slurm
+"""A mixed queue of 40 one-GPU jobs from 3 teams with GPU quotas (2, 3, 3) on the Slurm
 cluster (2 nodes x 4 pretend GPUs), in both admission modes: every job runs exactly once,
 no team ever runs more GPUs than its quota, and waiting jobs say why."""
 
@@ -15,9 +15,11 @@ from tests.e2e_slurm.conftest import SlurmCluster, wait_until
 
 pytestmark = pytest.mark.slow
 
-# The quotas add up to the cluster's 8 GPUs and each team has twice its quota in jobs, so no
-# team has idle quota that another could borrow (teams share one cohort) while work waits.
+# The quotas add up to the cluster's 8 GPUs and each team has five times its quota in jobs (40
+# in all, the queue of the issue), so no team has idle quota that another could borrow (teams
+# share one cohort) while work waits.
 QUOTAS = {"red": 2, "green": 3, "blue": 3}
+ROUNDS = 5
 
 JOB = textwrap.dedent(
     """
@@ -62,8 +64,8 @@ def test_a_mixed_queue_of_three_teams_keeps_quotas_and_runs_each_job_once(
         for team, quota in QUOTAS.items():
             client.create_team(team, gpu_quota=quota)
         specs = []
-        for i in range(2 * max(QUOTAS.values())):
-            for team in [t for t, q in QUOTAS.items() if i < 2 * q]:
+        for i in range(ROUNDS * max(QUOTAS.values())):
+            for team in [t for t, q in QUOTAS.items() if i < ROUNDS * q]:
                 spec = {
                     "name": f"{team}-{i}",
                     "team": team,
@@ -78,6 +80,7 @@ def test_a_mixed_queue_of_three_teams_keeps_quotas_and_runs_each_job_once(
         # team may borrow the quota of teams whose jobs have not arrived yet (one cohort), and
         # then runs more than its own quota, as lending allows.
         ids = client.submit_batch(specs)
+        assert len(ids) == 40
 
         seen: set[str] = set()
 
