@@ -9,8 +9,9 @@ real nodes' label and taint) and a NodePort on the Service so that `tyard` on th
 The control plane then runs as its ServiceAccount with the in-cluster config (the `kubernetes`
 Service, through kube-proxy), keeps its state in PostgreSQL and its run directories on the
 `tensoryard-runs` claim, and launches the tiny GPT as a gang of two pods on two real nodes.
-Killing the control plane's pod while the job trains loses nothing: the Deployment's next pod
-reads the database and the job ends once, from one JobSet.
+The control plane SIGKILLed mid-launch (its container restarted by the kubelet) and then its pod
+force-deleted while the job trains lose nothing: each next server reads the database, adopts
+the JobSet, and the job ends once, from one JobSet, with no restart.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def site_overlay(where: Path, cpu_image: str, postgres_image: str, password: str
             "--cancel-grace=5",
         )
     ]
+    # The test's fault: the server SIGKILLs itself once its first launch created the JobSet,
+    # before the database knows (tensoryard.faults); the kubelet restarts the container.
+    crash = {"name": "TYARD_CRASH_AT", "value": "launch.after_start"}
+    server_args.append(
+        {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": crash}
+    )
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -321,9 +328,16 @@ def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_o
         print(_diagnose(env))
         raise
 
+    # The server was SIGKILLed mid-launch (JobSet created, not yet recorded): the kubelet
+    # restarted its container, which found the JobSet by its attempt key and adopted it.
+    (server_pod,) = _server_pods(core)
+    (status,) = server_pod.status.container_statuses
+    assert status.restart_count == 1, status
+    assert status.last_state.terminated.exit_code == 137, status.last_state  # SIGKILL
+
     # SIGKILL the control plane mid-run (the container dies with no grace, as on a node loss):
     # the Deployment starts another pod, which resumes from the database.
-    victim = _server_pods(core)[0].metadata.name
+    victim = server_pod.metadata.name
     at_kill = client.job(job_id)
     assert at_kill["state"] == "RUNNING", at_kill
     kubectl(env, "delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
@@ -335,10 +349,10 @@ def test_the_control_plane_deployed_from_deploy_trains_a_gang_and_survives_its_o
     )
     job = wait_for(client, job_id, TERMINAL, timeout=420)
     assert job["state"] == "SUCCEEDED", client.events(job_id)
-    # The training never noticed: the next control plane adopted the running attempt.
+    # The training never noticed either kill: each next control plane adopted the attempt.
     assert job["attempts"] == 1 and job["restarts"] == 0, client.events(job_id)
 
-    # One JobSet for the job: the restarted control plane adopted the running attempt.
+    # One JobSet for the job: no second one after the crash mid-launch.
     jobsets = kubectl(
         env, "get", "jobsets", "-n", NAMESPACE, "-l", f"{LABEL_JOB_ID}={job_id}", "-o", "json"
     )
