@@ -14,9 +14,9 @@ worker's previous result, so a worker may fill group ``n + prefetch_factor`` whi
 process is still copying group ``n``: ``slots = prefetch_factor + 2`` never overwrites a group
 that has not been copied.
 
-Order. Worker ``w`` of ``K`` fills groups ``w, w + K, w + 2K, ...`` (group ``g`` holds the
-batches ``g * group`` to ``g * group + group - 1`` counted from the resume point); DataLoader
-returns worker results round-robin in worker order, so the stream is the same for any ``K``.
+Order. Worker ``w`` of ``K`` fills groups ``w, w + K, w + 2K, ...`` of consecutive batches
+counted from the resume point (sizes in `worker_groups`); DataLoader returns worker results
+round-robin in worker order, so the stream is the same for any ``K``.
 
 Clean-up. The ring uses torch's sharing strategy; with the default on Linux
 (``file_descriptor``) its segment is unlinked the moment it is created, so nothing is left
@@ -91,12 +91,19 @@ def allocate_ring(layout: RingLayout, dtype: np.dtype[np.generic]) -> torch.Tens
 def worker_groups(
     wid: int, workers: int, group: int, total: int | None
 ) -> Iterator[tuple[int, int]]:
-    """(first batch index, batches) of each group worker `wid` fills, in its order."""
-    g = wid
-    while total is None or g * group < total:
-        lo = g * group
-        yield lo, group if total is None else min(group, total - lo)
-        g += workers
+    """(first batch index, batches) of each group worker `wid` fills, in its order.
+
+    Group ``g`` holds ``min(group, 2 ** (g // workers))`` batches: each worker's first group is
+    one batch and sizes double up to `group`, so the first batch does not wait for a whole slot.
+    """
+    g, lo = 0, 0
+    while total is None or lo < total:
+        size = min(group, 1 << min(g // workers, 30))
+        if total is not None:
+            size = min(size, total - lo)
+        if g % workers == wid:
+            yield lo, size
+        g, lo = g + 1, lo + size
 
 
 class SharedRingDataset(IterableDataset[tuple[int, int, int]]):
