@@ -140,9 +140,13 @@ def _env() -> dict[str, str]:
 def run_worker(loader: str, args: list[str], timeout_s: float) -> dict[str, Any]:
     """Run _data_worker.py in `loader`'s interpreter; returns its RESULT or {"error": ...}."""
     cmd = [str(python_for(loader)), str(WORKER), *args]
+    env = _env()
+    if loader not in PEERS:
+        # This checkout's tensoryard, not whichever copy the interpreter has installed.
+        env["PYTHONPATH"] = str(HERE.parent / "src")
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=str(HERE)
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(HERE)
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f}s: {' '.join(args[:3])}"}
