@@ -174,10 +174,12 @@ def test_the_queue_path_without_shared_memory_gives_the_same_batches(dataset: Pa
 # nothing is left behind
 
 
-def shm_maps() -> list[str]:
-    """Shared-memory mappings of this process (torch's segments, even once unlinked)."""
+def ring_maps() -> list[str]:
+    """torch's shared-memory segments mapped in this process, even once unlinked (the
+    ``sem.`` mappings of DataLoader's queues are multiprocessing's, freed with its threads)."""
     with open("/proc/self/maps") as maps:
-        return sorted(line.split(maxsplit=5)[-1] for line in maps if "/dev/shm/" in line)
+        lines = [line.split(maxsplit=5)[-1] for line in maps]
+    return sorted(m for m in lines if m.startswith("/dev/shm/torch_"))
 
 
 def shm_files(pids: list[int]) -> list[str]:
@@ -196,12 +198,12 @@ def no_leak() -> Iterator[list[int]]:
     no file descriptor more. Yields a list the test adds its worker pids to."""
     resource_tracker.ensure_running()  # the spawn method's one pipe per process, kept for good
     gc.collect()
-    maps, fds = shm_maps(), open_fds()
+    maps, fds = ring_maps(), open_fds()
     pids: list[int] = [os.getpid()]
     yield pids
     gc.collect()
     assert multiprocessing.active_children() == []
-    assert shm_maps() == maps
+    assert ring_maps() == maps
     assert shm_files(pids) == []
     assert open_fds() <= fds
 
@@ -215,17 +217,17 @@ def workers_of(loader: TorchTokenLoader) -> list[int]:
 def test_closing_the_loader_mid_epoch_frees_the_ring_and_stops_the_workers(
     dataset: Path, no_leak: list[int], context: str
 ) -> None:
-    before = shm_maps()
+    before = ring_maps()
     loader = ring_loader(dataset, 2, multiprocessing_context=context)
     it = iter(loader)
     next(it)
     no_leak += workers_of(loader)
     assert len(no_leak) == 3
-    assert shm_maps() != before, "the ring is mapped while the loader runs"
+    assert ring_maps() != before, "the ring is mapped while the loader runs"
     loader.close()
     # At once, while the caller still holds the iterator (not when it is garbage collected).
     assert multiprocessing.active_children() == []
-    assert shm_maps() == before
+    assert ring_maps() == before
     with pytest.raises(StopIteration):
         next(it)
 
@@ -234,10 +236,10 @@ def test_no_file_descriptor_or_segment_is_made_per_batch(dataset: Path, no_leak:
     loader = ring_loader(dataset, 2)
     it = iter(loader)
     list(itertools.islice(it, 10))
-    fds, maps = open_fds(), shm_maps()
+    fds, maps = open_fds(), ring_maps()
     list(itertools.islice(it, 300))
     assert open_fds() == fds
-    assert shm_maps() == maps
+    assert ring_maps() == maps
     loader.close()
 
 
