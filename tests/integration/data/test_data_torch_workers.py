@@ -162,6 +162,21 @@ def test_wide_tokens_arrive_as_int64_through_the_ring(tmp_path: Path) -> None:
     assert all(np.array_equal(g.numpy(), w) for g, w in zip(got, want, strict=True))
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        pytest.param(torch.int32, id="int32 (numpy converts)"),
+        pytest.param(torch.bfloat16, id="bfloat16 (numpy has none: torch converts)"),
+    ],
+)
+def test_the_ring_converts_to_the_dtype_asked_like_one_process(
+    dataset: Path, dtype: torch.dtype
+) -> None:
+    got = list(itertools.islice(ring_loader(dataset, 2, dtype=dtype), 5))
+    want = list(itertools.islice(ring_loader(dataset, 0, dtype=dtype), 5))
+    assert all(g.dtype == dtype and torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
 def test_the_queue_path_without_shared_memory_gives_the_same_batches(dataset: Path) -> None:
     loader = ring_loader(dataset, 2, shared_memory=False, dtype=None)
     got = list(itertools.islice(loader, 9))
