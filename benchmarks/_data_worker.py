@@ -5,7 +5,7 @@ own and its dependencies stay in its venv. Only the standard library and numpy a
 the top; each loader's library is imported inside its functions. Prints one JSON line.
 
     python _data_worker.py convert LOADER CORPUS OUT --shards N
-    python _data_worker.py measure LOADER DATA --task main|workers2|resume|ttfb --seconds S
+    python _data_worker.py measure LOADER DATA --task main|workersN|resume|ttfb --seconds S
     python _data_worker.py duel TENSORYARD_DIR CORPUS --seconds S --pairs N
 """
 
@@ -329,7 +329,7 @@ def measure(loader: str, data: str, task: str, seconds: float, trials: int = 1) 
     for module in IMPORTS[loader]:
         importlib.import_module(module)
     sampler = RssSampler()
-    workers = 2 if task == "workers2" else 0
+    workers = int(task.removeprefix("workers")) if task.startswith("workers") else 0
     t0 = time.perf_counter()
     batches, resume = LOADERS[loader](data, workers)
     result: dict[str, Any] = {"loader": loader, "task": task, "import_s": t0 - t_import}
@@ -433,7 +433,11 @@ def main() -> None:
     meas = sub.add_parser("measure")
     meas.add_argument("loader", choices=sorted(LOADERS))
     meas.add_argument("data")
-    meas.add_argument("--task", choices=["main", "workers2", "resume", "ttfb"], required=True)
+    meas.add_argument(
+        "--task",
+        choices=["main", "workers2", "workers4", "workers8", "resume", "ttfb"],
+        required=True,
+    )
     both = sub.add_parser("duel", help="tensoryard vs memcpy, alternating in one process")
     both.add_argument("data", help="tensoryard dataset directory")
     both.add_argument("corpus", help="the raw corpus file")

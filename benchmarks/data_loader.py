@@ -5,7 +5,8 @@ loader's own format; every loader then reads shuffled batches of 8 sequences of 
 (2049 stored tokens: inputs plus shifted targets) and is measured in a subprocess of its own
 (its own venv, its own peak RSS):
 
-* tokens/s with no DataLoader workers and with 2 workers,
+* tokens/s with 0, 2, 4 and 8 DataLoader workers (the worker arms; memcpy only with 0 and 2),
+  and the ratio of tensoryard to the best peer at each worker count,
 * time to first batch (constructing the loader on a prepared dataset, imports excluded),
 * resume latency: loading a state at 50% of an epoch into a fresh loader, to its first batch,
 * peak RSS (ru_maxrss, which counts the page-cache pages a memory-mapped loader touched) and
@@ -24,9 +25,11 @@ Peers live in their own venvs under benchmarks/.venvs (see _data_peers.py); data
 benchmarks/.data. Both are reused by later runs. A full run writes its JSON under
 benchmarks/results/ (committed) and this benchmark's row of benchmarks/RESULTS.md from it
 (`--row-from-json` rebuilds the row from that file); --quick (a 4 Mi-token smoke run) does not
-write the row.
+write the row. `--worker-arms` runs only the tokens/s arms (0, 2, 4 and 8 workers, every loader)
+and writes its own row, data_loader_workers, from benchmarks/results/data_loader_workers.json.
 
     python benchmarks/data_loader.py
+    python benchmarks/data_loader.py --worker-arms   # JSON: results/data_loader_workers.json
     python benchmarks/data_loader.py --json /tmp/q.json --quick --only tensoryard,memcpy
 """
 
@@ -58,6 +61,7 @@ DATA = HERE / ".data"
 NAME = "data_loader"
 ALL = ["tensoryard", "litdata", "streaming", "hf_datasets", "memcpy"]
 PEERS = ["litdata", "streaming", "hf_datasets"]
+WORKER_COUNTS = [0, 2, 4, 8]
 VOCAB = 50304
 console = Console(stderr=True)
 
@@ -136,9 +140,13 @@ def _env() -> dict[str, str]:
 def run_worker(loader: str, args: list[str], timeout_s: float) -> dict[str, Any]:
     """Run _data_worker.py in `loader`'s interpreter; returns its RESULT or {"error": ...}."""
     cmd = [str(python_for(loader)), str(WORKER), *args]
+    env = _env()
+    if loader not in PEERS:
+        # This checkout's tensoryard, not whichever copy the interpreter has installed.
+        env["PYTHONPATH"] = str(HERE.parent / "src")
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=_env(), cwd=str(HERE)
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(HERE)
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f}s: {' '.join(args[:3])}"}
@@ -197,13 +205,22 @@ def count_shards(loader: str, path: Path) -> int:
 # the run
 
 
-def measure_loader(loader: str, data: Path, cfg: dict[str, Any]) -> dict[str, Any]:
-    """tokens/s (0 and 2 workers), time to first batch, resume at 50%, peak memory."""
+def worker_task(workers: int) -> str:
+    """The _data_worker.py task that measures tokens/s with `workers` DataLoader workers."""
+    return "main" if workers == 0 else f"workers{workers}"
+
+
+def measure_loader(
+    loader: str, data: Path, cfg: dict[str, Any], *, arms_only: bool = False
+) -> dict[str, Any]:
+    """tokens/s (0, 2, 4 and 8 workers), time to first batch, resume at 50%, peak memory."""
     out: dict[str, Any] = {}
     warm(data)
-    for task in ("main", "workers2", "resume"):
-        if loader == "memcpy" and task == "resume":
-            continue
+    counts = [0, 2] if loader == "memcpy" else WORKER_COUNTS  # memcpy: the in-RAM reference
+    tasks = [worker_task(n) for n in counts]
+    if not arms_only and loader != "memcpy":
+        tasks.append("resume")
+    for task in tasks:
         got = run_worker(loader, _measure_args(loader, data, task, cfg), cfg["timeout_s"])
         out[task] = got
         if "error" in got:
@@ -217,7 +234,7 @@ def measure_loader(loader: str, data: Path, cfg: dict[str, Any]) -> dict[str, An
 
 
 def _measure_args(loader: str, data: Path, task: str, cfg: dict[str, Any]) -> list[str]:
-    trials = cfg["trials"] if task in ("main", "workers2") else 1
+    trials = 1 if task == "resume" else cfg["trials"]
     return [
         "measure",
         loader,
@@ -291,7 +308,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # 3. the main measurements, one loader at a time
     raw: dict[str, Any] = {}
     for loader in loaders:
-        raw[loader] = measure_loader(loader, data[loader], cfg)
+        raw[loader] = measure_loader(loader, data[loader], cfg, arms_only=args.worker_arms)
+    if args.worker_arms:  # the worker arms only: no duel, resume or shard-count runs
+        return summarize(raw, {}, {}, notes, cfg, loaders)
     raw["duel"] = duel(data, cfg)
 
     # 4. time to first batch against the number of shards (same small corpus)
@@ -340,6 +359,10 @@ def summarize(
     result: dict[str, Any] = {
         "tokens_per_s": tps,
         "tokens_per_s_2workers": _pick(raw, "workers2", "tokens_per_s"),
+        "tokens_per_s_by_workers": {
+            str(n): _pick(raw, worker_task(n), "tokens_per_s") for n in WORKER_COUNTS
+        },
+        "ttfb_s_by_workers": {str(n): _pick(raw, worker_task(n), "ttfb_s") for n in WORKER_COUNTS},
         "ttfb_s": _pick(raw, "main", "ttfb_s"),
         "resume_ms": _pick(raw, "resume", "resume_ms"),
         "peak_rss_mb": _pick(raw, "main", "peak_rss_mb"),
@@ -355,6 +378,7 @@ def summarize(
             "seconds_per_measurement": cfg["seconds"],
             "small_corpus_tokens": cfg["shard_tokens_corpus"],
             "loaders": loaders,
+            "worker_counts": WORKER_COUNTS,
         },
         "notes": notes,
         "errors": {
@@ -408,6 +432,7 @@ def goals(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         "vs_memcpy_separate_runs": _ratio(ty, tps.get("memcpy")),
         "vs_memcpy_window_pairs": r.get("duel_tensoryard_vs_memcpy", {}).get("ratios", []),
     }
+    ratios["by_workers"] = by_workers(r)
     median = r.get("duel_tensoryard_vs_memcpy", {}).get("median_ratio")
     if median is not None:
         ratios["vs_memcpy"] = median
@@ -436,11 +461,51 @@ def goals(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         "resume <50ms": met(
             None if r["resume_ms"].get("tensoryard") is None else r["resume_ms"]["tensoryard"] < 50
         ),
+        ">=3x best peer at 0/2/4/8 workers": met(_all_at_least(ratios["by_workers"], 3.0)),
         "peak memory flat in dataset size": met(
             None if not (full_anon and small_anon) else full_anon <= 1.25 * small_anon + 16
         ),
     }
     return ratios, g
+
+
+def by_workers(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per worker count: tensoryard's tokens/s, the best peer's, and their ratio."""
+    out: dict[str, dict[str, Any]] = {}
+    for n, tps in r.get("tokens_per_s_by_workers", {}).items():
+        peers = {p: tps.get(p) for p in PEERS if tps.get(p)}
+        best = max(peers, key=lambda p: peers[p]) if peers else None
+        out[n] = {
+            "tensoryard": tps.get("tensoryard"),
+            "best_peer": best,
+            "best_peer_tokens_per_s": peers.get(best) if best else None,
+            "vs_best_peer": _ratio(tps.get("tensoryard"), peers.get(best) if best else None),
+            "vs_each_peer": {p: _ratio(tps.get("tensoryard"), v) for p, v in peers.items()},
+        }
+    return out
+
+
+def _all_at_least(arms: dict[str, dict[str, Any]], goal: float) -> bool | None:
+    """Whether tensoryard reached `goal` x the best peer at every worker count (None: some
+    count has no ratio)."""
+    ratios = [a["vs_best_peer"] for a in arms.values()]
+    if not ratios or any(x is None for x in ratios):
+        return None
+    return all(x >= goal for x in ratios)
+
+
+def workers_cells(r: dict[str, Any]) -> str:
+    """tensoryard vs the best peer at each worker count, for a RESULTS.md cell."""
+    parts = []
+    for n, a in r["ratios"].get("by_workers", {}).items():
+        if a["vs_best_peer"]:
+            parts.append(
+                f"{n} workers: tensoryard {_fmt(a['tensoryard'])} vs {a['best_peer']} "
+                f"{_fmt(a['best_peer_tokens_per_s'])} tok/s = {a['vs_best_peer']:.2f}x"
+            )
+        else:
+            parts.append(f"{n} workers: tensoryard {_fmt(a['tensoryard'])} tok/s (no peer)")
+    return "; ".join(parts)
 
 
 def _fmt(x: float | None, scale: float = 1e6, unit: str = "M") -> str:
@@ -465,7 +530,9 @@ def warm_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
         f"separate runs: {_fmt(tps.get('memcpy'))} tok/s)"
         if vs_memcpy
         else "",
-        f"2 workers: {_fmt(r['tokens_per_s_2workers'].get('tensoryard'))} tok/s",
+        workers_cells(r)
+        if "by_workers" in ratios
+        else f"2 workers: {_fmt(r['tokens_per_s_2workers'].get('tensoryard'))} tok/s",
         "ttfb "
         + "/".join(f"{v * 1000:.0f}ms@{k}" for k, v in shards.items() if isinstance(v, float))
         + " shards",
@@ -477,9 +544,34 @@ def warm_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
         f"load average at the end {r['load_average']}" if "load_average" in r else "",
     ]
     result = "; ".join(p for p in parts if p)
-    goal = ">=3x best peer; >=50% memcpy; ttfb<0.5s flat; resume<50ms; flat RSS"
+    goal = ">=3x best peer (0/2/4/8 workers); >=50% memcpy; ttfb<0.5s flat; resume<50ms; flat RSS"
     met = "; ".join(f"{k}: {v}" for k, v in g.items())
     return result, goal, met
+
+
+def worker_arms_cells(r: dict[str, Any]) -> tuple[str, str, str]:
+    """The RESULTS.md cells of a --worker-arms run, from its JSON."""
+    counts = r["tokens_per_s_by_workers"]
+    peers = [p for p in PEERS if any(counts[n].get(p) for n in counts)]
+    each = "; ".join(
+        f"{p} " + "/".join(_fmt(counts[n].get(p)) for n in counts) for p in ["tensoryard", *peers]
+    )
+    missing = ", ".join(f"{p}: {r['notes'][p]}" for p in PEERS if p in r["notes"])
+    parts = [
+        workers_cells(r),
+        f"tok/s at {'/'.join(counts)} workers: {each}",
+        f"not installed: {missing}" if missing else "",
+        "streaming runs beside a torchvision stub in its own venv" if "streaming" in peers else "",
+        f"load average at the end {r['load_average']}" if "load_average" in r else "",
+    ]
+    arms = r["ratios"]["by_workers"]
+    met = "; ".join(
+        f"{n} workers: "
+        + ("n/a" if a["vs_best_peer"] is None else "met" if a["vs_best_peer"] >= 3 else "not met")
+        for n, a in arms.items()
+    )
+    text = "; ".join(p for p in parts if p)
+    return text, ">=3x the best peer's tok/s at 0, 2, 4 and 8 DataLoader workers", met
 
 
 def main() -> None:
@@ -504,6 +596,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8, help="--cold: ranks on the node")
     parser.add_argument("--workers", type=int, default=2, help="--cold: DataLoader workers/rank")
     parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
+    parser.add_argument(
+        "--worker-arms",
+        action="store_true",
+        help="only tokens/s with 0, 2, 4 and 8 workers per loader (row data_loader_workers)",
+    )
     parser.add_argument("--no-results-line", action="store_true", help="leave RESULTS.md alone")
     parser.add_argument(
         "--row-from-json",
@@ -512,6 +609,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     name = "data_loader_cold" if args.cold else NAME
+    name = "data_loader_workers" if args.worker_arms else name
     args.json = args.json or HERE / "results" / f"{name}.json"
     if args.row_from_json:
         result = json.loads(args.json.read_text())
@@ -521,7 +619,10 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.quick or args.no_results_line:
         return
-    text, goal, met = cold_results_cells(result) if args.cold else warm_results_cells(result)
+    cells = warm_results_cells
+    cells = cold_results_cells if args.cold else cells
+    cells = worker_arms_cells if args.worker_arms else cells
+    text, goal, met = cells(result)
     day = str(result.get("date", ""))[:10] or None
     _results.write_results_line(name, result["command"], text, goal, met, date=day)
 

@@ -20,6 +20,7 @@ and a state saved with 8 ranks resumes on 6 to the same global sequence.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -376,15 +377,26 @@ class TokenLoader:
         What `iter_batches` yields batch by batch; adapters that convert a whole block at once
         (one tensor per block rather than per batch) use this.
         """
-        starts = self.batch_starts(first, every)
+        return self.read_blocks(self.batch_starts(first, every))
+
+    def read_blocks(self, starts: Iterator[int]) -> Iterator[tuple[list[int], np.ndarray]]:
+        """Blocks of the global batches that start at each position of `starts`, in its order.
+
+        `starts` may be endless or end; DataLoader workers that take runs of consecutive
+        batches pass their own positions here.
+        """
         sizes = self._block_sizes()
-        upcoming = self.locate([next(starts) for _ in range(next(sizes))])
-        while True:
+        upcoming = self._locate_next(starts, next(sizes))
+        while upcoming is not None:
             # Locate one block ahead so a remote-shard cache gets a block of lead time.
             block = upcoming
-            upcoming = self.locate([next(starts) for _ in range(next(sizes))])
-            self.hint(block, upcoming)
+            upcoming = self._locate_next(starts, next(sizes))
+            self.hint(block, *([] if upcoming is None else [upcoming]))
             yield block.firsts, self.read(block)
+
+    def _locate_next(self, starts: Iterator[int], count: int) -> _Block | None:
+        firsts = list(itertools.islice(starts, count))
+        return self.locate(firsts) if firsts else None
 
     def _block_sizes(self) -> Iterator[int]:
         size = min(4, self.config.plan_batches)

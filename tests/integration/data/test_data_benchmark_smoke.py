@@ -48,6 +48,11 @@ def test_the_quick_benchmark_writes_every_measurement_for_tensoryard_and_memcpy(
         for loader in ("tensoryard", "memcpy"):
             assert result[key][loader] > 0, (key, loader)
     assert result["resume_ms"]["tensoryard"] > 0
+    arms = result["tokens_per_s_by_workers"]
+    assert sorted(arms, key=int) == ["0", "2", "4", "8"]
+    assert all(arms[n]["tensoryard"] > 0 for n in arms)
+    assert arms["0"]["tensoryard"] == result["tokens_per_s"]["tensoryard"]
+    assert result["ratios"]["by_workers"]["8"]["vs_best_peer"] is None  # no peer in this run
     shards = result["ttfb_by_shards"]["tensoryard"]
     assert len(shards) == 2 and all(v > 0 for v in shards.values())
     assert result["ratios"]["vs_memcpy_separate_runs"] == pytest.approx(
