@@ -4,7 +4,10 @@ Off unless the environment variable ``TYARD_CRASH_AT`` names a point when the pr
 (``NAME`` crashes at the first pass, ``NAME:N`` at the N-th). The process then SIGKILLs itself
 at that exact place, as a power cut or the OOM killer would, so tests can prove that a restart
 repairs whatever state the crash left. With ``TYARD_CRASH_SIGNAL=SIGSTOP`` it stops itself
-there instead (a long GC pause, a frozen VM), for the test to resume with SIGCONT. Production
+there instead (a long GC pause, a frozen VM), for the test to resume with SIGCONT. A container
+restarted by its kubelet keeps its environment and would crash again at the same point: with
+``TYARD_CRASH_ONCE=PATH`` the crash happens only while PATH does not exist (it is created just
+before), so the restarted process runs on. Production
 never sets the variables; a disabled point costs one global lookup. A leaf module (stdlib
 only): the store's transactions have points too.
 """
@@ -15,10 +18,11 @@ import os
 import signal
 import threading
 
-__all__ = ["CRASH_ENV", "POINTS", "SIGNAL_ENV", "crashpoint"]
+__all__ = ["CRASH_ENV", "ONCE_ENV", "POINTS", "SIGNAL_ENV", "crashpoint"]
 
 CRASH_ENV = "TYARD_CRASH_AT"
 SIGNAL_ENV = "TYARD_CRASH_SIGNAL"
+ONCE_ENV = "TYARD_CRASH_ONCE"
 
 POINTS = (
     "launch.after_intent",  # attempt recorded, job STARTING, nothing launched yet
@@ -57,6 +61,12 @@ def crashpoint(name: str) -> None:
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] == _target[1]:
+            once = os.environ.get(ONCE_ENV)
+            if once:
+                try:
+                    os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                except FileExistsError:
+                    return  # crashed here once already, in an earlier life of this container
             if os.getpid() == 1 and _signal == signal.SIGKILL:
                 # PID 1 of a container: the kernel ignores the signals it sends itself that it
                 # has no handler for, SIGKILL included. _exit ends it as abruptly (no cleanup,

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,14 +17,14 @@ SCRIPT = (
     "crashpoint('finish.before')\n"
     "print('passed the first', flush=True)\n"
     "crashpoint('finish.before')\n"
-    "print('not reached', flush=True)\n"
+    "print('ran on', flush=True)\n"
 )
 
 
-def run(*prefix: str, point: str) -> subprocess.CompletedProcess[str]:
+def run(*prefix: str, point: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*prefix, sys.executable, "-c", SCRIPT],
-        env={**os.environ, "TYARD_CRASH_AT": point},
+        env={**os.environ, "TYARD_CRASH_AT": point, **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -48,3 +49,13 @@ def test_as_pid_1_of_a_pid_namespace_it_still_ends_with_the_status_of_a_sigkill(
     done = run("unshare", "--pid", "--fork", point="finish.before:2")
     assert done.returncode == 128 + signal.SIGKILL, done.stderr
     assert done.stdout == "passed the first\n"
+
+
+def test_with_a_once_file_a_restarted_process_runs_past_the_point(tmp_path: Path) -> None:
+    marker = tmp_path / "crashed"
+    first = run(point="finish.before", TYARD_CRASH_ONCE=str(marker))
+    assert first.returncode == -signal.SIGKILL and first.stdout == ""
+    assert marker.exists()
+    again = run(point="finish.before", TYARD_CRASH_ONCE=str(marker))  # as a container restarted
+    assert again.returncode == 0
+    assert again.stdout == "passed the first\nran on\n"
