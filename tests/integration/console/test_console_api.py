@@ -17,6 +17,8 @@ from sqlalchemy import update
 
 from tensoryard.console import STATIC
 from tensoryard.console.routes import cluster_view
+from tensoryard.runtime.rank_stats import RankStats
+from tensoryard.runtime.stragglers import StragglerDetector
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
 from tensoryard.server.scheduling import NodeCapacity
@@ -286,6 +288,43 @@ def test_gpu_hours_route_sums_attempts_by_team_and_user(world: World) -> None:
     assert row["idle"] == pytest.approx(8.0, abs=0.01)
     assert row["useful"] == pytest.approx(8 * (2 - 1 / 60), abs=0.01)
     assert body["total"]["total"] == pytest.approx(row["total"])
+
+
+def test_per_rank_series_of_the_latest_attempt_with_the_runtimes_stragglers_marked(
+    world: World,
+) -> None:
+    store, job_id = world.plane.store, world.jobs["nlp"]
+    run_dir = store.get_job(job_id).run_dir
+    for _ in range(2):
+        store.start_attempt(job_id, handle={})
+    clock = [0.0]
+    for rank in range(3):  # what the runtime writes: one record a second, per attempt
+        clock[0] = 0.0
+        stats = RankStats(run_dir, rank, 2, clock=lambda: clock[0], wall=lambda: 1000.0)
+        for step in range(1, 101):
+            clock[0] += 1.0
+            stats.step(step, 0.2 if rank == 1 else 0.1, 0.01 * rank)
+    # the runtime's detector names rank 1 in attempt 2; rank 0 only in attempt 1
+    named = StragglerDetector(windows=1).observe([0.1, 0.2, 0.1])
+    store.add_event(job_id, "warning", named[0].message, attempt=2)
+    store.add_event(job_id, "warning", "straggler: rank 0 forward time 9ms is 2x", attempt=1)
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+
+    body = world.client.get(f"/api/v1/jobs/{job_id}/ranks?points=10", headers=mo).json()
+    assert body["attempt"] == 2 and body["stragglers"] == [1] and body["note"] == ""
+    assert [r["rank"] for r in body["ranks"]] == [0, 1, 2]
+    slow = body["ranks"][1]
+    assert slow["straggler"] and slow["straggler_message"] == named[0].message
+    assert len(slow["points"]) == 10 and slow["points"][-1] == [100, 0.2, 0.01]
+    assert not body["ranks"][0]["straggler"] and body["ranks"][2]["points"][0] == [1, 0.1, 0.02]
+
+    first = world.client.get(f"/api/v1/jobs/{job_id}/ranks?attempt=1", headers=mo).json()
+    assert first["ranks"] == [] and first["stragglers"] == [0]
+    assert first["note"].startswith("no per-rank numbers for attempt 1")
+    vic = {"Authorization": f"Bearer {world.tokens['vic']}"}
+    assert world.client.get(f"/api/v1/jobs/{job_id}/ranks", headers=vic).status_code == 403
+    bad = world.client.get(f"/api/v1/jobs/{job_id}/ranks?points=1", headers=mo)
+    assert bad.status_code == 422 and "points" in bad.text
 
 
 def test_the_page_and_its_files_are_served_compressed_with_a_strict_csp(world: World) -> None:
