@@ -9,6 +9,7 @@ The tests share one control plane and run in order (each builds on the jobs of t
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import pytest
 import yaml
 
 from tensoryard.client import Client
+from tensoryard.runtime.stragglers import StragglerDetector
+from tensoryard.store import Store
 from tests.e2e.conftest import REPO, ServerProcess
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,7 +42,8 @@ TINY = {
         "64",
     ],
     "workdir": str(REPO / "examples" / "tiny_gpt"),
-    "env": {"OMP_NUM_THREADS": "1"},
+    # per-rank numbers every 50 ms (default 1 s): the whole run takes about a second
+    "env": {"OMP_NUM_THREADS": "1", "TYARD_RANK_STATS_EVERY_MS": "50"},
     "resources": {"nodes": 1, "gpus_per_node": 0, "processes_per_node": 2, "cpu": 2},
     "checkpoint": {"interval": 5, "keep": 2},
     "restart": {"max_restarts": 2, "backoff": "1s"},
@@ -179,6 +183,75 @@ def test_see_it_restart_after_a_killed_rank(
     go(page, server.url, f"jobs/{State.tiny}")
     page.wait_for_selector("#log:has-text('step')", timeout=30_000)
     page.screenshot(path=shots / "job.png", full_page=True)
+
+
+def series(tab: Any, box: str) -> list[str]:
+    return list(tab.eval_on_selector_all(f"{box} path.line", "ps => ps.map(p => p.dataset.series)"))
+
+
+def point_counts(tab: Any, box: str) -> list[int]:
+    return list(
+        tab.eval_on_selector_all(f"{box} path.line", "ps => ps.map(p => Number(p.dataset.points))")
+    )
+
+
+def marked(tab: Any, box: str) -> list[str]:
+    """The series a plot draws marked (thick, dashed: a straggler)."""
+    return list(
+        tab.eval_on_selector_all(f"{box} path.line.marked", "ps => ps.map(p => p.dataset.series)")
+    )
+
+
+def plotted_steps(tab: Any, box: str) -> tuple[int, int]:
+    """The first and last step a plot shows, from its description for screen readers."""
+    label = tab.get_attribute(f"{box} svg", "aria-label")
+    found = re.search(r"steps (\d+) to (\d+)", label)
+    assert found, label
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_per_rank_plots_show_each_ranks_steps_and_mark_the_runtimes_straggler(
+    page: Any, server: ServerProcess, shots: Path
+) -> None:
+    go(page, server.url, f"jobs/{State.tiny}")
+    boxes = ("#plot-rank-step", "#plot-rank-rate", "#plot-rank-wait")
+    page.wait_for_selector("#plot-rank-step svg", timeout=30_000)
+    # The latest attempt (2, resumed from a checkpoint after rank 1 was killed): both ranks,
+    # each with its steps sampled at most once a second (a short attempt may have one). On a
+    # busy 2-core machine the runtime's detector may really name one of them: then it is
+    # listed and drawn marked, else the page says none was flagged.
+    for box in boxes:
+        names = series(page, box)
+        assert [n.removesuffix(" (straggler)") for n in names] == ["rank 0", "rank 1"]
+        assert points(page, box) >= 2
+        assert marked(page, box) == [n for n in names if n.endswith("(straggler)")]
+    flagged = marked(page, "#plot-rank-step")
+    text = page.inner_text("#stragglers")
+    for name in flagged:
+        assert f"Straggler: {name.removesuffix(' (straggler)')} (straggler:" in text
+    assert flagged or "No straggler flagged in attempt 2" in text
+    assert plotted_steps(page, "#plot-rank-step")[1] <= 40
+    # Attempt 1 ran until rank 1 was killed at step 18.
+    page.select_option("#ranks-attempt", "1")
+    wait_until(lambda: plotted_steps(page, "#plot-rank-step")[1] <= 18, 20, "attempt 1's own steps")
+    first, last = plotted_steps(page, "#plot-rank-step")
+    assert first < last  # over steps: sampled every 50 ms, more than one point a rank
+    assert all(n > 1 for n in point_counts(page, "#plot-rank-step"))
+    # A straggler as the runtime names one: rank 0's report of its detector's message (a rank
+    # slowed for real is tests/integration/runtime/test_runtime_stragglers_torchrun.py).
+    [named] = StragglerDetector(windows=1).observe([0.016, 0.010])
+    store = Store.open(f"sqlite:///{server.home / 'tensoryard.db'}", migrate=False)
+    try:
+        store.add_event(State.tiny, "warning", named.message, attempt=1)
+    finally:
+        store.close()
+    page.select_option("#ranks-attempt", "2")
+    page.select_option("#ranks-attempt", "1")  # read attempt 1 again
+    page.wait_for_selector("#stragglers :text('Straggler: rank 0')", timeout=30_000)
+    assert named.message in page.inner_text("#stragglers")
+    for box in boxes:
+        assert "rank 0 (straggler)" in marked(page, box)
+    page.locator("#ranks").screenshot(path=shots / "ranks.png")
 
 
 def test_restart_from_a_chosen_checkpoint_resumes_there_in_a_new_job(
