@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -553,3 +554,54 @@ def test_tyard_usage_gpu_hours_answers_json_and_names_a_bad_grouping(
     bad = tyard("usage", "--gpu-hours", "--by", "planet", *common)
     assert bad.returncode == 2 and "by: cannot group GPU-hours by 'planet'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_deployments_page_shows_the_gateways_request_rate_ttft_and_tokens(
+    browser: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    try:  # a tab of its own, signed in here: the test runs alone too
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        sign_in(page, server.url, (server.home / "admin.token").read_text().strip())
+        _gateway_numbers_on_the_deployments_page(page, server, admin, shots)
+    finally:
+        context.close()
+    assert not errors, f"script errors in the console: {errors}"
+
+
+def _gateway_numbers_on_the_deployments_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    admin.create_deployment(model="mock", name="echo", engine="mock", replicas=1)
+    wait_until(lambda: admin.deployment("echo")["ready_replicas"] >= 1, 60, "a ready replica")
+    token = (server.home / "admin.token").read_text().strip()
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+    def ask(n: int) -> None:  # through the gateway, as any OpenAI client would
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            for _ in range(n):
+                answer = http.post(
+                    "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {token}"}
+                )
+                assert answer.status_code == 200, answer.text
+
+    ask(3)
+    go(page, server.url, "deployments")
+    total = ".total[data-deployment=echo]"
+    wait_until(lambda: page.inner_text(total) == "3 (0 failed)", 15, "3 requests counted")
+    assert "ms" in page.inner_text(".ttft[data-deployment=echo]")  # p50 / p90 since start
+    ask(4)  # while the page is open: its next readings have a rate over the window
+    wait_until(lambda: page.inner_text(total) == "7 (0 failed)", 15, "7 requests counted")
+    rate = page.inner_text(".rps[data-deployment=echo]")
+    assert float(rate) > 0, rate
+    assert float(page.inner_text(".tps[data-deployment=echo]")) > 0
+    assert page.get_attribute(".ttft[data-deployment=echo]", "title").endswith("last minute")
+    # the same numbers through the API
+    numbers = httpx.get(
+        f"{server.url}/api/v1/deployments/echo/gateway",
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert numbers["requests"] == 7 and numbers["errors"] == 0 and numbers["ttft_p90_s"] > 0
+    page.screenshot(path=shots / "deployments.png")

@@ -327,6 +327,35 @@ def test_per_rank_series_of_the_latest_attempt_with_the_runtimes_stragglers_mark
     assert bad.status_code == 422 and "points" in bad.text
 
 
+def test_a_deployments_gateway_numbers_are_for_its_teams_members_and_count_its_requests(
+    world: World,
+) -> None:
+    plane = world.plane
+    assert plane.serving is not None
+    plane.store.create_deployment(
+        "echo",
+        team="nlp",
+        model_ref="mock",
+        model_path="mock",
+        engine="mock",
+        replicas=1,
+        options={},
+        idle_timeout_s=None,
+        created_by="mo",
+    )
+    for _ in range(3):  # what the gateway counts for each answered request
+        plane.serving.metrics.requests.labels("echo", "200").inc()
+        plane.serving.metrics.ttft.labels("echo").observe(0.02)
+    plane.serving.metrics.requests.labels("echo", "502").inc()
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+    body = world.client.get("/api/v1/deployments/echo/gateway", headers=mo).json()
+    assert (body["requests"], body["errors"], body["window"]) == (4, 1, None)
+    assert 0.01 <= body["ttft_p50_s"] <= 0.025
+    vic = {"Authorization": f"Bearer {world.tokens['vic']}"}
+    assert world.client.get("/api/v1/deployments/echo/gateway", headers=vic).status_code == 403
+    assert world.client.get("/api/v1/deployments/nope/gateway", headers=mo).status_code == 404
+
+
 def test_the_page_and_its_files_are_served_compressed_with_a_strict_csp(world: World) -> None:
     page = world.client.get("/", headers={"Authorization": ""})
     assert page.status_code == 200 and "<title>tensoryard</title>" in page.text

@@ -397,6 +397,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("GET", f"{J}/{{job_id}}/events"): lambda w: Call(f"{J}/{w.job}/events"),
     ("GET", f"{J}/{{job_id}}/metrics"): lambda w: Call(f"{J}/{w.job}/metrics"),
     ("GET", f"{J}/{{job_id}}/checkpoints"): lambda w: Call(f"{J}/{w.job}/checkpoints"),
+    ("GET", f"{J}/{{job_id}}/ranks"): lambda w: Call(f"{J}/{w.job}/ranks"),
     ("GET", f"{J}/{{job_id}}/checkpoint-removals"): lambda w: Call(
         f"{J}/{w.job}/checkpoint-removals"
     ),
@@ -491,6 +492,9 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ),
     ("GET", "/api/v1/deployments"): lambda w: Call("/api/v1/deployments"),
     ("GET", "/api/v1/deployments/{name}"): lambda w: Call("/api/v1/deployments/chat"),
+    ("GET", "/api/v1/deployments/{name}/gateway"): lambda w: Call(
+        "/api/v1/deployments/chat/gateway"
+    ),
     ("POST", "/api/v1/deployments/{name}/scale"): lambda w: Call(
         "/api/v1/deployments/chat/scale", json={"replicas": 0}
     ),
