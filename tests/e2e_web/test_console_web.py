@@ -8,9 +8,11 @@ The tests share one control plane and run in order (each builds on the jobs of t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ import httpx
 import pytest
 import yaml
 
+from tensoryard.agent.fake_nvml import FakeNvml
+from tensoryard.agent.service import AgentConfig, NodeAgent
 from tensoryard.client import Client
 from tensoryard.runtime.stragglers import StragglerDetector
 from tensoryard.store import Store
@@ -370,7 +374,7 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     admin.cancel(State.other)
     wait_until(lambda: admin.job(State.other)["state"] == "CANCELLED", 60, "the sleeper to end")
     go(page, server.url, "nodes")
-    page.locator("tr", has_text="n2").get_by_role("button", name="History").click()
+    page.get_by_role("button", name="Details of n2").click()
     page.fill("#node-reason", "XID 79 on GPU 3 (fell off the bus)")
     page.get_by_role("button", name="Cordon", exact=True).click()
     row = page.locator("tr", has_text="n2")
@@ -380,6 +384,63 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     assert [n["state"] for n in admin.nodes() if n["name"] == "n2"] == ["cordoned"]
     assert any(a["object"] == "node/n2" for a in admin.audit(actor="admin"))
     page.screenshot(path=shots / "nodes.png", full_page=True)
+
+
+@contextlib.contextmanager
+def own_tab(browser: Any, server: ServerProcess) -> Iterator[Any]:
+    """A tab of its own, signed in as admin, so a test runs alone too; no script errors."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    try:
+        tab = context.new_page()
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        sign_in(tab, server.url, (server.home / "admin.token").read_text().strip())
+        yield tab
+    finally:
+        context.close()
+    assert not errors, f"script errors in the console: {errors}"
+
+
+def test_the_nodes_page_shows_gpu_temperatures_xids_and_infiniband_ports_from_the_agent(
+    browser: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    # n1's node agent: the fake NVML fed with recorded H100 values (GPU 6 at 88 C) and an XID
+    # 79 on GPU 2, and a recorded sysfs of 8 InfiniBand ports (mlx5_3 down, with errors).
+    fixtures = REPO / "tests" / "unit" / "observability" / "fixtures"
+    nvml = FakeNvml.from_records(json.loads((fixtures / "nvml_h100x8.json").read_text())["gpus"])
+    nvml.gpus[2].xid_events.append(79)
+    agent = NodeAgent(
+        AgentConfig(node="n1", port=0, proc_root=fixtures / "proc", sys_root=fixtures / "sys"),
+        control_plane=admin,
+        nvml=nvml,
+    )
+    try:
+        assert agent.heartbeat()  # what it posts every health interval
+    finally:
+        agent.stop()
+    with own_tab(browser, server) as page:
+        _telemetry_on_the_nodes_page(page, server, admin, shots)
+
+
+def _telemetry_on_the_nodes_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    go(page, server.url, "nodes")
+    row = page.locator("tr", has=page.get_by_role("button", name="Details of n1"))
+    wait_until(lambda: "88 °C (hot)" in row.inner_text(), 20, "n1's telemetry")
+    text = row.inner_text()
+    assert "GPU 2: XID 79 ×1" in text and "7 / 8 active (mlx5_3/1 DOWN)" in text, text
+    other = page.locator("tr", has=page.get_by_role("button", name="Details of n2"))
+    assert "active" not in other.inner_text()  # no agent reported for n2
+    page.get_by_role("button", name="Details of n1").click()
+    detail = page.locator("#node-telemetry")
+    detail.wait_for()
+    assert "XID 79 ×1" in detail.inner_text()
+    port = detail.locator("tr", has_text="mlx5_3/1").inner_text()
+    assert "DOWN" in port and "link_downed 2" in port and "symbol_error 117" in port, port
+    [n1] = [t for t in admin.node_telemetry() if t["node"] == "n1"]
+    assert max(g["temp_c"] for g in n1["gpus"]) == 88
+    page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)
 
 
 def _quick_step(name: str, **extra: Any) -> dict[str, Any]:
@@ -559,16 +620,8 @@ def test_tyard_usage_gpu_hours_answers_json_and_names_a_bad_grouping(
 def test_the_deployments_page_shows_the_gateways_request_rate_ttft_and_tokens(
     browser: Any, server: ServerProcess, admin: Client, shots: Path
 ) -> None:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    try:  # a tab of its own, signed in here: the test runs alone too
-        page = context.new_page()
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        sign_in(page, server.url, (server.home / "admin.token").read_text().strip())
+    with own_tab(browser, server) as page:
         _gateway_numbers_on_the_deployments_page(page, server, admin, shots)
-    finally:
-        context.close()
-    assert not errors, f"script errors in the console: {errors}"
 
 
 def _gateway_numbers_on_the_deployments_page(

@@ -283,6 +283,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     # nodes
     ("GET", "/api/v1/nodes"): Access(_ANY, "read"),
     ("GET", "/api/v1/nodes/{name}/history"): Access(_ANY, "read"),
+    ("GET", "/api/v1/nodes/telemetry"): Access(_ANY, "read"),
     ("POST", "/api/v1/nodes/{name}/heartbeat"): Access(_ADMIN, "admin", note="the agents"),
     ("POST", "/api/v1/nodes/{name}/cordon"): Access(_ADMIN, "admin"),
     ("POST", "/api/v1/nodes/{name}/uncordon"): Access(_ADMIN, "admin"),

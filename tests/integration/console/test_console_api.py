@@ -356,6 +356,31 @@ def test_a_deployments_gateway_numbers_are_for_its_teams_members_and_count_its_r
     assert world.client.get("/api/v1/deployments/nope/gateway", headers=mo).status_code == 404
 
 
+def test_node_telemetry_from_an_agents_heartbeat_is_shown_to_every_user(world: World) -> None:
+    world.plane.store.register_nodes(["n1", "n2"])
+    admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+    telemetry = {
+        "gpus": [{"gpu": 0, "temp_c": 61, "xids": {"79": 1}}],
+        "ib_ports": [{"device": "mlx5_0", "port": "1", "state": "DOWN", "errors": {"x": 2}}],
+    }
+    beat = world.client.post(
+        "/api/v1/nodes/n1/heartbeat", json={"telemetry": telemetry}, headers=admin
+    )
+    assert beat.status_code == 200, beat.text
+    assert world.client.post("/api/v1/nodes/n2/heartbeat", headers=admin).status_code == 200
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+    [n1] = world.client.get("/api/v1/nodes/telemetry", headers=mo).json()  # n2 sent none
+    assert n1["node"] == "n1" and n1["received_at"]
+    assert n1["gpus"] == [{"gpu": 0, "temp_c": 61, "memory_temp_c": None, "xids": {"79": 1}}]
+    assert n1["ib_ports"][0]["state"] == "DOWN" and n1["ib_ports"][0]["errors"] == {"x": 2}
+    # telemetry that does not check out never costs the node its heartbeat, and is not shown
+    before = world.plane.store.get_node("n1").heartbeat_at
+    hot = {"gpus": [{"gpu": 0, "temp_c": 900}]}
+    beat = world.client.post("/api/v1/nodes/n1/heartbeat", json={"telemetry": hot}, headers=admin)
+    assert beat.status_code == 200 and world.plane.store.get_node("n1").heartbeat_at != before
+    assert world.client.get("/api/v1/nodes/telemetry", headers=mo).json() == []
+
+
 def test_the_page_and_its_files_are_served_compressed_with_a_strict_csp(world: World) -> None:
     page = world.client.get("/", headers={"Authorization": ""})
     assert page.status_code == 200 and "<title>tensoryard</title>" in page.text

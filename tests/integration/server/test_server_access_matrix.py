@@ -436,6 +436,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     # nodes
     ("GET", "/api/v1/nodes"): lambda w: Call("/api/v1/nodes"),
     ("GET", "/api/v1/nodes/{name}/history"): lambda w: Call("/api/v1/nodes/node-a/history"),
+    ("GET", "/api/v1/nodes/telemetry"): lambda w: Call("/api/v1/nodes/telemetry"),
     ("POST", "/api/v1/nodes/{name}/cordon"): lambda w: Call(
         "/api/v1/nodes/node-a/cordon", json={"reason": "matrix"}
     ),
