@@ -441,6 +441,25 @@ def _telemetry_on_the_nodes_page(
     [n1] = [t for t in admin.node_telemetry() if t["node"] == "n1"]
     assert max(g["temp_c"] for g in n1["gpus"]) == 88
     page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)
+    # GPU utilisation per rank on a running job's page: what an agent on a GPU node sends
+    # (its labelling of GPUs by job and rank is tests/unit/agent's; jobs here hold no GPU)
+    job = admin.submit({**SLEEPER, "name": "gpu-holder"})["id"]
+    try:
+        wait_until(lambda: admin.job(job)["state"] == "RUNNING", 60, "the job to run")
+        held = [
+            {"gpu": g, "util_pct": u, "job": str(job), "rank": str(r)}
+            for r, (g, u) in enumerate([(4, 97), (5, 31)])
+        ]
+        admin.node_heartbeat("n2", {"gpus": held})
+        go(page, server.url, f"jobs/{job}")
+        rows = page.locator("#rank-gpus tbody tr")
+        rows.first.wait_for(timeout=20_000)
+        assert [rows.nth(i).inner_text().split() for i in range(rows.count())] == [
+            ["0", "n2", "4", "97", "%"],
+            ["1", "n2", "5", "31", "%"],
+        ]
+    finally:
+        admin.cancel(job)
 
 
 def _quick_step(name: str, **extra: Any) -> dict[str, Any]:

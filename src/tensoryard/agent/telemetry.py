@@ -1,6 +1,6 @@
 """What the node agent sends with each heartbeat for the console's Nodes page: each GPU's
-temperatures and the XIDs NVML reported since the agent started, each InfiniBand port's state,
-rate and error counters.
+temperatures, utilisation and the XIDs NVML reported since the agent started (and the job and
+rank holding it), each InfiniBand port's state, rate and error counters.
 
 Built from the metric families of the agent's own GPU and InfiniBand collectors (the numbers
 its /metrics serves), so the page and Prometheus never disagree. A summary, not a time series:
@@ -30,20 +30,28 @@ IB_ERROR_COUNTERS = (
 
 _IB_STATE = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 _IB_PHYSICAL = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "Training", 5: "LinkUp", 6: "Recovery"}
-_GPU_TEMPS = {"DCGM_FI_DEV_GPU_TEMP": "temp_c", "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp_c"}
+_GPU_VALUES = {
+    "DCGM_FI_DEV_GPU_TEMP": "temp_c",
+    "DCGM_FI_DEV_MEMORY_TEMP": "memory_temp_c",
+    "DCGM_FI_DEV_GPU_UTIL": "util_pct",
+}
 _IB = "node_infiniband_"
 
 
 def node_telemetry(families: Iterable[Metric]) -> dict[str, Any]:
-    """``{"gpus": [{"gpu", "temp_c", "memory_temp_c", "xids": {xid: count}}], "ib_ports":
+    """``{"gpus": [{"gpu", "temp_c", "memory_temp_c", "util_pct", "job", "rank", "xids":
+    {xid: count}}], "ib_ports":
     [{"device", "port", "state", "physical_state", "rate_gbps", "errors": {name: count}}]}``,
     sorted; a value the collectors did not report is left out."""
     gpus: dict[int, dict[str, Any]] = {}
     ports: dict[tuple[str, str], dict[str, Any]] = {}
     for fam in families:
         for s in fam.samples:
-            if s.name in _GPU_TEMPS:
-                gpus.setdefault(int(s.labels["gpu"]), {})[_GPU_TEMPS[s.name]] = s.value
+            if s.name in _GPU_VALUES:
+                gpu = gpus.setdefault(int(s.labels["gpu"]), {})
+                gpu[_GPU_VALUES[s.name]] = s.value
+                if s.labels.get("job"):  # the job and rank holding it (the agent's placements)
+                    gpu["job"], gpu["rank"] = s.labels["job"], s.labels.get("rank", "")
             elif s.name == "tyard_gpu_xid_errors_total" and s.value > 0:
                 gpu = gpus.setdefault(int(s.labels["gpu"]), {})
                 gpu.setdefault("xids", {})[s.labels["xid"]] = int(s.value)

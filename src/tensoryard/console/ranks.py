@@ -16,9 +16,10 @@ from pydantic import BaseModel
 
 from tensoryard.runtime.rank_stats import read_rank_history
 from tensoryard.runtime.stragglers import flagged_ranks
+from tensoryard.server.node_telemetry import GpuTelemetry
 from tensoryard.store import EventRecord, JobRecord
 
-__all__ = ["RankSeriesOut", "RanksOut", "rank_view", "thin"]
+__all__ = ["RankGpuOut", "RankSeriesOut", "RanksOut", "gpu_now", "rank_view", "thin"]
 
 
 class RankSeriesOut(BaseModel):
@@ -30,6 +31,14 @@ class RankSeriesOut(BaseModel):
     """The runtime's event that named it (forward time against the other ranks' median)."""
 
 
+class RankGpuOut(BaseModel):
+    rank: str
+    """'' when the agent cannot tell (not one process per GPU)."""
+    node: str
+    gpu: int
+    util_pct: float | None
+
+
 class RanksOut(BaseModel):
     job: int
     attempt: int
@@ -38,6 +47,8 @@ class RanksOut(BaseModel):
     stragglers: list[int]
     note: str
     """Why there is nothing to show, or "" when there is."""
+    gpus: list[RankGpuOut] = []
+    """The running attempt's GPUs, their utilisation now (from the agents' heartbeats)."""
 
 
 def thin(rows: list[tuple[int, float, float, float]], limit: int) -> list[tuple[int, float, float]]:
@@ -76,3 +87,9 @@ def rank_view(
         )
     )
     return RanksOut(job=job.id, attempt=attempt, ranks=ranks, stragglers=sorted(flagged), note=note)
+
+
+def gpu_now(gpus: Iterable[tuple[str, GpuTelemetry]]) -> list[RankGpuOut]:
+    """A job's GPUs as the agents last reported them, by rank (unknown ranks last), then node."""
+    out = [RankGpuOut(rank=g.rank or "", node=n, gpu=g.gpu, util_pct=g.util_pct) for n, g in gpus]
+    return sorted(out, key=lambda r: (r.rank == "", int(r.rank or 0), r.node, r.gpu))

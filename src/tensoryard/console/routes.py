@@ -15,11 +15,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from tensoryard.console.live import LiveHub, job_brief, sse
-from tensoryard.console.ranks import RanksOut, rank_view
+from tensoryard.console.ranks import RanksOut, gpu_now, rank_view
 from tensoryard.console.restart import chosen_checkpoint, place, stage
 from tensoryard.errors import FieldIssue, NotFound, SpecError, StoreError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId
+from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.serving.api import parse_when
 from tensoryard.spec.job import parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES
@@ -40,6 +41,7 @@ class ConsoleDeps(BaseModel):
     capacity: Callable[[], Sequence[Any]]
     log_path: LogPath
     kick: Callable[[], None]
+    telemetry: TelemetryBook
 
 
 class QueueItemOut(BaseModel):
@@ -245,11 +247,15 @@ def add_console_routes(
     ) -> RanksOut:
         """Each rank's step time and data-loader wait over the steps of one attempt (default:
         the latest), at most `points` a rank, and the ranks the runtime's straggler detector
-        has flagged in that attempt's events and not seen recover."""
+        has flagged in that attempt's events and not seen recover; for the running attempt,
+        each GPU's utilisation now as the node agents last reported it (`gpus`)."""
         job = store.get_job(job_id)
         guard.check(request, who, Action.JOB_READ, team=job.team, obj=f"job/{job_id}")
         number = job.attempts if attempt is None else attempt
-        return rank_view(job, number, _all_events(store, job_id), limit=points)
+        out = rank_view(job, number, _all_events(store, job_id), limit=points)
+        if number == job.attempts and job.state not in TERMINAL_STATES:
+            out.gpus = gpu_now(deps.telemetry.job_gpus(job_id))
+        return out
 
     @app.get(f"{prefix}/stream", tags=tags, response_model=None)
     async def stream(request: Request, who: Principal = Depends(guard.user)) -> Any:

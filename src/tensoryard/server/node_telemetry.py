@@ -27,6 +27,9 @@ class GpuTelemetry(BaseModel):
     gpu: int = Field(ge=0, le=1023, description="NVML index")
     temp_c: float | None = Field(None, ge=-50, le=200)
     memory_temp_c: float | None = Field(None, ge=-50, le=200)
+    util_pct: float | None = Field(None, ge=0, le=100)
+    job: str | None = Field(None, pattern=r"^[0-9]{1,12}$", description="the job holding it")
+    rank: str | None = Field(None, pattern=r"^[0-9]{0,9}$", description="its rank ('' unknown)")
     xids: dict[str, int] = Field(
         default_factory=dict,
         max_length=64,
@@ -88,3 +91,9 @@ class TelemetryBook:
         """The last telemetry of these nodes (the ones the store knows), by name."""
         with self._lock:
             return [self._last[n] for n in sorted(self._last) if n in nodes]
+
+    def job_gpus(self, job: int) -> list[tuple[str, GpuTelemetry]]:
+        """(node, GPU) of every GPU the agents last said this job holds."""
+        with self._lock:
+            entries = list(self._last.values())
+        return [(e.node, g) for e in entries for g in e.gpus if g.job == str(job)]

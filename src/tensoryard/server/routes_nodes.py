@@ -132,10 +132,12 @@ def add_node_routes(
     prefix: str,
     kick: Callable[[], None],
     capacity: Callable[[], Sequence[Any]] = lambda: (),
+    telemetry: TelemetryBook | None = None,
 ) -> None:
     """Register /nodes and /health/alerts under `prefix`; `capacity` is the executor's cluster
-    view (NodeCapacity rows), whose own state of each node `GET /nodes` shows beside ours."""
-    telemetry = TelemetryBook()
+    view (NodeCapacity rows), whose own state of each node `GET /nodes` shows beside ours;
+    `telemetry` keeps what the agents' heartbeats carry (shared with the console)."""
+    book = telemetry if telemetry is not None else TelemetryBook()
 
     @app.get(f"{prefix}/nodes", tags=["nodes"])
     def nodes(request: Request, who: Principal = Depends(guard.user)) -> list[NodeOut]:
@@ -163,7 +165,7 @@ def add_node_routes(
         """What each node's agent last sent with its heartbeat: GPU temperatures and XIDs,
         InfiniBand port states and error counters (nodes without an agent are left out)."""
         guard.check(request, who, Action.NODE_READ, obj="node/*")
-        return telemetry.all({n.name for n in store.list_nodes()})
+        return book.all({n.name for n in store.list_nodes()})
 
     @app.get(f"{prefix}/nodes/{{name}}/history", tags=["nodes"])
     def history(
@@ -191,7 +193,7 @@ def add_node_routes(
         guard.check(request, who, Action.NODE_MANAGE, obj=f"node/{name}")
         record = store.node_heartbeat(name)
         if body is not None and body.telemetry is not None:
-            telemetry.put(name, body.telemetry, record.heartbeat_at or record.changed_at)
+            book.put(name, body.telemetry, record.heartbeat_at or record.changed_at)
         return NodeOut.model_validate(record)
 
     @app.post(f"{prefix}/nodes/{{name}}/cordon", tags=["nodes"])

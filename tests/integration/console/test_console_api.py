@@ -323,6 +323,23 @@ def test_per_rank_series_of_the_latest_attempt_with_the_runtimes_stragglers_mark
     assert first["note"].startswith("no per-rank numbers for attempt 1")
     vic = {"Authorization": f"Bearer {world.tokens['vic']}"}
     assert world.client.get(f"/api/v1/jobs/{job_id}/ranks", headers=vic).status_code == 403
+    # the running attempt's GPUs, as the node agents' heartbeats last said
+    world.plane.store.register_nodes(["g1"])
+    held = [
+        {"gpu": 3, "util_pct": 97, "job": str(job_id), "rank": "1"},
+        {"gpu": 2, "util_pct": 55, "job": str(job_id), "rank": "0"},
+        {"gpu": 0, "util_pct": 0},  # idle
+    ]
+    admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+    beat = {"telemetry": {"gpus": held}}
+    assert world.client.post("/api/v1/nodes/g1/heartbeat", json=beat, headers=admin).is_success
+    gpus = world.client.get(f"/api/v1/jobs/{job_id}/ranks", headers=mo).json()["gpus"]
+    assert gpus == [
+        {"rank": "0", "node": "g1", "gpu": 2, "util_pct": 55},
+        {"rank": "1", "node": "g1", "gpu": 3, "util_pct": 97},
+    ]
+    earlier = world.client.get(f"/api/v1/jobs/{job_id}/ranks?attempt=1", headers=mo).json()
+    assert earlier["gpus"] == []  # utilisation now says nothing of an ended attempt
     bad = world.client.get(f"/api/v1/jobs/{job_id}/ranks?points=1", headers=mo)
     assert bad.status_code == 422 and "points" in bad.text
 
@@ -371,7 +388,8 @@ def test_node_telemetry_from_an_agents_heartbeat_is_shown_to_every_user(world: W
     mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
     [n1] = world.client.get("/api/v1/nodes/telemetry", headers=mo).json()  # n2 sent none
     assert n1["node"] == "n1" and n1["received_at"]
-    assert n1["gpus"] == [{"gpu": 0, "temp_c": 61, "memory_temp_c": None, "xids": {"79": 1}}]
+    [gpu] = n1["gpus"]
+    assert (gpu["gpu"], gpu["temp_c"], gpu["xids"], gpu["util_pct"]) == (0, 61, {"79": 1}, None)
     assert n1["ib_ports"][0]["state"] == "DOWN" and n1["ib_ports"][0]["errors"] == {"x": 2}
     # telemetry that does not check out never costs the node its heartbeat, and is not shown
     before = world.plane.store.get_node("n1").heartbeat_at

@@ -187,6 +187,8 @@ def test_each_heartbeat_carries_gpu_temperatures_xids_and_infiniband_ports(
     nvml.gpus[2].xid_events.append(79)
     nvml.gpus[3].xid_events.append(31)
     (sysfs / "class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    nvml.gpus[4].util_gpu = 97
+    service.refresh_jobs()  # job 12 holds GPUs 4-7 here, one rank each
     assert service.heartbeat()
     [sent] = control_plane.telemetry
     assert sent is not None
@@ -194,6 +196,8 @@ def test_each_heartbeat_carries_gpu_temperatures_xids_and_infiniband_ports(
     assert len(gpus) == 8 and gpus[5]["temp_c"] == 91 and "memory_temp_c" in gpus[5]
     assert gpus[2]["xids"] == {"79": 1} and gpus[3]["xids"] == {"31": 1}
     assert "xids" not in gpus[0]  # fatal XIDs are counted from 0: only seen ones are sent
+    assert (gpus[4]["job"], gpus[4]["rank"], gpus[4]["util_pct"]) == ("12", "4", 97)
+    assert "job" not in gpus[0] and "util_pct" in gpus[0]  # idle: no owner
     ports = {(p["device"], p["port"]): p for p in sent["ib_ports"]}
     assert len(ports) == 8 and ports[("mlx5_1", "1")]["state"] == "DOWN"
     down = ports[("mlx5_3", "1")]  # recorded down (fixtures/README.md)

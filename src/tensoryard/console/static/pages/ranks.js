@@ -2,7 +2,7 @@
 // rank over steps (GET /jobs/{id}/ranks), the runtime's stragglers marked in text and drawn
 // thick and dashed.
 import { get } from "../api.js";
-import { errorBox, h, put } from "../dom.js";
+import { errorBox, h, put, table } from "../dom.js";
 import { lineChart } from "../plot.js";
 
 const EVERY_MS = 5000; // re-read at most this often while steps arrive
@@ -13,6 +13,7 @@ export function rankPanel(base, attempts) {
   const stepBox = h("div", { class: "plot", id: "plot-rank-step" });
   const rateBox = h("div", { class: "plot", id: "plot-rank-rate" });
   const waitBox = h("div", { class: "plot", id: "plot-rank-wait" });
+  const gpuBox = h("div", { id: "rank-gpus" });
   let shown = 0, last = 0, timer = null;
 
   function fillAttempts(n) {
@@ -36,6 +37,10 @@ export function rankPanel(base, attempts) {
     lineChart(stepBox, { title: "Step time per rank (s)", series: pick((s) => s) });
     lineChart(rateBox, { title: "Throughput per rank (steps/s)", series: pick((s) => (s > 0 ? 1 / s : NaN)) });
     lineChart(waitBox, { title: "Data-loader wait per rank (s)", series: pick((s, w) => w) });
+    put(gpuBox, out.gpus.length
+      ? table(["Rank", "Node", "GPU", "Utilisation now"], out.gpus.map((g) => [g.rank === "" ? "?" : g.rank, g.node, String(g.gpu),
+        g.util_pct == null ? "—" : `${g.util_pct.toFixed(0)} %`]), { caption: "GPU utilisation per rank, as the node agents last reported it", numeric: [2, 3] })
+      : h("p", { class: "muted" }, "GPU utilisation: none reported for this attempt (only a running attempt's GPUs, as the node agents report them with their heartbeats; CPU jobs have none)."));
   }
 
   async function load() {
@@ -58,9 +63,7 @@ export function rankPanel(base, attempts) {
   attemptSel.addEventListener("change", load);
   const node = h("div", { id: "ranks" },
     h("div", { class: "row" }, h("label", { for: "ranks-attempt" }, "Attempt"), attemptSel),
-    status, h("div", { class: "grid2" }, stepBox, rateBox, waitBox),
-    h("p", { class: "muted" }, "GPU utilisation per rank is not shown here: the node agent exports it to Prometheus ",
-      "(DCGM_FI_DEV_GPU_UTIL with job and rank labels), and the control plane does not keep it."));
+    status, h("div", { class: "grid2" }, stepBox, rateBox, waitBox), gpuBox);
   load();
   return {
     node,
