@@ -270,9 +270,15 @@ class Client:
     def uncordon(self, name: str, reason: str = "") -> dict[str, Any]:
         return dict(self._json("POST", f"{API}/nodes/{name}/uncordon", json={"reason": reason}))
 
-    def node_heartbeat(self, name: str) -> dict[str, Any]:
-        """This node's agent is alive (the agent posts it every health interval)."""
-        return dict(self._json("POST", f"{API}/nodes/{name}/heartbeat"))
+    def node_heartbeat(self, name: str, telemetry: dict[str, Any] | None = None) -> dict[str, Any]:
+        """This node's agent is alive (the agent posts it every health interval), with what it
+        reads of the node's GPUs and InfiniBand ports (`tensoryard.agent.telemetry`)."""
+        body = None if telemetry is None else {"telemetry": telemetry}
+        return dict(self._json("POST", f"{API}/nodes/{name}/heartbeat", json=body))
+
+    def node_telemetry(self) -> list[dict[str, Any]]:
+        """What each node's agent last sent with its heartbeat (GET /api/v1/nodes/telemetry)."""
+        return cast(list[dict[str, Any]], self._json("GET", f"{API}/nodes/telemetry"))
 
     def report_health(self, alerts: list[dict[str, Any]]) -> dict[str, Any]:
         """Post firing alerts (labels with `health_action`); the control plane drains nodes."""

@@ -8,15 +8,23 @@ The tests share one control plane and run in order (each builds on the jobs of t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
+from tensoryard.agent.fake_nvml import FakeNvml
+from tensoryard.agent.service import AgentConfig, NodeAgent
 from tensoryard.client import Client
+from tensoryard.runtime.stragglers import StragglerDetector
+from tensoryard.store import Store
 from tests.e2e.conftest import REPO, ServerProcess
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,7 +47,8 @@ TINY = {
         "64",
     ],
     "workdir": str(REPO / "examples" / "tiny_gpt"),
-    "env": {"OMP_NUM_THREADS": "1"},
+    # per-rank numbers every 50 ms (default 1 s): the whole run takes about a second
+    "env": {"OMP_NUM_THREADS": "1", "TYARD_RANK_STATS_EVERY_MS": "50"},
     "resources": {"nodes": 1, "gpus_per_node": 0, "processes_per_node": 2, "cpu": 2},
     "checkpoint": {"interval": 5, "keep": 2},
     "restart": {"max_restarts": 2, "backoff": "1s"},
@@ -181,6 +190,75 @@ def test_see_it_restart_after_a_killed_rank(
     page.screenshot(path=shots / "job.png", full_page=True)
 
 
+def series(tab: Any, box: str) -> list[str]:
+    return list(tab.eval_on_selector_all(f"{box} path.line", "ps => ps.map(p => p.dataset.series)"))
+
+
+def point_counts(tab: Any, box: str) -> list[int]:
+    return list(
+        tab.eval_on_selector_all(f"{box} path.line", "ps => ps.map(p => Number(p.dataset.points))")
+    )
+
+
+def marked(tab: Any, box: str) -> list[str]:
+    """The series a plot draws marked (thick, dashed: a straggler)."""
+    return list(
+        tab.eval_on_selector_all(f"{box} path.line.marked", "ps => ps.map(p => p.dataset.series)")
+    )
+
+
+def plotted_steps(tab: Any, box: str) -> tuple[int, int]:
+    """The first and last step a plot shows, from its description for screen readers."""
+    label = tab.get_attribute(f"{box} svg", "aria-label")
+    found = re.search(r"steps (\d+) to (\d+)", label)
+    assert found, label
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_per_rank_plots_show_each_ranks_steps_and_mark_the_runtimes_straggler(
+    page: Any, server: ServerProcess, shots: Path
+) -> None:
+    go(page, server.url, f"jobs/{State.tiny}")
+    boxes = ("#plot-rank-step", "#plot-rank-rate", "#plot-rank-wait")
+    page.wait_for_selector("#plot-rank-step svg", timeout=30_000)
+    # The latest attempt (2, resumed from a checkpoint after rank 1 was killed): both ranks,
+    # each with its steps sampled at most once a second (a short attempt may have one). On a
+    # busy 2-core machine the runtime's detector may really name one of them: then it is
+    # listed and drawn marked, else the page says none was flagged.
+    for box in boxes:
+        names = series(page, box)
+        assert [n.removesuffix(" (straggler)") for n in names] == ["rank 0", "rank 1"]
+        assert points(page, box) >= 2
+        assert marked(page, box) == [n for n in names if n.endswith("(straggler)")]
+    flagged = marked(page, "#plot-rank-step")
+    text = page.inner_text("#stragglers")
+    for name in flagged:
+        assert f"Straggler: {name.removesuffix(' (straggler)')} (straggler:" in text
+    assert flagged or "No straggler flagged in attempt 2" in text
+    assert plotted_steps(page, "#plot-rank-step")[1] <= 40
+    # Attempt 1 ran until rank 1 was killed at step 18.
+    page.select_option("#ranks-attempt", "1")
+    wait_until(lambda: plotted_steps(page, "#plot-rank-step")[1] <= 18, 20, "attempt 1's own steps")
+    first, last = plotted_steps(page, "#plot-rank-step")
+    assert first < last  # over steps: sampled every 50 ms, more than one point a rank
+    assert all(n > 1 for n in point_counts(page, "#plot-rank-step"))
+    # A straggler as the runtime names one: rank 0's report of its detector's message (a rank
+    # slowed for real is tests/integration/runtime/test_runtime_stragglers_torchrun.py).
+    [named] = StragglerDetector(windows=1).observe([0.016, 0.010])
+    store = Store.open(f"sqlite:///{server.home / 'tensoryard.db'}", migrate=False)
+    try:
+        store.add_event(State.tiny, "warning", named.message, attempt=1)
+    finally:
+        store.close()
+    page.select_option("#ranks-attempt", "2")
+    page.select_option("#ranks-attempt", "1")  # read attempt 1 again
+    page.wait_for_selector("#stragglers :text('Straggler: rank 0')", timeout=30_000)
+    assert named.message in page.inner_text("#stragglers")
+    for box in boxes:
+        assert "rank 0 (straggler)" in marked(page, box)
+    page.locator("#ranks").screenshot(path=shots / "ranks.png")
+
+
 def test_restart_from_a_chosen_checkpoint_resumes_there_in_a_new_job(
     page: Any, server: ServerProcess, admin: Client, shots: Path
 ) -> None:
@@ -296,7 +374,7 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     admin.cancel(State.other)
     wait_until(lambda: admin.job(State.other)["state"] == "CANCELLED", 60, "the sleeper to end")
     go(page, server.url, "nodes")
-    page.locator("tr", has_text="n2").get_by_role("button", name="History").click()
+    page.get_by_role("button", name="Details of n2").click()
     page.fill("#node-reason", "XID 79 on GPU 3 (fell off the bus)")
     page.get_by_role("button", name="Cordon", exact=True).click()
     row = page.locator("tr", has_text="n2")
@@ -306,6 +384,82 @@ def test_an_admin_cordons_a_node_from_the_nodes_page(
     assert [n["state"] for n in admin.nodes() if n["name"] == "n2"] == ["cordoned"]
     assert any(a["object"] == "node/n2" for a in admin.audit(actor="admin"))
     page.screenshot(path=shots / "nodes.png", full_page=True)
+
+
+@contextlib.contextmanager
+def own_tab(browser: Any, server: ServerProcess) -> Iterator[Any]:
+    """A tab of its own, signed in as admin, so a test runs alone too; no script errors."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    try:
+        tab = context.new_page()
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        sign_in(tab, server.url, (server.home / "admin.token").read_text().strip())
+        yield tab
+    finally:
+        context.close()
+    assert not errors, f"script errors in the console: {errors}"
+
+
+def test_the_nodes_page_shows_gpu_temperatures_xids_and_infiniband_ports_from_the_agent(
+    browser: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    # n1's node agent: the fake NVML fed with recorded H100 values (GPU 6 at 88 C) and an XID
+    # 79 on GPU 2, and a recorded sysfs of 8 InfiniBand ports (mlx5_3 down, with errors).
+    fixtures = REPO / "tests" / "unit" / "observability" / "fixtures"
+    nvml = FakeNvml.from_records(json.loads((fixtures / "nvml_h100x8.json").read_text())["gpus"])
+    nvml.gpus[2].xid_events.append(79)
+    agent = NodeAgent(
+        AgentConfig(node="n1", port=0, proc_root=fixtures / "proc", sys_root=fixtures / "sys"),
+        control_plane=admin,
+        nvml=nvml,
+    )
+    try:
+        assert agent.heartbeat()  # what it posts every health interval
+    finally:
+        agent.stop()
+    with own_tab(browser, server) as page:
+        _telemetry_on_the_nodes_page(page, server, admin, shots)
+
+
+def _telemetry_on_the_nodes_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    go(page, server.url, "nodes")
+    row = page.locator("tr", has=page.get_by_role("button", name="Details of n1"))
+    wait_until(lambda: "88 °C (hot)" in row.inner_text(), 20, "n1's telemetry")
+    text = row.inner_text()
+    assert "GPU 2: XID 79 ×1" in text and "7 / 8 active (mlx5_3/1 DOWN)" in text, text
+    other = page.locator("tr", has=page.get_by_role("button", name="Details of n2"))
+    assert "active" not in other.inner_text()  # no agent reported for n2
+    page.get_by_role("button", name="Details of n1").click()
+    detail = page.locator("#node-telemetry")
+    detail.wait_for()
+    assert "XID 79 ×1" in detail.inner_text()
+    port = detail.locator("tr", has_text="mlx5_3/1").inner_text()
+    assert "DOWN" in port and "link_downed 2" in port and "symbol_error 117" in port, port
+    [n1] = [t for t in admin.node_telemetry() if t["node"] == "n1"]
+    assert max(g["temp_c"] for g in n1["gpus"]) == 88
+    page.screenshot(path=shots / "nodes-telemetry.png", full_page=True)
+    # GPU utilisation per rank on a running job's page: what an agent on a GPU node sends
+    # (its labelling of GPUs by job and rank is tests/unit/agent's; jobs here hold no GPU)
+    job = admin.submit({**SLEEPER, "name": "gpu-holder"})["id"]
+    try:
+        wait_until(lambda: admin.job(job)["state"] == "RUNNING", 60, "the job to run")
+        held = [
+            {"gpu": g, "util_pct": u, "job": str(job), "rank": str(r)}
+            for r, (g, u) in enumerate([(4, 97), (5, 31)])
+        ]
+        admin.node_heartbeat("n2", {"gpus": held})
+        go(page, server.url, f"jobs/{job}")
+        rows = page.locator("#rank-gpus tbody tr")
+        rows.first.wait_for(timeout=20_000)
+        assert [rows.nth(i).inner_text().split() for i in range(rows.count())] == [
+            ["0", "n2", "4", "97", "%"],
+            ["1", "n2", "5", "31", "%"],
+        ]
+    finally:
+        admin.cancel(job)
 
 
 def _quick_step(name: str, **extra: Any) -> dict[str, Any]:
@@ -480,3 +634,46 @@ def test_tyard_usage_gpu_hours_answers_json_and_names_a_bad_grouping(
     bad = tyard("usage", "--gpu-hours", "--by", "planet", *common)
     assert bad.returncode == 2 and "by: cannot group GPU-hours by 'planet'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_deployments_page_shows_the_gateways_request_rate_ttft_and_tokens(
+    browser: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    with own_tab(browser, server) as page:
+        _gateway_numbers_on_the_deployments_page(page, server, admin, shots)
+
+
+def _gateway_numbers_on_the_deployments_page(
+    page: Any, server: ServerProcess, admin: Client, shots: Path
+) -> None:
+    admin.create_deployment(model="mock", name="echo", engine="mock", replicas=1)
+    wait_until(lambda: admin.deployment("echo")["ready_replicas"] >= 1, 60, "a ready replica")
+    token = (server.home / "admin.token").read_text().strip()
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+    def ask(n: int) -> None:  # through the gateway, as any OpenAI client would
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            for _ in range(n):
+                answer = http.post(
+                    "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {token}"}
+                )
+                assert answer.status_code == 200, answer.text
+
+    ask(3)
+    go(page, server.url, "deployments")
+    total = ".total[data-deployment=echo]"
+    wait_until(lambda: page.inner_text(total) == "3 (0 failed)", 15, "3 requests counted")
+    assert "ms" in page.inner_text(".ttft[data-deployment=echo]")  # p50 / p90 since start
+    ask(4)  # while the page is open: its next readings have a rate over the window
+    wait_until(lambda: page.inner_text(total) == "7 (0 failed)", 15, "7 requests counted")
+    rate = page.inner_text(".rps[data-deployment=echo]")
+    assert float(rate) > 0, rate
+    assert float(page.inner_text(".tps[data-deployment=echo]")) > 0
+    assert page.get_attribute(".ttft[data-deployment=echo]", "title").endswith("last minute")
+    # the same numbers through the API
+    numbers = httpx.get(
+        f"{server.url}/api/v1/deployments/echo/gateway",
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert numbers["requests"] == 7 and numbers["errors"] == 0 and numbers["ttft_p90_s"] > 0
+    page.screenshot(path=shots / "deployments.png")

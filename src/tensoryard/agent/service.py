@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 
+from tensoryard.agent.telemetry import node_telemetry
 from tensoryard.errors import TensoryardError
 from tensoryard.observability.base import Collector, CollectorErrors
 from tensoryard.observability.gpu import FATAL_XIDS, GpuCollector, GpuOwner
@@ -84,7 +85,9 @@ class ControlPlaneApi(Protocol):
 
     def report_health(self, alerts: list[dict[str, Any]]) -> dict[str, Any]: ...
 
-    def node_heartbeat(self, name: str) -> dict[str, Any]: ...
+    def node_heartbeat(
+        self, name: str, telemetry: dict[str, Any] | None = None
+    ) -> dict[str, Any]: ...
 
 
 class _Guarded:
@@ -145,8 +148,9 @@ class NodeAgent:
             hostname=lambda: config.node,
             errors=self.errors,
         )
+        self.infiniband = InfinibandCollector(config.sys_root, errors=self.errors)
         collectors: list[tuple[str, Collector]] = [
-            ("infiniband", InfinibandCollector(config.sys_root, errors=self.errors)),
+            ("infiniband", self.infiniband),
             ("diskstats", DiskstatsCollector(config.proc_root, errors=self.errors)),
             ("mounts", MountsCollector(config.proc_root, errors=self.errors)),
             ("gpu", self.gpu),
@@ -213,13 +217,26 @@ class NodeAgent:
         alerts = self._new_xids() + self._ib_ports_down() + self._run_checks()
         return [{"state": "firing", "labels": a} for a in alerts]
 
+    def telemetry(self) -> dict[str, Any]:
+        """GPU temperatures and XIDs, InfiniBand port states and error counters, as the GPU
+        and InfiniBand collectors read them now (:mod:`tensoryard.agent.telemetry`); a
+        collector that fails is counted like in a scrape and its part left out."""
+        families: list[Metric] = []
+        for name, collector in (("gpu", self.gpu), ("infiniband", self.infiniband)):
+            try:
+                families += list(collector.collect())
+            except Exception as exc:
+                self.errors.record(name, "telemetry for the heartbeat", exc)
+        return node_telemetry(families)
+
     def heartbeat(self) -> bool:
         """Tell the control plane this node's agent is alive (where the executor has no view of
-        its own of the node, silence means the node is lost); False when it was not told."""
+        its own of the node, silence means the node is lost), with the node's telemetry for
+        the console; False when it was not told."""
         if self.control_plane is None:
             return False
         try:
-            self.control_plane.node_heartbeat(self.config.node)
+            self.control_plane.node_heartbeat(self.config.node, self.telemetry())
         except TensoryardError as exc:
             log.warning("heartbeat not delivered: %s", exc)
             self.errors.record("agent", "posting the heartbeat to the control plane", exc)

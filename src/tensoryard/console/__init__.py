@@ -24,6 +24,7 @@ from tensoryard.console.live import LiveHub
 from tensoryard.console.routes import ConsoleDeps, LogPath, add_console_routes
 from tensoryard.console.session import SessionCookies, add_session_routes
 from tensoryard.server.guard import Guard
+from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.store import Store
 
 __all__ = ["ASSETS", "STATIC", "add_console", "load_assets"]
@@ -91,6 +92,7 @@ def add_console(
     capacity: Callable[[], Sequence[Any]] = lambda: (),
     kick: Callable[[], None] = lambda: None,
     live_interval_s: float = 0.5,
+    telemetry: TelemetryBook | None = None,
 ) -> LiveHub:
     """Mount the console: ``/`` (the page), ``/ui/*`` (its files), the session cookie
     middleware, and the console's API routes under ``prefix``. Returns the live hub."""
@@ -98,7 +100,13 @@ def add_console(
     hub = LiveHub(store, interval_s=live_interval_s)
     app.add_middleware(SessionCookies, prefix="/api/", guard=guard)
     add_session_routes(app, store=store, guard=guard, prefix=prefix)
-    deps = ConsoleDeps(runs_dir=runs_dir, capacity=capacity, log_path=log_path, kick=kick)
+    deps = ConsoleDeps(
+        runs_dir=runs_dir,
+        capacity=capacity,
+        log_path=log_path,
+        kick=kick,
+        telemetry=telemetry if telemetry is not None else TelemetryBook(),
+    )
     add_console_routes(app, store=store, guard=guard, prefix=prefix, deps=deps, hub=hub)
 
     async def index(request: Request) -> Response:

@@ -15,14 +15,16 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from tensoryard.console.live import LiveHub, job_brief, sse
+from tensoryard.console.ranks import RanksOut, gpu_now, rank_view
 from tensoryard.console.restart import chosen_checkpoint, place, stage
 from tensoryard.errors import FieldIssue, NotFound, SpecError, StoreError
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import INT32, Guard, JobId
+from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.serving.api import parse_when
 from tensoryard.spec.job import parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES
-from tensoryard.store import GPU_HOUR_KINDS, AttemptRecord, JobRecord, Store
+from tensoryard.store import GPU_HOUR_KINDS, AttemptRecord, EventRecord, JobRecord, Store
 
 __all__ = ["ConsoleDeps", "add_console_routes"]
 
@@ -39,6 +41,7 @@ class ConsoleDeps(BaseModel):
     capacity: Callable[[], Sequence[Any]]
     log_path: LogPath
     kick: Callable[[], None]
+    telemetry: TelemetryBook
 
 
 class QueueItemOut(BaseModel):
@@ -234,6 +237,26 @@ def add_console_routes(
         deps.kick()
         return ResubmitOut(id=job.id, from_job=job_id, checkpoint_step=step)
 
+    @app.get(f"{prefix}/jobs/{{job_id}}/ranks", tags=tags)
+    def ranks(
+        job_id: JobId,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        attempt: Annotated[int | None, Query(ge=1, le=INT32)] = None,
+        points: Annotated[int, Query(ge=2, le=10_000)] = 600,
+    ) -> RanksOut:
+        """Each rank's step time and data-loader wait over the steps of one attempt (default:
+        the latest), at most `points` a rank, and the ranks the runtime's straggler detector
+        has flagged in that attempt's events and not seen recover; for the running attempt,
+        each GPU's utilisation now as the node agents last reported it (`gpus`)."""
+        job = store.get_job(job_id)
+        guard.check(request, who, Action.JOB_READ, team=job.team, obj=f"job/{job_id}")
+        number = job.attempts if attempt is None else attempt
+        out = rank_view(job, number, _all_events(store, job_id), limit=points)
+        if number == job.attempts and job.state not in TERMINAL_STATES:
+            out.gpus = gpu_now(deps.telemetry.job_gpus(job_id))
+        return out
+
     @app.get(f"{prefix}/stream", tags=tags, response_model=None)
     async def stream(request: Request, who: Principal = Depends(guard.user)) -> Any:
         """Server-sent events: `jobs` (jobs whose state or reason changed, of the teams you
@@ -280,6 +303,16 @@ def add_console_routes(
         path = deps.log_path(job, record, rank)
         feed = _log_feed(store, job_id, number, path, tail, request)
         return StreamingResponse(feed, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _all_events(store: Store, job_id: int, page: int = 1000) -> list[EventRecord]:
+    """Every event of a job, oldest first."""
+    out: list[EventRecord] = []
+    while True:
+        rows = store.list_events(job_id, after_id=out[-1].id if out else 0, limit=page)
+        out += rows
+        if len(rows) < page:
+            return out
 
 
 def _groups(by: str) -> tuple[str, ...]:

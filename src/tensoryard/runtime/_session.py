@@ -357,7 +357,12 @@ def session(
         reporter,
         stop_check_every=stop_check_every,
         final_checkpoint=final_checkpoint,
-        rank_stats=RankStats(env.get("TYARD_RUN_DIR"), dist.rank, reporter.config.attempt),
+        rank_stats=RankStats(
+            env.get("TYARD_RUN_DIR"),
+            dist.rank,
+            reporter.config.attempt,
+            every_s=env_int(env, "TYARD_RANK_STATS_EVERY_MS", 1000, minimum=10) / 1000,
+        ),
         probe_every=env_int(env, "TYARD_COLLECTIVE_PROBE_EVERY", 0),
         probe_mb=env_int(env, "TYARD_COLLECTIVE_PROBE_MB", 64),
     )

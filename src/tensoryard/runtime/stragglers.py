@@ -6,18 +6,22 @@ gradient all-reduce), so the runtime compares the time each rank spends in its m
 module hooks (wall time on the CPU; CUDA events on a GPU). Every few steps the ranks exchange
 their mean forward time (`Session.loop` does this at its stop check), and `StragglerDetector`
 (pure, no torch) names a rank that stayed above the threshold for `windows` checks in a row,
-and again when it recovers.
+and again when it recovers. Rank 0 posts those changes as the job's events;
+`flagged_ranks` reads them back (the console marks stragglers from them).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ForwardTimer", "StragglerDetector", "StragglerEvent"]
+__all__ = ["ForwardTimer", "StragglerDetector", "StragglerEvent", "flagged_ranks"]
+
+_MESSAGE = re.compile(r"^straggler( recovered)?: rank (\d+) ")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,22 @@ class StragglerEvent:
             f"straggler recovered: rank {self.rank} forward time {self.seconds * 1000:.1f}ms "
             f"is {self.ratio:.2f}x the other ranks' median"
         )
+
+
+def flagged_ranks(messages: Iterable[str]) -> dict[int, str]:
+    """Rank -> the message that named it, for the ranks still flagged after these event
+    messages (oldest first; the ones `StragglerEvent.message` wrote, others are ignored)."""
+    flagged: dict[int, str] = {}
+    for message in messages:
+        found = _MESSAGE.match(message)
+        if found is None:
+            continue
+        rank = int(found.group(2))
+        if found.group(1):
+            flagged.pop(rank, None)
+        else:
+            flagged[rank] = message
+    return flagged
 
 
 @dataclass

@@ -246,6 +246,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/api/v1/jobs/{job_id}/events"): Access(_VIEWER, "read"),
     ("GET", "/api/v1/jobs/{job_id}/metrics"): Access(_VIEWER, "read"),
     ("GET", "/api/v1/jobs/{job_id}/checkpoints"): Access(_VIEWER, "read"),
+    ("GET", "/api/v1/jobs/{job_id}/ranks"): Access(_VIEWER, "read"),
     ("GET", "/api/v1/jobs/{job_id}/checkpoint-removals"): Access(_VIEWER, "read"),
     ("GET", "/api/v1/jobs/{job_id}/summary"): Access(_VIEWER, "read"),
     ("GET", "/api/v1/jobs/{job_id}/logs"): Access(_VIEWER, "read"),
@@ -282,6 +283,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     # nodes
     ("GET", "/api/v1/nodes"): Access(_ANY, "read"),
     ("GET", "/api/v1/nodes/{name}/history"): Access(_ANY, "read"),
+    ("GET", "/api/v1/nodes/telemetry"): Access(_ANY, "read"),
     ("POST", "/api/v1/nodes/{name}/heartbeat"): Access(_ADMIN, "admin", note="the agents"),
     ("POST", "/api/v1/nodes/{name}/cordon"): Access(_ADMIN, "admin"),
     ("POST", "/api/v1/nodes/{name}/uncordon"): Access(_ADMIN, "admin"),
@@ -311,6 +313,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/api/v1/deployments"): Access(_MEMBER, "write", note="in the body's team"),
     ("GET", "/api/v1/deployments"): Access(_ANY, note=_MINE),
     ("GET", "/api/v1/deployments/{name}"): Access(_VIEWER, "read"),
+    ("GET", "/api/v1/deployments/{name}/gateway"): Access(_VIEWER, "read"),
     ("POST", "/api/v1/deployments/{name}/scale"): Access(_MEMBER, "write"),
     ("DELETE", "/api/v1/deployments/{name}"): Access(_MEMBER, "write"),
     ("GET", "/api/v1/usage"): Access(_ANY, note=_MINE_OR_TEAM),

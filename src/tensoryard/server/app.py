@@ -46,6 +46,7 @@ from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.guard import INT32, Guard, JobId, Reporter
 from tensoryard.server.limits import BodyLimit, NoNulInUrl, RateLimiter
+from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_nodes import add_node_routes
@@ -491,7 +492,16 @@ def create_app(
         kick=kick,
         kubernetes=getattr(executor, "name", "") == "kubernetes",
     )
-    add_node_routes(app, store=store, guard=guard, prefix=API, kick=kick, capacity=capacity)
+    telemetry = TelemetryBook()  # the agents' heartbeats fill it; nodes and job pages read it
+    add_node_routes(
+        app,
+        store=store,
+        guard=guard,
+        prefix=API,
+        kick=kick,
+        capacity=capacity,
+        telemetry=telemetry,
+    )
     add_secret_routes(
         app,
         store=store,
@@ -528,6 +538,7 @@ def create_app(
         log_path=lambda job, attempt, rank: _log_path(executor, job, attempt, rank),
         capacity=capacity,
         kick=kick,
+        telemetry=telemetry,
     )
     return app
 

@@ -19,6 +19,7 @@ from tensoryard.errors import ExecutorError, FieldIssue, NotFound, SpecError
 from tensoryard.observability.health import decide, describe
 from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
+from tensoryard.server.node_telemetry import HeartbeatIn, NodeTelemetryOut, TelemetryBook
 from tensoryard.store import Store
 
 __all__ = ["NODE_PATTERN", "add_node_routes"]
@@ -131,9 +132,12 @@ def add_node_routes(
     prefix: str,
     kick: Callable[[], None],
     capacity: Callable[[], Sequence[Any]] = lambda: (),
+    telemetry: TelemetryBook | None = None,
 ) -> None:
     """Register /nodes and /health/alerts under `prefix`; `capacity` is the executor's cluster
-    view (NodeCapacity rows), whose own state of each node `GET /nodes` shows beside ours."""
+    view (NodeCapacity rows), whose own state of each node `GET /nodes` shows beside ours;
+    `telemetry` keeps what the agents' heartbeats carry (shared with the console)."""
+    book = telemetry if telemetry is not None else TelemetryBook()
 
     @app.get(f"{prefix}/nodes", tags=["nodes"])
     def nodes(request: Request, who: Principal = Depends(guard.user)) -> list[NodeOut]:
@@ -154,6 +158,15 @@ def add_node_routes(
             out.append(node)
         return out
 
+    @app.get(f"{prefix}/nodes/telemetry", tags=["nodes"])
+    def node_telemetry(
+        request: Request, who: Principal = Depends(guard.user)
+    ) -> list[NodeTelemetryOut]:
+        """What each node's agent last sent with its heartbeat: GPU temperatures and XIDs,
+        InfiniBand port states and error counters (nodes without an agent are left out)."""
+        guard.check(request, who, Action.NODE_READ, obj="node/*")
+        return book.all({n.name for n in store.list_nodes()})
+
     @app.get(f"{prefix}/nodes/{{name}}/history", tags=["nodes"])
     def history(
         name: NodeName,
@@ -167,14 +180,21 @@ def add_node_routes(
 
     @app.post(f"{prefix}/nodes/{{name}}/heartbeat", tags=["nodes"])
     def heartbeat(
-        name: NodeName, request: Request, who: Principal = Depends(guard.user)
+        name: NodeName,
+        request: Request,
+        who: Principal = Depends(guard.user),
+        body: HeartbeatIn | None = None,
     ) -> NodeOut:
         """The node's agent is alive (`tyard agent` posts this every health interval). With
         the local executor, a node whose agent reported before and then stays silent for the
         server's --agent-heartbeat-timeout is lost: its attempts end and placements leave it
-        out until the agent reports again (platform admins: the agents' token)."""
+        out until the agent reports again (platform admins: the agents' token). An optional
+        body carries the node's telemetry (`GET /nodes/telemetry`)."""
         guard.check(request, who, Action.NODE_MANAGE, obj=f"node/{name}")
-        return NodeOut.model_validate(store.node_heartbeat(name))
+        record = store.node_heartbeat(name)
+        if body is not None and body.telemetry is not None:
+            book.put(name, body.telemetry, record.heartbeat_at or record.changed_at)
+        return NodeOut.model_validate(record)
 
     @app.post(f"{prefix}/nodes/{{name}}/cordon", tags=["nodes"])
     def cordon(

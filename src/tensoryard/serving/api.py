@@ -20,6 +20,7 @@ from tensoryard.server.access import Action, Principal
 from tensoryard.server.guard import Guard
 from tensoryard.serving.deploy import check_engine, model_path_for
 from tensoryard.serving.engine import ENGINES
+from tensoryard.serving.gateway_stats import GatewayOut, GatewayStats
 from tensoryard.serving.gpu_engines import GPU_ENGINES
 from tensoryard.serving.replicas import ReplicaManager, on_kubernetes
 from tensoryard.serving.source import parse_model_source
@@ -94,7 +95,13 @@ class DeploymentOut(BaseModel):
 
 
 def add_deployment_routes(
-    app: FastAPI, *, store: Store, guard: Guard, manager: ReplicaManager, weights: RegistryWeights
+    app: FastAPI,
+    *,
+    store: Store,
+    guard: Guard,
+    manager: ReplicaManager,
+    weights: RegistryWeights,
+    gateway: GatewayStats | None = None,
 ) -> None:
     def out(name: str) -> DeploymentOut:
         d = store.get_deployment(name)
@@ -208,6 +215,19 @@ def add_deployment_routes(
     ) -> DeploymentOut:
         readable(request, who, name, Action.JOB_READ)
         return out(name)
+
+    if gateway is not None:
+        stats = gateway
+
+        @app.get(f"{API}/{{name}}/gateway", tags=["serving"])
+        def gateway_numbers(
+            name: Name, request: Request, who: Principal = Depends(guard.user)
+        ) -> GatewayOut:
+            """Requests, errors, TTFT (p50/p90) and completion tokens of the deployment at
+            this control plane's gateway: since it started, and as rates over the last minute
+            of readings (`window`, null on the first reading)."""
+            readable(request, who, name, Action.JOB_READ)
+            return stats.read(name)
 
     @app.post(f"{API}/{{name}}/scale", tags=["serving"])
     def scale(

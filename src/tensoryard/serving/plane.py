@@ -15,6 +15,7 @@ from tensoryard.serving.api import add_deployment_routes, add_usage_routes
 from tensoryard.serving.deploy import AliasFollower
 from tensoryard.serving.engine_scrape import EngineScraper
 from tensoryard.serving.gateway import add_gateway_routes
+from tensoryard.serving.gateway_stats import GatewayStats
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.replicas import CommandFor, ReplicaManager, default_command
 from tensoryard.serving.usage import UsageRecorder
@@ -73,7 +74,12 @@ class ServingPlane:
     def mount(self, app: FastAPI, guard: Guard) -> None:
         """Add /api/v1/deployments, /api/v1/usage and the OpenAI-compatible /v1 routes."""
         add_deployment_routes(
-            app, store=self.store, guard=guard, manager=self.manager, weights=self.weights
+            app,
+            store=self.store,
+            guard=guard,
+            manager=self.manager,
+            weights=self.weights,
+            gateway=GatewayStats(self.metrics),
         )
         add_usage_routes(app, store=self.store, guard=guard, usage=self.usage)
         add_gateway_routes(

@@ -17,6 +17,8 @@ from sqlalchemy import update
 
 from tensoryard.console import STATIC
 from tensoryard.console.routes import cluster_view
+from tensoryard.runtime.rank_stats import RankStats
+from tensoryard.runtime.stragglers import StragglerDetector
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
 from tensoryard.server.scheduling import NodeCapacity
@@ -286,6 +288,115 @@ def test_gpu_hours_route_sums_attempts_by_team_and_user(world: World) -> None:
     assert row["idle"] == pytest.approx(8.0, abs=0.01)
     assert row["useful"] == pytest.approx(8 * (2 - 1 / 60), abs=0.01)
     assert body["total"]["total"] == pytest.approx(row["total"])
+
+
+def test_per_rank_series_of_the_latest_attempt_with_the_runtimes_stragglers_marked(
+    world: World,
+) -> None:
+    store, job_id = world.plane.store, world.jobs["nlp"]
+    run_dir = store.get_job(job_id).run_dir
+    for _ in range(2):
+        store.start_attempt(job_id, handle={})
+    clock = [0.0]
+    for rank in range(3):  # what the runtime writes: one record a second, per attempt
+        clock[0] = 0.0
+        stats = RankStats(run_dir, rank, 2, clock=lambda: clock[0], wall=lambda: 1000.0)
+        for step in range(1, 101):
+            clock[0] += 1.0
+            stats.step(step, 0.2 if rank == 1 else 0.1, 0.01 * rank)
+    # the runtime's detector names rank 1 in attempt 2; rank 0 only in attempt 1
+    named = StragglerDetector(windows=1).observe([0.1, 0.2, 0.1])
+    store.add_event(job_id, "warning", named[0].message, attempt=2)
+    store.add_event(job_id, "warning", "straggler: rank 0 forward time 9ms is 2x", attempt=1)
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+
+    body = world.client.get(f"/api/v1/jobs/{job_id}/ranks?points=10", headers=mo).json()
+    assert body["attempt"] == 2 and body["stragglers"] == [1] and body["note"] == ""
+    assert [r["rank"] for r in body["ranks"]] == [0, 1, 2]
+    slow = body["ranks"][1]
+    assert slow["straggler"] and slow["straggler_message"] == named[0].message
+    assert len(slow["points"]) == 10 and slow["points"][-1] == [100, 0.2, 0.01]
+    assert not body["ranks"][0]["straggler"] and body["ranks"][2]["points"][0] == [1, 0.1, 0.02]
+
+    first = world.client.get(f"/api/v1/jobs/{job_id}/ranks?attempt=1", headers=mo).json()
+    assert first["ranks"] == [] and first["stragglers"] == [0]
+    assert first["note"].startswith("no per-rank numbers for attempt 1")
+    vic = {"Authorization": f"Bearer {world.tokens['vic']}"}
+    assert world.client.get(f"/api/v1/jobs/{job_id}/ranks", headers=vic).status_code == 403
+    # the running attempt's GPUs, as the node agents' heartbeats last said
+    world.plane.store.register_nodes(["g1"])
+    held = [
+        {"gpu": 3, "util_pct": 97, "job": str(job_id), "rank": "1"},
+        {"gpu": 2, "util_pct": 55, "job": str(job_id), "rank": "0"},
+        {"gpu": 0, "util_pct": 0},  # idle
+    ]
+    admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+    beat = {"telemetry": {"gpus": held}}
+    assert world.client.post("/api/v1/nodes/g1/heartbeat", json=beat, headers=admin).is_success
+    gpus = world.client.get(f"/api/v1/jobs/{job_id}/ranks", headers=mo).json()["gpus"]
+    assert gpus == [
+        {"rank": "0", "node": "g1", "gpu": 2, "util_pct": 55},
+        {"rank": "1", "node": "g1", "gpu": 3, "util_pct": 97},
+    ]
+    earlier = world.client.get(f"/api/v1/jobs/{job_id}/ranks?attempt=1", headers=mo).json()
+    assert earlier["gpus"] == []  # utilisation now says nothing of an ended attempt
+    bad = world.client.get(f"/api/v1/jobs/{job_id}/ranks?points=1", headers=mo)
+    assert bad.status_code == 422 and "points" in bad.text
+
+
+def test_a_deployments_gateway_numbers_are_for_its_teams_members_and_count_its_requests(
+    world: World,
+) -> None:
+    plane = world.plane
+    assert plane.serving is not None
+    plane.store.create_deployment(
+        "echo",
+        team="nlp",
+        model_ref="mock",
+        model_path="mock",
+        engine="mock",
+        replicas=1,
+        options={},
+        idle_timeout_s=None,
+        created_by="mo",
+    )
+    for _ in range(3):  # what the gateway counts for each answered request
+        plane.serving.metrics.requests.labels("echo", "200").inc()
+        plane.serving.metrics.ttft.labels("echo").observe(0.02)
+    plane.serving.metrics.requests.labels("echo", "502").inc()
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+    body = world.client.get("/api/v1/deployments/echo/gateway", headers=mo).json()
+    assert (body["requests"], body["errors"], body["window"]) == (4, 1, None)
+    assert 0.01 <= body["ttft_p50_s"] <= 0.025
+    vic = {"Authorization": f"Bearer {world.tokens['vic']}"}
+    assert world.client.get("/api/v1/deployments/echo/gateway", headers=vic).status_code == 403
+    assert world.client.get("/api/v1/deployments/nope/gateway", headers=mo).status_code == 404
+
+
+def test_node_telemetry_from_an_agents_heartbeat_is_shown_to_every_user(world: World) -> None:
+    world.plane.store.register_nodes(["n1", "n2"])
+    admin = {"Authorization": f"Bearer {world.tokens['admin']}"}
+    telemetry = {
+        "gpus": [{"gpu": 0, "temp_c": 61, "xids": {"79": 1}}],
+        "ib_ports": [{"device": "mlx5_0", "port": "1", "state": "DOWN", "errors": {"x": 2}}],
+    }
+    beat = world.client.post(
+        "/api/v1/nodes/n1/heartbeat", json={"telemetry": telemetry}, headers=admin
+    )
+    assert beat.status_code == 200, beat.text
+    assert world.client.post("/api/v1/nodes/n2/heartbeat", headers=admin).status_code == 200
+    mo = {"Authorization": f"Bearer {world.tokens['mo']}"}
+    [n1] = world.client.get("/api/v1/nodes/telemetry", headers=mo).json()  # n2 sent none
+    assert n1["node"] == "n1" and n1["received_at"]
+    [gpu] = n1["gpus"]
+    assert (gpu["gpu"], gpu["temp_c"], gpu["xids"], gpu["util_pct"]) == (0, 61, {"79": 1}, None)
+    assert n1["ib_ports"][0]["state"] == "DOWN" and n1["ib_ports"][0]["errors"] == {"x": 2}
+    # telemetry that does not check out never costs the node its heartbeat, and is not shown
+    before = world.plane.store.get_node("n1").heartbeat_at
+    hot = {"gpus": [{"gpu": 0, "temp_c": 900}]}
+    beat = world.client.post("/api/v1/nodes/n1/heartbeat", json={"telemetry": hot}, headers=admin)
+    assert beat.status_code == 200 and world.plane.store.get_node("n1").heartbeat_at != before
+    assert world.client.get("/api/v1/nodes/telemetry", headers=mo).json() == []
 
 
 def test_the_page_and_its_files_are_served_compressed_with_a_strict_csp(world: World) -> None:

@@ -397,6 +397,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("GET", f"{J}/{{job_id}}/events"): lambda w: Call(f"{J}/{w.job}/events"),
     ("GET", f"{J}/{{job_id}}/metrics"): lambda w: Call(f"{J}/{w.job}/metrics"),
     ("GET", f"{J}/{{job_id}}/checkpoints"): lambda w: Call(f"{J}/{w.job}/checkpoints"),
+    ("GET", f"{J}/{{job_id}}/ranks"): lambda w: Call(f"{J}/{w.job}/ranks"),
     ("GET", f"{J}/{{job_id}}/checkpoint-removals"): lambda w: Call(
         f"{J}/{w.job}/checkpoint-removals"
     ),
@@ -435,6 +436,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     # nodes
     ("GET", "/api/v1/nodes"): lambda w: Call("/api/v1/nodes"),
     ("GET", "/api/v1/nodes/{name}/history"): lambda w: Call("/api/v1/nodes/node-a/history"),
+    ("GET", "/api/v1/nodes/telemetry"): lambda w: Call("/api/v1/nodes/telemetry"),
     ("POST", "/api/v1/nodes/{name}/cordon"): lambda w: Call(
         "/api/v1/nodes/node-a/cordon", json={"reason": "matrix"}
     ),
@@ -491,6 +493,9 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ),
     ("GET", "/api/v1/deployments"): lambda w: Call("/api/v1/deployments"),
     ("GET", "/api/v1/deployments/{name}"): lambda w: Call("/api/v1/deployments/chat"),
+    ("GET", "/api/v1/deployments/{name}/gateway"): lambda w: Call(
+        "/api/v1/deployments/chat/gateway"
+    ),
     ("POST", "/api/v1/deployments/{name}/scale"): lambda w: Call(
         "/api/v1/deployments/chat/scale", json={"replicas": 0}
     ),

@@ -31,6 +31,7 @@ class RecordingControlPlane:
     jobs_answer: list[dict[str, Any]] = field(default_factory=list)
     reports: list[list[dict[str, Any]]] = field(default_factory=list)
     heartbeats: list[str] = field(default_factory=list)
+    telemetry: list[dict[str, Any] | None] = field(default_factory=list)
     down: bool = False
 
     def jobs(self, *, state: list[str] | None = None, limit: int = 50) -> dict[str, Any]:
@@ -44,10 +45,11 @@ class RecordingControlPlane:
         self.reports.append(alerts)
         return {"drained": [], "unchanged": [], "unknown_nodes": [], "not_handled": []}
 
-    def node_heartbeat(self, name: str) -> dict[str, Any]:
+    def node_heartbeat(self, name: str, telemetry: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.down:
             raise ClientError(0, "cannot reach the control plane")
         self.heartbeats.append(name)
+        self.telemetry.append(telemetry)
         return {"name": name}
 
 
@@ -175,6 +177,40 @@ def test_a_fatal_xid_is_reported_once_as_a_drain_alert_naming_node_gpu_and_xid(
     nvml.gpus[2].xid_events.append(79)  # a second event of the same XID is news
     service.report()
     assert len(control_plane.reports) == 2
+
+
+def test_each_heartbeat_carries_gpu_temperatures_xids_and_infiniband_ports(
+    agent: AgentFixture, sysfs: Path
+) -> None:
+    service, nvml, control_plane = agent
+    nvml.gpus[5].temperature_c = 91
+    nvml.gpus[2].xid_events.append(79)
+    nvml.gpus[3].xid_events.append(31)
+    (sysfs / "class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    nvml.gpus[4].util_gpu = 97
+    service.refresh_jobs()  # job 12 holds GPUs 4-7 here, one rank each
+    assert service.heartbeat()
+    [sent] = control_plane.telemetry
+    assert sent is not None
+    gpus = {g["gpu"]: g for g in sent["gpus"]}
+    assert len(gpus) == 8 and gpus[5]["temp_c"] == 91 and "memory_temp_c" in gpus[5]
+    assert gpus[2]["xids"] == {"79": 1} and gpus[3]["xids"] == {"31": 1}
+    assert "xids" not in gpus[0]  # fatal XIDs are counted from 0: only seen ones are sent
+    assert (gpus[4]["job"], gpus[4]["rank"], gpus[4]["util_pct"]) == ("12", "4", 97)
+    assert "job" not in gpus[0] and "util_pct" in gpus[0]  # idle: no owner
+    ports = {(p["device"], p["port"]): p for p in sent["ib_ports"]}
+    assert len(ports) == 8 and ports[("mlx5_1", "1")]["state"] == "DOWN"
+    down = ports[("mlx5_3", "1")]  # recorded down (fixtures/README.md)
+    assert down["errors"]["link_downed"] == 2 and down["errors"]["symbol_error"] == 117
+    assert ports[("mlx5_0", "1")] | {"errors": {}} == {
+        "device": "mlx5_0",
+        "port": "1",
+        "state": "ACTIVE",
+        "physical_state": "LinkUp",
+        "rate_gbps": 400.0,
+        "errors": {},
+    }
+    assert "port_packets_received" not in down["errors"]  # traffic, not faults
 
 
 def test_a_report_the_control_plane_did_not_get_is_sent_again(agent: AgentFixture) -> None:

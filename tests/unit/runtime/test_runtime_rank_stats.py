@@ -20,7 +20,7 @@ from tensoryard.observability import CollectorErrors
 from tensoryard.observability.ranks import RankStatsCollector, RankStatsSource, rank_processes
 from tensoryard.observability.storage import ProcessIoCollector
 from tensoryard.runtime import session
-from tensoryard.runtime.rank_stats import RankStats, rank_stats_path
+from tensoryard.runtime.rank_stats import RankStats, rank_stats_path, read_rank_history
 
 
 def slow_loader(n: int, wait_s: float) -> Iterator[torch.Tensor]:
@@ -45,6 +45,24 @@ def test_a_session_writes_each_ranks_step_time_and_data_wait_to_the_run_dir(
     assert record["rank"] == 0 and record["attempt"] == 2
     assert record["step"] == 1  # written at most once a second: the first step
     assert 0.05 <= record["data_wait_s"] <= record["step_time_s"]
+
+
+def test_the_job_env_sets_how_often_ranks_write_and_each_write_joins_the_history(
+    tmp_path: Path,
+) -> None:
+    env = job_env(tmp_path, attempt=3, TYARD_RANK_STATS_EVERY_MS="10")
+    with session(env=env) as sess:
+        model, opt = build()
+        batches = sess.batches(slow_loader(4, 0.02))  # every step longer than 10 ms
+        for step in sess.loop(4, model, opt):
+            loss = (model(next(batches)) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sess.report(step, loss=loss.item())
+    [(rank, rows)] = read_rank_history(tmp_path / "run", 3).items()
+    assert rank == 0 and [row[0] for row in rows] == [1, 2, 3, 4]
+    assert all(0.02 <= wait <= step_s for _, step_s, wait, _ in rows)
 
 
 def test_rank_stats_are_written_at_most_once_per_interval_and_never_fail_the_step(

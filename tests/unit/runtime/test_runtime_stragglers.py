@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tensoryard.runtime.stragglers import ForwardTimer, StragglerDetector
+from tensoryard.runtime.stragglers import ForwardTimer, StragglerDetector, flagged_ranks
 
 
 def test_a_rank_persistently_above_the_factor_is_named_once_then_its_recovery() -> None:
@@ -68,3 +68,12 @@ def test_the_forward_timer_measures_the_mean_forward_time_and_resets() -> None:
     timer.close()
     model(torch.zeros(1, 4))
     assert timer.take() is None  # hooks removed
+
+
+def test_the_ranks_still_flagged_are_read_back_from_the_detectors_own_event_messages() -> None:
+    detector = StragglerDetector(factor=1.3, windows=1)
+    named = detector.observe([0.10, 0.20, 0.30])  # ranks 1 and 2 above 1.3x the others
+    back = detector.observe([0.10, 0.10, 0.30])  # rank 1 recovers
+    messages = [e.message for e in named + back]
+    assert flagged_ranks(["checkpoint at step 5", *messages]) == {2: named[-1].message}
+    assert flagged_ranks(["a straggler: rank 9 said this in the middle"]) == {}

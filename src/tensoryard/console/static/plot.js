@@ -25,7 +25,7 @@ function thin(points, max) {
   return out;
 }
 
-// series: [{name, points: [[x, y], ...]}]
+// series: [{name, points: [[x, y], ...], mark}]: a marked series is drawn thick and dashed.
 export function lineChart(container, { title, series, xLabel = "step" }) {
   const all = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[1]));
   put(container, );
@@ -62,7 +62,11 @@ export function lineChart(container, { title, series, xLabel = "step" }) {
     const pts = thin(s.points.filter((p) => Number.isFinite(p[1])), W);
     if (!pts.length) return;
     const d = pts.map((p, j) => `${j ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
-    svg.append(el("path", { class: `line a${(i % 4) + 1}`, d, "data-points": String(s.points.length) }));
+    svg.append(el("path", { class: `line a${(i % 4) + 1}${s.mark ? " marked" : ""}`, d,
+      "data-points": String(s.points.length), "data-series": s.name }));
+    if (pts.length === 1) { // a path of one point draws nothing: a dot instead
+      svg.append(el("circle", { class: `dot a${(i % 4) + 1}`, cx: sx(pts[0][0]).toFixed(1), cy: sy(pts[0][1]).toFixed(1), r: 3 }));
+    }
   });
   container.append(svg);
   if (series.length > 1) {

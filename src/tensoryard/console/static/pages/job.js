@@ -1,6 +1,7 @@
 import { canAct, get, post, stream } from "../api.js";
 import { ago, announce, badge, errorBox, h, table, when, put } from "../dom.js";
 import { lineChart } from "../plot.js";
+import { rankPanel } from "./ranks.js";
 
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 const MAX_LINES = 5000;
@@ -131,6 +132,7 @@ export async function jobPage(ctx, id) {
   }
 
   const logs = logPanel(job, base, ctx);
+  const ranks = rankPanel(base, job.attempts);
   renderHead();
   renderAttempts(attempts);
   addEvents(events);
@@ -138,6 +140,7 @@ export async function jobPage(ctx, id) {
   renderGoodput(summary);
   put(ctx.main, head, actions, message,
     h("h2", {}, "Training"), h("div", { class: "grid2" }, lossBox, stepBox, extraBox),
+    h("h2", {}, "Per rank"), ranks.node,
     h("h2", {}, "Goodput"), goodBox,
     h("h2", {}, "Attempts"), attemptsBox,
     h("h2", {}, "Logs"), logs.node,
@@ -158,12 +161,13 @@ export async function jobPage(ctx, id) {
         renderCheckpoints(await get(`${base}/checkpoints`));
         renderGoodput(await get(`${base}/summary`).catch(() => null));
         logs.attemptsChanged(job.attempts);
+        ranks.attemptsChanged(job.attempts);
       }
     },
-    metrics: addMetrics,
+    metrics: (rows) => { addMetrics(rows); ranks.stepsArrived(); },
     events: (rows) => { addEvents(rows); if (rows.some((e) => e.kind === "checkpoint")) get(`${base}/checkpoints`).then(renderCheckpoints); },
   });
-  ctx.onLeave(() => { es.close(); logs.close(); });
+  ctx.onLeave(() => { es.close(); logs.close(); ranks.close(); });
 }
 
 function logPanel(job, base, ctx) {
