@@ -28,12 +28,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from pydantic import ValidationError
 
 from tensoryard.errors import (
     Conflict,
@@ -59,6 +58,25 @@ from tensoryard.runtime.megatron import launch_command, recognise
 from tensoryard.runtime.stacks import summarize as summarize_stacks
 from tensoryard.server.auth import derive_job_token
 from tensoryard.server.config import ServerConfig
+from tensoryard.server.control.index import JobIndex
+from tensoryard.server.control.isolation import JobGuard
+from tensoryard.server.control.leadership import Leadership
+from tensoryard.server.control.rules import (
+    DRAINED,
+    HUNG,
+    MAX_RUNTIME,
+    NOT_STARTED,
+    PREEMPTED,
+    SCHEDULER_STATE_KEY,
+    BadJobData,
+    CapacityProvider,
+    NodeSync,
+    current_attempt,
+    drained_node,
+    in_place_restarts,
+    is_drain,
+    utc,
+)
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.metrics import LoopMetrics
 from tensoryard.server.pipelines import PipelineAdvancer
@@ -74,63 +92,22 @@ from tensoryard.server.scheduling import (
 from tensoryard.server.secrets import SecretStore
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import ACTIVE_STATES, TERMINAL_STATES, JobState
-from tensoryard.store import AttemptRecord, AuditContext, Fence, JobRecord, NodeRecord, Store
+from tensoryard.store import AttemptRecord, JobRecord, NodeRecord, Store
 
-__all__ = ["Controller"]
+__all__ = ["PREEMPTED", "BadJobData", "CapacityProvider", "Controller", "NodeSync"]
 
 log = logging.getLogger("tensoryard.controller")
 
-PREEMPTED = "preempted"
-MAX_RUNTIME = "exceeded max_runtime"
-HUNG = "hung"
-NOT_STARTED = "did not start"
-DRAINED = " drained: "  # in "node n3 drained: XID 79 on GPU 2"
-LEADER_LEASE = "controller"
-SCHEDULER_STATE_KEY = "core"
-
-CapacityProvider = Callable[[], tuple[NodeCapacity, ...]]
-# Makes the executor's own node objects agree with the stored cordon states (Kubernetes:
-# cordon the Node); called every cycle, must not raise, retries on its own next call.
-NodeSync = Callable[[Mapping[str, NodeRecord]], object]
-
-_CHANGE_OVERLAP = timedelta(seconds=5)  # commits may land a little after their changed_at
-_FAILURES_BEFORE_QUARANTINE = 3
 _HEALTH_CHECK_EVERY_S = 5.0
 # After killing a hung attempt's workers for an in-place restart: how long the restarted
 # workers have to report before the attempt is stopped the ordinary way.
 _IN_PLACE_WAIT_S = 120.0
 _STATE_SAVE_EVERY_S = 30.0
 _ETA_SLACK_S = 60.0
-_FULL_CHECK_EVERY_S = 30.0  # compare every unfinished job's stamp, in case a change was missed
 _SLOW_CYCLE_S = 1.0  # a cycle slower than this is logged with its phases
 _PENDING_WRITES_PER_CYCLE = 500
 _PIPELINES_EVERY_S = 1.0  # pipelines are advanced at least this often (API on another replica)
 _NODES_READ_EVERY_S = 1.0  # cordon/drain changes come from the API; read them this often
-
-
-def _in_place_restarts(spec: JobSpec, *, restarts: int) -> int:
-    """How many times torchrun may restart a launch's workers itself, for a job that had
-    `restarts` before it: restart.in_place, within what is left of max_restarts (each in-place
-    restart counts). torchrun jobs; a multi-node gang restarts together through the c10d
-    rendezvous (local executor: executors/local/gang.py; Kubernetes: runtime/gang.py)."""
-    if spec.launcher != "torchrun":
-        return 0
-    if recognise(spec.command, spec.framework) is not None:
-        return 0  # its progress is followed per launch (MegatronMonitor), not per restart
-    return max(0, min(spec.restart.in_place, spec.restart.max_restarts - restarts))
-
-
-def _is_drain(reason: str) -> bool:
-    return reason.startswith("node ") and DRAINED in reason
-
-
-def _drained_node(reason: str) -> str | None:
-    """The node a drain stopped the attempt for ("node n1 drained: ..."), or None."""
-    return reason.split()[1] if _is_drain(reason) else None
-
-
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def _eta_moved(old: datetime | None, new: datetime | None) -> bool:
@@ -162,49 +139,6 @@ class _PhaseTimer:
         return ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in self.times.items())
 
 
-class _JobIndex:
-    """Every unfinished job, by id and by state (phases look at a few states each cycle;
-    walking 20k pending jobs for the handful that are running would be the idle cost)."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[int, JobRecord] = {}
-        self._by_state: dict[JobState, dict[int, JobRecord]] = {s: {} for s in JobState}
-        self.cancel_requested: set[int] = set()
-
-    def put(self, job: JobRecord) -> None:
-        self.pop(job.id)
-        self.jobs[job.id] = job
-        self._by_state[job.state][job.id] = job
-        if job.cancel_requested:
-            self.cancel_requested.add(job.id)
-
-    def pop(self, job_id: int) -> JobRecord | None:
-        old = self.jobs.pop(job_id, None)
-        if old is not None:
-            del self._by_state[old.state][job_id]
-            self.cancel_requested.discard(job_id)
-        return old
-
-    def get(self, job_id: int) -> JobRecord | None:
-        return self.jobs.get(job_id)
-
-    def in_states(self, *states: JobState) -> list[JobRecord]:
-        return [j for state in states for j in self._by_state[state].values()]
-
-    def clear(self) -> None:
-        self.jobs.clear()
-        for by_id in self._by_state.values():
-            by_id.clear()
-        self.cancel_requested.clear()
-
-    def __len__(self) -> int:
-        return len(self.jobs)
-
-
-class BadJobData(TensoryardError):
-    """A stored job that cannot be acted on (its spec or handle is invalid)."""
-
-
 @dataclass
 class _Memory:
     """What the controller remembers between cycles (rebuilt from the store after a restart)."""
@@ -213,7 +147,6 @@ class _Memory:
     warned: set[tuple[int, int, str]] = field(default_factory=set)
     poll_failing_since: dict[tuple[int, int], float] = field(default_factory=dict)
     health_checked: dict[tuple[int, int], float] = field(default_factory=dict)
-    failures: dict[int, int] = field(default_factory=dict)  # job -> consecutive errors
     starting_reason: dict[tuple[int, int], str] = field(default_factory=dict)
     # External admission (Kueue): when a poll last saw the attempt waiting in its queue; the
     # starting timeout counts from there (absent: not polled since this process started).
@@ -252,13 +185,16 @@ class Controller:
         metrics: LoopMetrics | None = None,
         node_sync: NodeSync | None = None,
     ) -> None:
-        self.holder = holder or f"{uuid.uuid4().hex[:8]}"
-        store.replica = store.replica or self.holder  # every event names its writer
+        holder = holder or f"{uuid.uuid4().hex[:8]}"
+        store.replica = store.replica or holder  # every event names its writer
+        self.metrics = metrics or LoopMetrics(CollectorRegistry())
         # The lease is taken and renewed through the plain store; everything else the loop
         # writes goes through the fenced view: a deposed leader can change no row
         # (docs/state-machine.md, "Fencing").
-        self._lease_store = store
-        self.store = store.fenced(self._fence_token, on_fenced=self._fenced_out)
+        self.leadership = Leadership(
+            lease_store=store, holder=holder, config=config, clock=clock, metrics=self.metrics
+        )
+        self.store = store.fenced(self.leadership.fence_token, on_fenced=self.leadership.fenced_out)
         self.node_sync = node_sync
         self.executor = executor
         self.policy = policy
@@ -267,22 +203,13 @@ class Controller:
         self.clock = clock
         self.job_key = job_key or uuid.uuid4().hex
         self.secrets = secrets or SecretStore(config.secrets_dir)
-        self.metrics = metrics or LoopMetrics(CollectorRegistry())
-        self.is_leader = False
-        self.epoch: int | None = None
-        self._renewed = 0.0
-        self._cycle_done = float("-inf")  # when the last cycle completed (clock())
         self._node_shape: tuple[tuple[str, bool, str], ...] = ()  # nodes at the last check
         self._mem = _Memory()
-        self._jobs = _JobIndex()
-        self._specs: dict[int, JobSpec] = {}
-        self._since: datetime | None = None
-        self._dirty = True
-        self._urgent = False
+        self._jobs = JobIndex(self.store, clock)
+        self._guard = JobGuard(store=self.store, executor=executor, index=self._jobs)
         self._schedule_cost_s = 0.0
         self._last_schedule = 0.0
         self._wake_at: float | None = None  # the last pass's Decisions.wake_at
-        self._last_full_check = 0.0
         self._pending_info: dict[int, tuple[str, datetime | None]] = {}
         self._restart_notes: dict[tuple[int, int], str] = {}  # (job, attempts) -> note
         self._last_state_save = 0.0
@@ -329,8 +256,7 @@ class Controller:
         if self.is_leader:
             with contextlib.suppress(TensoryardError):
                 self._save_scheduler_state(force=True)
-            with contextlib.suppress(StoreError):
-                self._lease_store.release_lease(LEADER_LEASE, self.holder)
+            self.leadership.release()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -345,102 +271,50 @@ class Controller:
             self._wake.clear()
 
     def lead(self) -> bool:
-        """Take or renew the leader lease; on taking it, recover. False while another leads.
-
-        The leader renews when a third of the TTL has passed (not every cycle)."""
-        now = self.clock()
-        if self.is_leader and 0 <= now - self._renewed < self.config.lease_ttl_s / 3:
-            return True
-        epoch = self._lease_store.acquire_lease(
-            LEADER_LEASE,
-            self.holder,
-            self.config.lease_ttl_s,
-            epoch=self.epoch if self.is_leader else None,  # a long cycle is no change of leader
-        )
-        self._renewed = now
-        if epoch is None:
-            if self.is_leader:
-                self._step_down("lost the leader lease to another replica")
-            return False
-        if not self.is_leader or epoch != self.epoch:
-            log.info("leading the control loop (holder %s, epoch %d)", self.holder, epoch)
-            self.is_leader, self.epoch = True, epoch
-            self._leader_changed("took the leader lease")
+        """Take or renew the leader lease; on taking it, recover. False while another leads."""
+        leading, took = self.leadership.lead()
+        if took:
             self.recover()
-        return True
-
-    # ---- fencing ---------------------------------------------------------------------------
-
-    def _fence_token(self) -> Fence | None:
-        """The fencing token every write of the loop carries: the lease at our epoch."""
-        if not self.is_leader or self.epoch is None:
-            return None
-        return Fence(LEADER_LEASE, self.holder, self.epoch, self.config.lease_ttl_s)
-
-    def _fenced_out(self, why: str) -> None:
-        """A fenced write found the lease moved on: step down at once."""
-        if self.is_leader:
-            self._step_down(f"a write was refused: {why}")
-
-    def _step_down(self, why: str) -> None:
-        log.warning("stepping down (holder %s, epoch %s): %s", self.holder, self.epoch, why)
-        epoch, self.is_leader, self.epoch = self.epoch, False, None
-        self.metrics.leader_change(self.holder, leading=False)
-        self._audit_leadership("leader.step-down", epoch, why)
-
-    def _leader_changed(self, why: str) -> None:
-        self.metrics.leader_change(self.holder, leading=True, epoch=self.epoch)
-        self._audit_leadership("leader.take", self.epoch, why)
-
-    def _audit_leadership(self, action: str, epoch: int | None, why: str) -> None:
-        """Each change of leader in the audit log (append-only), with the epoch."""
-        with contextlib.suppress(TensoryardError):
-            self._lease_store.record_audit(
-                AuditContext(actor=f"replica/{self.holder}", source_ip=""),
-                action,
-                f"lease/{LEADER_LEASE}",
-                detail=f"epoch {epoch}: {why}",
-            )
+        return leading
 
     def check_fence(self) -> None:
-        """Before a side effect outside the database (launch, cancel, terminate): this replica
-        still holds the lease at its epoch, read from the database now; FencedOut otherwise.
-        The write that recorded the intent was fenced too, so a replica paused between the two
-        finds out here, and the attempt key keeps a second launch from starting twice."""
-        token = self._fence_token()
-        if token is None:
-            raise FencedOut("this replica does not lead the control loop; nothing was started")
-        found = self._lease_store.lease_holder(LEADER_LEASE)
-        if found is None or (found[0], found[1]) != (token.holder, token.epoch):
-            now = "nobody" if found is None else f"{found[0]} at epoch {found[1]}"
-            why = f"the lease moved on to {now}; no side effect was performed"
-            self._fenced_out(why)
-            raise FencedOut(why)
+        """FencedOut unless this replica still holds the lease (see Leadership.check_fence)."""
+        self.leadership.check_fence()
 
     def leading_now(self) -> bool:
-        """What /healthz reports: the lease is held (renewed within its TTL, by this process's
-        clock) and the loop completed a cycle within the TTL. A replica that was paused, or
-        whose loop is stuck, stops claiming the lead before another can take it."""
-        if not self.is_leader:
-            return False
-        now, ttl = self.clock(), self.config.lease_ttl_s
-        return now - self._renewed < ttl and now - self._cycle_done < ttl
+        """What /healthz reports (see Leadership.leading_now)."""
+        return self.leadership.leading_now()
+
+    @property
+    def holder(self) -> str:
+        return self.leadership.holder
+
+    @holder.setter
+    def holder(self, value: str) -> None:
+        self.leadership.holder = value
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership.is_leader
+
+    @property
+    def epoch(self) -> int | None:
+        return self.leadership.epoch
 
     def recover(self) -> None:
         """After a (re)start or a change of leader: rebuild memory from the store, close and
         kill stray attempts by key, and repair every job whose attempt ended without it."""
         self._mem = _Memory()
-        self._jobs.clear()
+        self._jobs.reset()
+        self._guard.reset()
         self._pending_info = {}
-        self._since = None
-        self._dirty = True
         self._pipelines_due = True
         self._nodes_read = float("-inf")
         self.store.register_nodes(n.name for n in self.capacity())
         self._load_scheduler_state()
         self._finish_checkpoint_removals()
         for job, attempt in self.store.stray_attempts():
-            self._guarded(job.id, self._close_stray, job, attempt)
+            self._guard.run(job.id, self._close_stray, job, attempt)
         self._refresh()
         attempts = self.store.current_attempts()
         for job in list(self._jobs.jobs.values()):
@@ -448,7 +322,7 @@ class Controller:
             if current is None or job.state not in (JobState.STARTING, JobState.RUNNING):
                 continue
             if current.finished_at is not None:
-                self._guarded(job.id, self._repair_finished, job, current)
+                self._guard.run(job.id, self._repair_finished, job, current)
             else:
                 self.store.add_event(
                     job.id,
@@ -490,7 +364,7 @@ class Controller:
             phase = AttemptPhase.LOST
         status = AttemptStatus(phase, attempt.exit_code, attempt.reason)
         to, why = self._next_state(job, attempt, status)
-        if to is JobState.RESTARTING and job.restarts >= self._spec(job).restart.max_restarts:
+        if to is JobState.RESTARTING and job.restarts >= self._jobs.spec(job).restart.max_restarts:
             to = JobState.FAILED
         self.store.add_event(
             job.id,
@@ -499,7 +373,7 @@ class Controller:
             f"{job.state.value}: moving it to {to.value}",
             attempt=attempt.number,
         )
-        self._put(self.store.transition(job.id, to, reason=why, expected=[job.state]))
+        self._jobs.put(self.store.transition(job.id, to, reason=why, expected=[job.state]))
 
     # ---- one cycle -------------------------------------------------------------------------
 
@@ -542,7 +416,7 @@ class Controller:
             with timer("pending-info"):
                 self._write_pending_info()
             self._save_scheduler_state()
-            self._cycle_done = self.clock()
+            self.leadership.cycle_done = self.clock()
             if timer.total() > _SLOW_CYCLE_S:
                 log.warning("slow control cycle (%d unfinished jobs): %s", len(self._jobs), timer)
 
@@ -559,59 +433,19 @@ class Controller:
             log.exception("advancing pipelines failed")
 
     def _refresh(self) -> None:
-        since = None if self._since is None else self._since - _CHANGE_OVERLAP
-        known = self._jobs.jobs
-        full = since is not None and self.clock() - self._last_full_check >= _FULL_CHECK_EVERY_S
-        if full:
-            self._last_full_check = self.clock()
-        changed, now = self.store.jobs_changed_since(since, known=known, unfinished=full)
-        if changed:
+        if self._jobs.refresh():
             self._pipelines_due = True  # a step's job may have ended
-        for job in changed:
-            old = self._jobs.get(job.id)
-            if (
-                old is None
-                or old.state != job.state
-                or old.cancel_requested != job.cancel_requested
-            ):
-                self._dirty = True
-            self._put(job)
-        self._since = now
-
-    def _put(self, job: JobRecord) -> None:
-        old = self._jobs.get(job.id)
-        if (
-            old is not None
-            and old.changed_at
-            and job.changed_at
-            and job.changed_at < old.changed_at
-        ):
-            return  # an older read than what we hold
-        if old is not None and old.state in ACTIVE_STATES and job.state not in ACTIVE_STATES:
-            self._urgent = True  # capacity came free: refill it now
-        if job.state in TERMINAL_STATES:
-            if self._jobs.pop(job.id) is not None:
-                self._dirty = True
-            self._specs.pop(job.id, None)
-            self._mem.failures.pop(job.id, None)
-            return
-        if old is not None and old.state != job.state:
-            self._dirty = True
-        self._jobs.put(job)
-
-    def _in(self, *states: JobState) -> list[JobRecord]:
-        return self._jobs.in_states(*states)
 
     # 1 ------------------------------------------------------------------------------------
     def _cancel_pending(self) -> None:
         for job_id in list(self._jobs.cancel_requested):
             job = self._jobs.get(job_id)
             if job is not None and job.state is JobState.PENDING:
-                self._try_transition(job, JobState.CANCELLED, "cancelled before it started")
+                self._jobs.try_transition(job, JobState.CANCELLED, "cancelled before it started")
 
     # 2 ------------------------------------------------------------------------------------
     def _reconcile(self, now: float) -> None:
-        live = self._in(JobState.STARTING, JobState.RUNNING)
+        live = self._jobs.in_states(JobState.STARTING, JobState.RUNNING)
         if not live:
             return
         attempts = self.store.current_attempts()
@@ -621,7 +455,7 @@ class Controller:
                 continue
             if attempt.state == "launching":
                 continue  # phase 3 (re)launches it
-            self._guarded(job.id, self._reconcile_one, job, attempt, now)
+            self._guard.run(job.id, self._reconcile_one, job, attempt, now)
 
     def _reconcile_one(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
         key = (job.id, attempt.number)
@@ -715,7 +549,7 @@ class Controller:
             self.store.add_event(job.id, "error", f"stop failed: {exc}", attempt=attempt.number)
 
     def _enforce_limits(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
-        spec = self._spec(job)
+        spec = self._jobs.spec(job)
         grace = self.config.cancel_grace_s
         if attempt.state == "starting":
             since = attempt.started_at.timestamp()
@@ -813,7 +647,7 @@ class Controller:
         """In-place restarts still granted to this attempt's launch. Its in-place attempts
         are numbered right after it, so it has used ``number - launch`` of them."""
         used = attempt.number - (attempt.launch_attempt or attempt.number)
-        granted = _in_place_restarts(spec, restarts=job.restarts - used)  # as at its launch
+        granted = in_place_restarts(spec, restarts=job.restarts - used)  # as at its launch
         return max(0, granted - used)
 
     def _restart_hung_in_place(
@@ -868,7 +702,7 @@ class Controller:
                 crashpoint("running.before_mark")
                 how = f" ({status.reason})" if status.reason else ""
                 with contextlib.suppress(Conflict):  # it ended meanwhile: the next poll says so
-                    self._put(
+                    self._jobs.put(
                         self.store.mark_running(
                             job.id, attempt.number, f"attempt {attempt.number} running{how}"
                         )
@@ -899,7 +733,7 @@ class Controller:
         if cluster_fault:
             count_restart = False
         placement: dict[str, Any] | None = {} if to is JobState.PENDING else None
-        drained = _drained_node(attempt.reason) if to is JobState.PENDING else None
+        drained = drained_node(attempt.reason) if to is JobState.PENDING else None
         gone = avoided or (frozenset({drained}) if drained else frozenset())
         if gone and len(job.placement) > 1 and not job.cancel_requested:
             # partial gang recovery: keep the healthy nodes, swap the bad ones for spares
@@ -933,12 +767,12 @@ class Controller:
             )
         except Conflict as exc:
             log.info("job %s: attempt end not applied yet (%s)", job.id, exc)
-            self._dirty = True
+            self._jobs.triggers.dirty = True
             return
         crashpoint("finish.after")
         if swap_event:  # after the change it describes (the state event says it too)
             self.store.add_event(job.id, "recovery", swap_event, attempt=attempt.number)
-        self._put(record)
+        self._jobs.put(record)
         self._mem.starting_reason.pop((job.id, attempt.number), None)
         self._mem.queued_seen.pop((job.id, attempt.number), None)
         self._mem.admitted_noted.discard((job.id, attempt.number))
@@ -982,7 +816,7 @@ class Controller:
             return JobState.SUCCEEDED, f"attempt {n} succeeded"
         if attempt.reason.startswith(PREEMPTED) and not job.cancel_requested:
             return JobState.PENDING, f"{attempt.reason}; requeued, resumes from its last checkpoint"
-        if _is_drain(attempt.reason) and not job.cancel_requested:
+        if is_drain(attempt.reason) and not job.cancel_requested:
             return (
                 JobState.PENDING,
                 f"{attempt.reason}; requeued, resumes from its last checkpoint on another node",
@@ -1007,7 +841,7 @@ class Controller:
         return JobState.RESTARTING, f"attempt {n}: {reason}"
 
     def _retry_or_fail(self, job: JobRecord, reason: str) -> tuple[JobState, str]:
-        spec = self._spec(job)
+        spec = self._jobs.spec(job)
         if job.restarts < spec.restart.max_restarts:
             left = spec.restart.max_restarts - job.restarts - 1
             return (
@@ -1060,7 +894,7 @@ class Controller:
                 previous.get(n) is None or previous[n].state != r.state
                 for n, r in self._node_states.items()
             ):
-                self._urgent = True  # capacity appeared or vanished: schedule at once
+                self._jobs.triggers.urgent = True  # capacity appeared or vanished: schedule at once
         return self._node_states
 
     def _silent_nodes(self, now: float) -> dict[str, str]:
@@ -1115,14 +949,14 @@ class Controller:
         draining = {n: r for n, r in self._read_nodes(now).items() if r.state == "draining"}
         if not draining:
             return
-        active = self._in(
+        active = self._jobs.in_states(
             JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RESTARTING
         )
         for job in active:
             node = next((n for n in job.placement if n in draining), None)
             if node is not None and not job.cancel_requested:
                 why = f"node {node}{DRAINED}{draining[node].reason}"
-                self._guarded(job.id, self._drain_job, job, why)
+                self._guard.run(job.id, self._drain_job, job, why)
 
     def _sync_nodes(self, now: float) -> None:
         assert self.node_sync is not None
@@ -1133,7 +967,7 @@ class Controller:
 
     def _drain_job(self, job: JobRecord, why: str) -> None:
         if job.state in (JobState.ADMITTED, JobState.RESTARTING):
-            if self._try_transition(
+            if self._jobs.try_transition(
                 job,
                 JobState.PENDING,
                 f"{why}; requeued, resumes from its last checkpoint on another node",
@@ -1141,7 +975,7 @@ class Controller:
             ):
                 self.store.add_event(job.id, "drain", why)
             return
-        attempt = self._current_attempt(job)
+        attempt = current_attempt(self.store, job)
         if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
             return  # phase 4 (re)launches it; the next cycle signals it
         if (job.id, attempt.number) in self._mem.cancel_sent:
@@ -1163,7 +997,7 @@ class Controller:
         `reschedule_interval_s` regardless (ETAs, aging); and when the last pass said its
         answer changes with time alone (a borrower became reclaimable)."""
         since = now - self._last_schedule
-        if self._urgent or since >= self.config.reschedule_interval_s:
+        if self._jobs.triggers.urgent or since >= self.config.reschedule_interval_s:
             return True
         shape = tuple((n.name, n.cordoned, n.state) for n in self._nodes(now))
         if shape != self._node_shape:  # a node came, went, or changed readiness: at once
@@ -1175,7 +1009,7 @@ class Controller:
         # of submissions; the 20 ms floor only keeps cheap passes from running back to back
         # (a floor of a loop tick, 250 ms, added that much to a submission's start).
         gap = min(max(4 * self._schedule_cost_s, 0.02), 5.0)
-        return self._dirty and since >= gap
+        return self._jobs.triggers.dirty and since >= gap
 
     def _schedule(self, now: float) -> None:
         started = time.perf_counter()
@@ -1195,7 +1029,7 @@ class Controller:
             dataclasses.replace(a, state=state, reason=reason) if a.number == attempt.number else a
             for a in self.store.list_attempts(job.id)
         ]
-        avoid, why = nodes_to_avoid(history, self._nodes(self.clock()), self._spec(job))
+        avoid, why = nodes_to_avoid(history, self._nodes(self.clock()), self._jobs.spec(job))
         mine = avoid & set(job.placement)
         if not mine:
             return frozenset(), ""
@@ -1219,15 +1053,15 @@ class Controller:
     def _replace_nodes(self, job: JobRecord, gone: frozenset[str]) -> dict[str, list[int]] | None:
         """The job's placement with ``gone`` swapped for spares free now (None: not enough)."""
         others = []
-        for other in self._in(*ACTIVE_STATES):
-            spec = self._specs.get(other.id) if other.id != job.id else None
+        for other in self._jobs.in_states(*ACTIVE_STATES):
+            spec = self._jobs.specs.get(other.id) if other.id != job.id else None
             if spec is not None and other.placement:
                 others.append((other.placement, spec))
         known = self._mem.avoid.get(job.id)
         return replacement_placement(
             job.placement,
             gone,
-            self._spec(job),
+            self._jobs.spec(job),
             self._nodes(self.clock()),
             others,
             avoid=known[1] if known else frozenset(),
@@ -1247,7 +1081,7 @@ class Controller:
                 continue
             known = self._mem.avoid.get(job.id)
             if known is None or known[0] != job.attempts:
-                spec = self._specs.get(job.id)
+                spec = self._jobs.specs.get(job.id)
                 if spec is None:
                     continue
                 avoid, why = nodes_to_avoid(self.store.list_attempts(job.id), nodes, spec)
@@ -1260,18 +1094,20 @@ class Controller:
         return out
 
     def _schedule_pass(self, now: float) -> None:
-        self._dirty = self._urgent = False
+        self._jobs.triggers.dirty = self._jobs.triggers.urgent = False
         self._last_schedule = now
         self._wake_at = None
-        pending = [j for j in self._in(JobState.PENDING) if not j.cancel_requested]
-        pending = [j for j in pending if self._spec_or_quarantine(j) is not None]
+        pending = [j for j in self._jobs.in_states(JobState.PENDING) if not j.cancel_requested]
+        pending = [j for j in pending if self._guard.spec_or_quarantine(j) is not None]
         if not pending:
             return
         pending.sort(key=lambda j: (-j.priority, j.created_at, j.id))
         running = tuple(
             j
-            for j in sorted(self._in(*ACTIVE_STATES), key=lambda j: (j.created_at, j.id))
-            if self._spec_or_quarantine(j) is not None
+            for j in sorted(
+                self._jobs.in_states(*ACTIVE_STATES), key=lambda j: (j.created_at, j.id)
+            )
+            if self._guard.spec_or_quarantine(j) is not None
         )
         attempts = self.store.current_attempts()
         capacity = self._nodes(now)
@@ -1291,7 +1127,7 @@ class Controller:
                 for j in running
                 if (a := attempts.get(j.id)) is not None and a.finished_at is None
             },
-            specs=self._specs,
+            specs=self._jobs.specs,
             avoid_nodes=self._avoid_nodes(pending, capacity),
         )
         decisions = self.policy.decide(view)
@@ -1300,7 +1136,7 @@ class Controller:
         for admission in decisions.admissions:
             job = by_id[admission.job_id]
             nodes = ", ".join(admission.placement) or "-"
-            if self._try_transition(
+            if self._jobs.try_transition(
                 job,
                 JobState.ADMITTED,
                 admission.reason or f"admitted on {nodes}",
@@ -1314,10 +1150,10 @@ class Controller:
         for preemption in decisions.preemptions:
             victim = running_by_id.get(preemption.job_id)
             if victim is not None:
-                self._guarded(victim.id, self._preempt, victim, preemption)
+                self._guard.run(victim.id, self._preempt, victim, preemption)
         for job_id, info in decisions.pending.items():
             job = by_id[job_id]
-            eta = _utc(round(info.eta_s)) if info.eta_s is not None else None
+            eta = utc(round(info.eta_s)) if info.eta_s is not None else None
             reason = info.reason
             if job.attempts:  # requeued: say what happened and where it resumes, then why
                 reason = f"{self._restarting_note(job)}; {reason}"
@@ -1361,7 +1197,7 @@ class Controller:
         """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""
         if job.cancel_requested or job.state not in (JobState.STARTING, JobState.RUNNING):
             return
-        attempt = self._current_attempt(job)
+        attempt = current_attempt(self.store, job)
         if attempt is None or attempt.finished_at is not None or attempt.state == "launching":
             return
         key = (job.id, attempt.number)
@@ -1387,21 +1223,21 @@ class Controller:
     # 4 ------------------------------------------------------------------------------------
     def _launch_ready(self, now: float) -> None:
         attempts: dict[int, AttemptRecord] | None = None
-        for job in self._in(JobState.ADMITTED, JobState.RESTARTING, JobState.STARTING):
+        for job in self._jobs.in_states(JobState.ADMITTED, JobState.RESTARTING, JobState.STARTING):
             if job.state is JobState.STARTING:
                 # A launch recorded but not confirmed (a crash, or a launch still in flight).
                 attempts = attempts if attempts is not None else self.store.current_attempts()
                 attempt = attempts.get(job.id)
                 if attempt is not None and attempt.state == "launching":
-                    self._guarded(job.id, self._dispatch, job, attempt)
+                    self._guard.run(job.id, self._dispatch, job, attempt)
                 continue
-            self._guarded(job.id, self._begin_launch, job, now)
+            self._guard.run(job.id, self._begin_launch, job, now)
 
     def _begin_launch(self, job: JobRecord, now: float) -> None:
-        spec = self._spec(job)
+        spec = self._jobs.spec(job)
         if job.cancel_requested:
             where = "restarting" if job.state is JobState.RESTARTING else "admitted"
-            self._try_transition(job, JobState.CANCELLED, f"cancelled while {where}")
+            self._jobs.try_transition(job, JobState.CANCELLED, f"cancelled while {where}")
             return
         if job.state is JobState.RESTARTING and now < job.updated_at.timestamp() + (
             spec.restart.backoff
@@ -1424,9 +1260,9 @@ class Controller:
             )
         except Conflict as exc:
             log.info("job %s: launch skipped (%s)", job.id, exc)
-            self._dirty = True
+            self._jobs.triggers.dirty = True
             return
-        self._put(record)
+        self._jobs.put(record)
         crashpoint("launch.after_intent")
         self._dispatch(record, attempt)
 
@@ -1465,7 +1301,7 @@ class Controller:
                 env[name] = value
         if megatron is not None:
             env[MEGATRON_SAVE_ENV] = str(ckpt_dir)  # the executor follows it (docs/goodput.md)
-        in_place = _in_place_restarts(spec, restarts=job.restarts)
+        in_place = in_place_restarts(spec, restarts=job.restarts)
         if in_place:  # the runtime numbers a restarted worker launch + k (docs/contracts.md)
             env["TYARD_IN_PLACE_RESTARTS"] = str(in_place)
         return LaunchRequest(
@@ -1512,7 +1348,7 @@ class Controller:
     def _launch(self, job: JobRecord, attempt: AttemptRecord) -> None:
         """Launch (or re-launch: idempotent by key) one recorded attempt, record the result."""
         try:
-            spec = self._spec(job)
+            spec = self._jobs.spec(job)
             request = self._request(job, spec, attempt.number, attempt.attempt_key)
             try:  # values are read at launch, never stored with the job
                 request.env.update(self.secrets.resolve(spec.team, spec.secrets))
@@ -1560,79 +1396,6 @@ class Controller:
                 expected=[JobState.STARTING],
             )
 
-    # ---- per-job isolation -----------------------------------------------------------------
-
-    def _guarded(self, job_id: int, action: Callable[..., Any], *args: Any) -> None:
-        """Run one job's step; an error there never stops the others.
-
-        A store error is taken as transient (the next cycle retries). Bad data fails the job at
-        once; any other error does after a few cycles in a row, with the error as reason."""
-        try:
-            action(*args)
-        except FencedOut:
-            raise  # not this job's fault: the whole loop stops (the replica stepped down)
-        except StoreError as exc:
-            log.warning("job %s: store error, retrying next cycle: %s", job_id, exc)
-        except Exception as exc:
-            count = self._mem.failures.get(job_id, 0) + 1
-            self._mem.failures[job_id] = count
-            log.exception("job %s: error in the control loop (%d in a row)", job_id, count)
-            if isinstance(exc, BadJobData) or count >= _FAILURES_BEFORE_QUARANTINE:
-                self._quarantine(job_id, f"{type(exc).__name__}: {exc}")
-        else:
-            self._mem.failures.pop(job_id, None)
-
-    @contextlib.contextmanager
-    def _never_raise(self) -> Iterator[None]:
-        try:
-            yield
-        except Exception:
-            log.exception("while failing a job")
-
-    def _quarantine(self, job_id: int, why: str) -> None:
-        """Fail one job that the loop cannot handle, stopping whatever of it runs."""
-        with self._never_raise():
-            job = self.store.get_job(job_id)
-            if job.state in TERMINAL_STATES:
-                return
-            attempt = self._current_attempt(job)
-            if attempt is not None and attempt.finished_at is None:
-                killed = 0
-                if attempt.handle:
-                    with contextlib.suppress(Exception):
-                        killed = self.executor.terminate(attempt.handle)
-                self.store.finish_attempt(
-                    job_id,
-                    attempt.number,
-                    state="failed",
-                    reason=f"stopped by the control plane ({killed} process(es) killed): {why}",
-                    job_to=JobState.FAILED,
-                    job_reason=f"the control plane cannot run this job: {why}",
-                )
-            else:
-                self.store.transition(
-                    job_id, JobState.FAILED, reason=f"the control plane cannot run this job: {why}"
-                )
-            self._put(self.store.get_job(job_id))
-
-    def _spec(self, job: JobRecord) -> JobSpec:
-        """The job's spec, validated once per control plane (at submission it was, too)."""
-        spec = self._specs.get(job.id)
-        if spec is None:
-            try:
-                spec = JobSpec.model_validate(job.spec)
-            except ValidationError as exc:
-                raise BadJobData(f"its stored spec is invalid: {exc.errors()[0]['msg']}") from exc
-            self._specs[job.id] = spec
-        return spec
-
-    def _spec_or_quarantine(self, job: JobRecord) -> JobSpec | None:
-        try:
-            return self._spec(job)
-        except BadJobData as exc:
-            self._quarantine(job.id, str(exc))
-            return None
-
     # ---- scheduler state across restarts ---------------------------------------------------
 
     def _load_scheduler_state(self) -> None:
@@ -1654,25 +1417,6 @@ class Controller:
         self._last_state_save = now
         with contextlib.suppress(StoreError):
             self.store.put_scheduler_state(SCHEDULER_STATE_KEY, exporter())
-
-    # ---- helpers ---------------------------------------------------------------------------
-
-    def _current_attempt(self, job: JobRecord) -> AttemptRecord | None:
-        if job.attempts == 0:
-            return None
-        return self.store.get_attempt(job.id, job.attempts)
-
-    def _try_transition(self, job: JobRecord, to: JobState, reason: str, **fields: object) -> bool:
-        try:
-            record = self.store.transition(
-                job.id, to, reason=reason, expected=[job.state], **fields
-            )
-        except Conflict as exc:
-            log.info("job %s: skipped %s -> %s (%s)", job.id, job.state, to, exc)
-            self._dirty = True
-            return False
-        self._put(record)
-        return True
 
     def wait_idle(self, timeout_s: float = 30.0) -> None:
         """Wait until no launch is in flight (tests, shutdown)."""
