@@ -426,7 +426,7 @@ def test_new_submissions_reschedule_at_a_bounded_rate_but_a_freed_slot_at_once(
     running = world.submit("running", resources={"cpu": 4})
     world.cycle(2)
     assert world.state(running) is JobState.RUNNING
-    world.controller._schedule_cost_s = 0.5  # as if a pass over a deep backlog took 0.5 s
+    world.controller._scheduling.cost_s = 0.5  # as if a pass over a deep backlog took 0.5 s
     waiting = world.submit("waiting", resources={"cpu": 4})
     world.cycle(advance=0.5)
     assert world.store.get_job(waiting).pending_reason == ""  # not yet: at most every 2 s

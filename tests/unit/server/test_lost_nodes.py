@@ -6,7 +6,6 @@ A real SQLite store, a test clock and the scripted executor of test_controller.p
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,12 +33,14 @@ class Cluster:
         return tuple(self.nodes.values())
 
 
-def make(url: str, tmp_path: Path, cluster: Cluster) -> World:
+def make(url: str, tmp_path: Path, cluster: Cluster, executor_name: str = "local") -> World:
     clock = Clock()
     store = Store.open(url, clock=clock.dt)
     store.ensure_team("default")
     executor = ScriptedExecutor(store)
-    config = ServerConfig(home=store_home(store), launch_workers=0, cancel_grace_s=5)
+    config = ServerConfig(
+        home=store_home(store), launch_workers=0, cancel_grace_s=5, executor=executor_name
+    )
     controller = Controller(
         store=store,
         executor=executor,  # type: ignore[arg-type]
@@ -157,10 +158,10 @@ def test_a_cancel_landing_before_a_pending_reason_is_written_is_not_lost(
     waiting = world.submit("waiting", resources={"cpu": 2})
     world.cycle(1, advance=1)  # its reason and estimate are computed
     c = world.controller
-    c._pending_info[waiting] = ("waiting for n1 (test)", None)  # a write still to come
+    c._pending.put(waiting, "waiting for n1 (test)", None)  # a write still to come
     world.clock.t += 0.5
     world.store.request_cancel(waiting)  # the cancel lands in between
-    c._write_pending_info()
+    c._pending.write()
     world.cycle(2, advance=1)
     assert world.state(waiting) is JobState.CANCELLED
     assert world.state(blocker) is JobState.RUNNING
@@ -193,11 +194,11 @@ def test_a_node_whose_agent_falls_silent_is_lost_and_its_gang_moves_uncharged(
     assert "--agent-heartbeat-timeout 30s" in first.reason
     # A node that never had an agent is never lost for want of one; the silent one is back
     # as soon as its agent reports again.
-    view = {n.name: n for n in world.controller._nodes(world.clock())}
+    view = {n.name: n for n in world.controller._nodes.capacity(world.clock())}
     assert view[lost].cordoned and "agent has not reported" in view[lost].condition
     world.store.node_heartbeat(lost)
     world.cycle(1, advance=2)
-    view = {n.name: n for n in world.controller._nodes(world.clock())}
+    view = {n.name: n for n in world.controller._nodes.capacity(world.clock())}
     assert not view[lost].cordoned
 
 
@@ -205,8 +206,7 @@ def test_agent_silence_is_not_node_loss_where_the_executor_sees_its_nodes(
     url: str, tmp_path: Path
 ) -> None:
     cluster = Cluster("n1", "n2", "n3")
-    world = make(url, tmp_path, cluster)
-    world.controller.config = dataclasses.replace(world.controller.config, executor="kubernetes")
+    world = make(url, tmp_path, cluster, executor_name="kubernetes")
     world.store.register_nodes(["n1", "n2", "n3"])
     for name in ("n1", "n2", "n3"):
         world.store.node_heartbeat(name)

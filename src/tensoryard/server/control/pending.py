@@ -1,0 +1,91 @@
+"""Phase 5: why each pending job waits and when it should start, as status fields (written
+in bounded batches after the launches, so a deep backlog's reasons never delay the job that
+just got a slot). A requeued job's reason first says what is happening: "restarting attempt 3
+from step 1200 after attempt 2 ended (node n2 deleted ...)"."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from datetime import datetime
+
+from tensoryard.server.control.index import JobIndex
+from tensoryard.server.control.rules import utc
+from tensoryard.store import JobRecord, Store
+
+__all__ = ["PendingReasons"]
+
+_ETA_SLACK_S = 60.0
+_PENDING_WRITES_PER_CYCLE = 500
+
+
+def _eta_moved(old: datetime | None, new: datetime | None) -> bool:
+    """Whether a new start estimate is worth a write: known/unknown changed, or it moved by
+    more than a minute (estimates drift with the clock; 20k rewrites a cycle would not do)."""
+    if old is None or new is None:
+        return old is not new
+    return abs((new - old).total_seconds()) > _ETA_SLACK_S
+
+
+class PendingReasons:
+    """The reasons and estimates still to write (oldest first), and per requeue its note."""
+
+    def __init__(self, *, store: Store, index: JobIndex) -> None:
+        self._store = store
+        self._index = index
+        self._to_write: dict[int, tuple[str, datetime | None]] = {}
+        self._restart_notes: dict[tuple[int, int], str] = {}  # (job, attempts) -> note
+
+    def reset(self) -> None:
+        self._to_write = {}
+
+    def decided(self, job: JobRecord, reason: str, eta_s: float | None) -> None:
+        """The scheduler's reason and estimated start for a pending job; queued for writing
+        when they changed (a requeued job's reason is prefixed with what is happening)."""
+        eta = utc(round(eta_s)) if eta_s is not None else None
+        if job.attempts:  # requeued: say what happened and where it resumes, then why
+            reason = f"{self._restarting_note(job)}; {reason}"
+        if job.pending_reason != reason or _eta_moved(job.pending_eta, eta):
+            self._to_write[job.id] = (reason, eta)
+        else:
+            self._to_write.pop(job.id, None)  # an older change not yet written
+
+    def put(self, job_id: int, reason: str, eta: datetime | None) -> None:
+        """Queue a reason and estimate to write (as `decided` does when they changed)."""
+        self._to_write[job_id] = (reason, eta)
+
+    def write(self) -> None:
+        """Write at most `_PENDING_WRITES_PER_CYCLE` changed reasons, oldest first: when a
+        freed slot changes the reasons of a deep backlog, the loop goes on reconciling and
+        launching while the rest are written over the next cycles."""
+        batch = list(itertools.islice(self._to_write.items(), _PENDING_WRITES_PER_CYCLE))
+        for job_id, _ in batch:
+            del self._to_write[job_id]
+        if not batch:
+            return
+        written, stamp = self._store.set_pending_info([(i, r, eta) for i, (r, eta) in batch])
+        info = dict(batch)
+        for job_id in written:
+            reason, eta = info[job_id]
+            self._index.note_pending_info(job_id, reason, eta, stamp)
+
+    def _restarting_note(self, job: JobRecord) -> str:
+        """What a requeued job is doing, before the scheduler's why-pending: "restarting
+        attempt 3 from step 1200 after attempt 2 ended (node n2 deleted ...)". Read once per
+        requeue (the checkpoint does not move while no attempt runs)."""
+        key = (job.id, job.attempts)
+        note = self._restart_notes.get(key)
+        if note is None:
+            cause = re.sub(r"^attempt \d+: ", "", job.reason)
+            cause = re.split(r"; (?:requeued|restarting from)", cause)[0]
+            waiting = job.reason.partition("; requeued: ")[2]  # "waiting for a node to ..."
+            latest = self._store.latest_checkpoint(job.id)
+            start = f"from step {latest.step}" if latest is not None else "from the start"
+            note = (
+                f"restarting attempt {job.attempts + 1} {start} after attempt {job.attempts} "
+                f"ended ({cause})" + (f", {waiting}" if waiting else "")
+            )
+            if len(self._restart_notes) > 10_000:  # jobs long gone; cheap to read again
+                self._restart_notes.clear()
+            self._restart_notes[key] = note
+        return note

@@ -1,0 +1,132 @@
+"""Phase 2: reconcile every live attempt with what the executor sees. Per attempt: a user's
+cancel is signalled, limits and health are enforced, the executor is polled (a transient poll
+error is waited out, then the attempt is killed by key and declared lost), an attempt with
+ranks on nodes whose agents fell silent is ended with those nodes, and the status is applied
+(`outcome.AttemptOutcome`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+
+from tensoryard.errors import TensoryardError
+from tensoryard.executors.base import AttemptPhase, AttemptStatus, Executor
+from tensoryard.server.config import ServerConfig
+from tensoryard.server.control.health import HealthCheck
+from tensoryard.server.control.index import JobIndex
+from tensoryard.server.control.isolation import JobGuard
+from tensoryard.server.control.nodes import NodeView
+from tensoryard.server.control.outcome import AttemptOutcome
+from tensoryard.server.control.stopping import AttemptKey, AttemptStopper
+from tensoryard.spec.states import JobState
+from tensoryard.store import AttemptRecord, JobRecord, Store
+
+__all__ = ["Reconciler"]
+
+
+class Reconciler:
+    """Polls the live attempts; remembers since when each one's polls have been failing."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        executor: Executor,
+        config: ServerConfig,
+        index: JobIndex,
+        guard: JobGuard,
+        stopper: AttemptStopper,
+        health: HealthCheck,
+        nodes: NodeView,
+        outcome: AttemptOutcome,
+        check_fence: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._executor = executor
+        self._config = config
+        self._index = index
+        self._guard = guard
+        self._stopper = stopper
+        self._health = health
+        self._nodes = nodes
+        self._outcome = outcome
+        self._check_fence = check_fence
+        self._poll_failing_since: dict[AttemptKey, float] = {}
+
+    def reset(self) -> None:
+        self._poll_failing_since.clear()
+
+    def reconcile(self, now: float) -> None:
+        live = self._index.in_states(JobState.STARTING, JobState.RUNNING)
+        if not live:
+            return
+        attempts = self._store.current_attempts()
+        for job in live:
+            attempt = attempts.get(job.id)
+            if attempt is None or attempt.finished_at is not None:
+                continue
+            if attempt.state == "launching":
+                continue  # phase 4 (re)launches it
+            self._guard.run(job.id, self._reconcile_one, job, attempt, now)
+
+    def _reconcile_one(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
+        key = (job.id, attempt.number)
+        if job.cancel_requested and not self._stopper.sent(key):
+            self._stopper.stop(
+                job, attempt, "", "cancel requested by the user", self._config.cancel_grace_s
+            )
+        if not self._stopper.sent(key):
+            self._health.enforce_limits(job, attempt, now)
+        try:
+            status: AttemptStatus | None = self._executor.poll(attempt.handle)
+        except TensoryardError as exc:
+            status = self._poll_failed(job, attempt, now, exc)
+        else:
+            self._poll_failing_since.pop(key, None)
+        if status is not None and not status.finished and job.placement:
+            silent = {n: why for n, why in self._nodes.silent(now).items() if n in job.placement}
+            if silent and not self._stopper.sent(key):
+                status = self._end_on_lost_nodes(job, attempt, silent)
+        if status is not None:
+            self._health.note_polled(key, queued=status.queued, now=now)
+            self._outcome.apply(job, attempt, status)
+
+    def _end_on_lost_nodes(
+        self, job: JobRecord, attempt: AttemptRecord, lost: Mapping[str, str]
+    ) -> AttemptStatus:
+        """The attempt has ranks on nodes the control plane takes as lost (their agents went
+        silent): its processes are killed by key (a lost node cannot checkpoint) and it fails
+        with those nodes, so the restart leaves them (a spare, or a wait for them)."""
+        reason = "; ".join(lost[n] for n in sorted(lost))
+        self._store.add_event(job.id, "warning", reason, attempt=attempt.number)
+        self._check_fence()
+        with contextlib.suppress(TensoryardError):
+            self._executor.terminate(attempt.handle)
+        return AttemptStatus(AttemptPhase.FAILED, None, reason, lost_nodes=tuple(sorted(lost)))
+
+    def _poll_failed(
+        self, job: JobRecord, attempt: AttemptRecord, now: float, exc: Exception
+    ) -> AttemptStatus | None:
+        """A transient poll error is not a verdict: wait, then kill by key and declare LOST."""
+        key = (job.id, attempt.number)
+        since = self._poll_failing_since.setdefault(key, now)
+        if since == now:
+            self._store.add_event(
+                job.id,
+                "warning",
+                f"cannot poll attempt {attempt.number} ({exc}); retrying for "
+                f"{self._config.poll_failure_grace_s:g}s before giving it up",
+                attempt=attempt.number,
+            )
+        if now - since < self._config.poll_failure_grace_s:
+            return None
+        killed = 0
+        self._check_fence()
+        with contextlib.suppress(TensoryardError):
+            killed = self._executor.terminate(attempt.handle)
+        self._poll_failing_since.pop(key, None)
+        return AttemptStatus(
+            AttemptPhase.LOST,
+            reason=f"could not be polled for {now - since:.0f}s ({exc}); "
+            f"killed {killed} process(es) by its key",
+        )
