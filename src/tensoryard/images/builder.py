@@ -561,6 +561,14 @@ def archive_path(root: Path, name: str, key: str) -> Path:
     return root / "built" / name / key[:16] / "image.oci.tar"
 
 
+def cached_result(out: Path) -> BuildResult | None:
+    """The build record beside the archive ``out`` when both exist (a cache hit), else None."""
+    result_file = out.with_name("result.json")
+    if not (result_file.exists() and out.exists()):
+        return None
+    return BuildResult(**(json.loads(result_file.read_text()) | {"cached": True}))
+
+
 def find_built(name: str, root: Path | None = None) -> dict[str, Any] | None:
     """The newest build record of a matrix image (``result.json``), or None."""
     base = (root or cache_root()) / "built" / name
@@ -654,10 +662,9 @@ def build(
     key = build_key(entry, debian, source) + hashlib.sha256(ref.encode()).hexdigest()[:8]
     out = archive_path(root, entry.name, key)
     result_file = out.with_name("result.json")
-    if result_file.exists() and out.exists() and not force:
-        cached = json.loads(result_file.read_text())
-        cached["cached"] = True
-        return BuildResult(**cached)
+    cached = None if force else cached_result(out)
+    if cached is not None:
+        return cached
     _check_tools()
     log = _Log(out.with_name("build.log"))
     work = Path(tempfile.mkdtemp(prefix=f"build-{entry.name}-", dir=root))

@@ -38,6 +38,7 @@ from tensoryard.images.builder import (
     _touch_all,
     archive_path,
     cache_root,
+    cached_result,
     new_image,
 )
 from tensoryard.images.refs import image_ref_for
@@ -147,10 +148,9 @@ def build_postgres(
     key = _key(debian, ref)
     out = archive_path(root, NAME, key)
     result_file = out.with_name("result.json")
-    if result_file.exists() and out.exists() and not force:
-        cached = json.loads(result_file.read_text())
-        cached["cached"] = True
-        return BuildResult(**cached)
+    cached = None if force else cached_result(out)
+    if cached is not None:
+        return cached
     _check_tools()
     out.parent.mkdir(parents=True, exist_ok=True)
     log = _Log(out.with_name("build.log"))
