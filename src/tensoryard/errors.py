@@ -40,6 +40,7 @@ __all__ = [
     "RuntimeSetupError",
     "SpecError",
     "StoreError",
+    "StoreUnreachable",
     "TensoryardError",
     "Unauthenticated",
 ]
@@ -87,6 +88,11 @@ class FencedOut(TensoryardError):
     """A control-loop write or side effect refused because this replica no longer holds the
     leader lease at the epoch it acted under (another replica took over). Never retried: the
     replica steps down at once. Not a StoreError, so no "transient, retry" handler takes it."""
+
+
+class StoreUnreachable(StoreError):
+    """The database could not be reached (refused, unresolved, not up yet, or it refused the
+    login): possibly transient, unlike a broken schema."""
 
 
 class NotFound(StoreError):

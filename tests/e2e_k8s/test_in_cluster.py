@@ -261,7 +261,7 @@ def deployed(
         try:
             wait_until(
                 lambda: [p for p in _server_pods(core) if _ready(p)] or None,
-                timeout=240,
+                timeout=420,  # PostgreSQL pulled from the registry and initialised first
                 what="a Ready control plane pod",
                 interval=1,
             )

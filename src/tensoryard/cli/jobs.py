@@ -67,6 +67,15 @@ def server(
             "--db-url", envvar="TYARD_DB_URL", help="SQLAlchemy URL; default SQLite in home."
         ),
     ] = None,
+    db_wait: Annotated[
+        float,
+        typer.Option(
+            "--db-wait",
+            min=0,
+            help="Seconds to keep retrying a database that cannot be reached yet at start "
+            "(one started beside the server, as on Kubernetes); 0 fails at once.",
+        ),
+    ] = 0.0,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
     public_url: Annotated[
@@ -408,6 +417,7 @@ def server(
         agent_heartbeat_timeout_s=agent_heartbeat_timeout if executor == "local" else 0.0,
         home=home or default_home(),
         db_url=db_url,
+        db_wait_s=db_wait,
         host=host,
         port=port,
         public_url=_public_url(public_url),

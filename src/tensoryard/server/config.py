@@ -35,6 +35,10 @@ class ServerConfig:
     """SQLAlchemy URL; None means SQLite at `home/tensoryard.db`. PostgreSQL:
     `postgresql+psycopg://user@host:5432/db`."""
 
+    db_wait_s: float = 0.0
+    """At start, keep retrying a database that cannot be reached for this long (a database
+    started beside the server, as on Kubernetes); 0: fail at once."""
+
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
 

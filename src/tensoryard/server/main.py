@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
+from tensoryard.errors import (
+    ConfigError,
+    ExecutorError,
+    FieldIssue,
+    SpecError,
+    StoreUnreachable,
+)
 from tensoryard.executors.base import Executor
 from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
 from tensoryard.registry.webhooks import WebhookDispatcher
@@ -253,6 +260,20 @@ def _kueue_admits(config: ServerConfig) -> bool:
     return config.executor == "kubernetes" and config.kubernetes.admission == "kueue"
 
 
+def _open_store(config: ServerConfig, *, retry_s: float = 2.0) -> Store:
+    """The store, migrated; a database that cannot be reached yet is retried for
+    `config.db_wait_s` (each failure logged), then its error is raised."""
+    deadline = time.monotonic() + config.db_wait_s
+    while True:
+        try:
+            return Store.open(config.database_url)
+        except StoreUnreachable as exc:
+            if time.monotonic() + retry_s > deadline:
+                raise
+            log.warning("waiting for the database (--db-wait %.0fs): %s", config.db_wait_s, exc)
+            time.sleep(retry_s)
+
+
 def build_control_plane(config: ServerConfig) -> ControlPlane:
     """Open the store (migrating it), make the platform admin and its token file (first start
     only), build executor and controller."""
@@ -261,7 +282,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
         backend = _slurm_backend(config)
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
-    store = Store.open(config.database_url)
+    store = _open_store(config)
     store.ensure_team("default", description="created on first start")
     token = bootstrap_admin(store, config.token_path, user=config.admin_user)
     job_key = ensure_secret(config.job_key_path)

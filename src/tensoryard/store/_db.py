@@ -25,7 +25,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.pool import StaticPool
 
-from tensoryard.errors import Conflict, StoreError
+from tensoryard.errors import Conflict, StoreError, StoreUnreachable
 
 __all__ = [
     "BEGIN_OPTION",
@@ -164,7 +164,10 @@ def _translated(url: str | URL, action: str, exc: DBAPIError) -> StoreError:
     if isinstance(exc, IntegrityError):
         return Conflict(f"{action}: a concurrent or duplicate change was rejected: {exc.orig}")
     if isinstance(exc, OperationalError):
-        return StoreError(_operational_message(url, action, exc))
+        message = _operational_message(url, action, exc)
+        if message.startswith("cannot reach"):
+            return StoreUnreachable(message)
+        return StoreError(message)
     return StoreError(f"{action} failed on {safe_url(url)}: {exc.orig}")
 
 
