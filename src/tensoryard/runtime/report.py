@@ -1,8 +1,9 @@
 """Step metrics, checkpoint records and heartbeats from a job to the control plane.
 
 `Reporter.report()` is called from the training loop and must cost microseconds: it appends the
-row to ``$TYARD_RUN_DIR/attempt-N/metrics.jsonl`` (the durable record, re-read by the control
-plane after a restart) and puts it on an in-memory queue. A background thread POSTs the queue
+row to ``$TYARD_RUN_DIR/attempt-N/metrics.jsonl`` (the durable record in the run directory; the
+control plane does not import it back: rows the queue could not deliver before the process ended
+are in that file only) and puts it on an in-memory queue. A background thread POSTs the queue
 in batches to ``/api/v1/jobs/{id}/report`` (docs/contracts.md, section 2), retries with
 exponential backoff while the control plane is unreachable, and sends a heartbeat every
 ``TYARD_HEARTBEAT_S`` seconds. The queue is bounded: when it overflows the oldest rows are
