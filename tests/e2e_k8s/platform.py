@@ -29,13 +29,15 @@ UNPULLABLE_IMAGE = "registry.invalid/tensoryard/unpullable:test"  # see scripts/
 IMAGE = "registry.invalid/tensoryard/trainer:test"
 
 
-def kubectl(env: K8sEnv, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    env: K8sEnv, *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """kubectl against the test control plane; a failure fails the test with its output."""
     done = subprocess.run(
         ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     if check and done.returncode != 0:

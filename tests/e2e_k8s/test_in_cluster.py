@@ -32,6 +32,7 @@ import yaml
 from tensoryard.client import Client
 from tensoryard.errors import ClientError
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
+from tests.e2e_k8s import platform
 from tests.e2e_k8s.conftest import REAL_NODE_LABEL, REPO, K8sEnv, _unavailable, wait_until
 
 pytestmark = pytest.mark.slow
@@ -154,16 +155,8 @@ def agent_overlay(where: Path, cpu_image: str, token: str) -> Path:
 
 
 def kubectl(env: K8sEnv, *args: str, check: bool = True, timeout: float = 120) -> str:
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(env.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and done.returncode != 0:
-        pytest.fail(f"kubectl {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
+    """kubectl's output (tests/e2e_k8s/platform.py runs it)."""
+    return platform.kubectl(env, *args, check=check, timeout=timeout).stdout
 
 
 @dataclass
