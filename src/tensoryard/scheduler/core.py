@@ -173,7 +173,7 @@ def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:
         default=INF,
     )
     quota_blocked = threshold < INF and _rest_needs_at_least(st, line, threshold)
-    if not (quota_blocked or _no_gpu_free(st)):
+    if not (quota_blocked or _no_gpu_free(st) or _no_cpu_room(st, line)):
         return
     if not _rest_needs_at_least(st, line, line.preempt_failed_need) and (
         preemption.may_preempt_any(st, w, placement.models_for(st, w))
@@ -181,6 +181,37 @@ def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:
         return
     line.closed = True
     line.close_code = "quota" if quota_blocked else "capacity"
+
+
+def _no_cpu_room(st: CycleState, line: QueueLine) -> bool:
+    """True when every workload after the cursor needs more CPU per node than any node has
+    free, open or held (so neither admission nor backfill can place it this cycle).
+
+    This is what closes a queue of CPU-only work behind a full cluster: without it a deep
+    backlog of CPU jobs (the embedded default's) is visited job by job every cycle. The
+    largest free CPU is cached until the cycle admits or reserves again (capacity only
+    shrinks in between, so a stale value can only keep a queue open, never close it)."""
+    if line.name not in st.cpu_queues or line.cursor >= len(line.items):
+        return False
+    suffix = line.cpu_need_suffix
+    if suffix is None:
+        suffix = [INF] * (len(line.items) + 1)
+        for i in range(len(line.items) - 1, -1, -1):
+            suffix[i] = min(suffix[i + 1], line.items[i].cpu_per_node)
+        line.cpu_need_suffix = suffix
+    key = (len(st.admissions), len(st.reservations), len(st.claims))
+    if st.max_cpu_free_key != key:
+        st.max_cpu_free_key = key
+        st.max_cpu_free = max(
+            (
+                node.cpu_free
+                for indexes in (st.state.open, st.state.held)
+                for index in indexes.values()
+                for node in index.nodes.values()
+            ),
+            default=0.0,
+        )
+    return suffix[line.cursor] > st.max_cpu_free + 1e-9
 
 
 def _rest_needs_at_least(st: CycleState, line: QueueLine, threshold: float) -> bool:

@@ -46,6 +46,8 @@ class QueueLine:
     closed: bool = False
     preempt_failed_need: float = INF
     close_code: str = "capacity"
+    # min CPU per node over items[i:] (built on first use; see core._no_cpu_room)
+    cpu_need_suffix: list[float] | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +86,9 @@ class CycleState:
     # phase 3: ordered queues
     cpu_queues: set[str] = field(default_factory=set)
     has_cpu_pending: bool = False
+    # the largest free CPU of any node, open or held, and the cycle state it was read at
+    max_cpu_free: float = 0.0
+    max_cpu_free_key: tuple[int, int, int] | None = None
     levels: dict[str, int] = field(default_factory=dict)
     lines: dict[str, QueueLine] = field(default_factory=dict)
     # decisions

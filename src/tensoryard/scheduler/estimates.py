@@ -123,6 +123,7 @@ class RuntimeEstimator:
         self.config = config or EstimatorConfig()
         self._runs: dict[str, deque[float]] = {}
         self._answer: dict[str, float] = {}
+        self.version = 0  # bumped by every observation: estimates made before may be stale
         # accuracy of the predictions made just before each observation
         self._observed = 0
         self._predicted = 0
@@ -137,6 +138,7 @@ class RuntimeEstimator:
         """Learn that `job` ran `run_s` seconds to completion."""
         if run_s < 0 or not math.isfinite(run_s):
             return
+        self.version += 1
         self._score(job, run_s)
         for key in _groups(job):
             runs = self._runs.get(key)

@@ -73,6 +73,12 @@ class PendingView(Mapping[str, PendingInfo]):
         self._memo: dict[str, Outcome] = {}
         self._available: dict[str, float] = {}
 
+    @property
+    def visited(self) -> tuple[str, ...]:
+        """The workloads this cycle visited and left waiting (their reasons are fresh facts;
+        an unvisited workload's reason only restates its place behind them)."""
+        return tuple(k for k in self._outcomes if k not in self._admitted)
+
     # --- Mapping ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -251,9 +257,15 @@ def _n(value: object) -> str:
 
 
 def _ahead(position: int, queue: str) -> str:
+    """The place in line: exact up to 100, then at least N with N cut to two significant
+    digits ("at least 12,000 jobs ahead"), so one admission at the head of a deep backlog
+    changes a few hundred stored reasons, not every one of them."""
     if position == 0:
         return f"first in queue {queue}"
-    return f"{position} job{'s' if position != 1 else ''} ahead in queue {queue}"
+    if position < 100:
+        return f"{position} job{'s' if position != 1 else ''} ahead in queue {queue}"
+    step = 10 ** (len(str(position)) - 2)
+    return f"at least {position // step * step:,} jobs ahead in queue {queue}"
 
 
 def render_reason(outcome: Outcome, w: Workload | None, now: float) -> str:

@@ -34,6 +34,12 @@ third recording). Philly 50000-50600 on 12x8: 139 -> 132 preemptions, 737 -> 729
 40000-40500 and 70000-70300: the same admissions and preemptions, more cycles (the simulator
 wakes when a borrower becomes reclaimable); the synthetic worlds changed both ways
 (preemptions 137->123, 143->142, 127->106, 361->376, 247->263, 341->404).
+
+Re-recorded a fifth time, all scenarios, when a deep place in line started to be stated
+coarsely ("at least 12,000 jobs ahead" past 100; one admission at the head of a 20k backlog
+rewrote every stored reason before). Only the digests moved: every count is the same, and with
+the old wording restored every scenario matched the fourth recording (checked when a closed
+queue of CPU-only work started to skip its unvisited jobs, in the same change).
 """
 
 from __future__ import annotations

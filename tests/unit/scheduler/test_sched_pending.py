@@ -49,3 +49,16 @@ def test_workloads_left_unvisited_when_the_cluster_is_full_still_get_a_reason() 
     assert last.position == 199
     assert "0 H100 GPUs are free" in last.reason
     assert last.eta_s is None
+
+
+def test_deep_places_in_line_are_stated_coarsely_so_one_admission_rewrites_few_reasons() -> None:
+    from tensoryard.scheduler.pending import _ahead
+
+    assert _ahead(0, "a") == "first in queue a"
+    assert _ahead(1, "a") == "1 job ahead in queue a"
+    assert _ahead(99, "a") == "99 jobs ahead in queue a"
+    assert _ahead(345, "a") == "at least 340 jobs ahead in queue a"
+    assert _ahead(12_345, "a") == "at least 12,000 jobs ahead in queue a"
+    # one job admitted ahead of 20,000 waiting ones: the texts of ~300 of them change
+    changed = sum(_ahead(p, "a") != _ahead(p - 1, "a") for p in range(1, 20_001))
+    assert changed < 400
