@@ -21,6 +21,7 @@ believes gone.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -30,7 +31,14 @@ from tensoryard.images.preflight import CONFIG_EXIT_CODE
 if TYPE_CHECKING:  # keeps the shim's start-up free of pydantic
     from tensoryard.spec.job import JobSpec
 
-__all__ = ["CONFIG_EXIT_CODE", "AttemptPhase", "AttemptStatus", "Executor", "LaunchRequest"]
+__all__ = [
+    "CONFIG_EXIT_CODE",
+    "AttemptPhase",
+    "AttemptStatus",
+    "Executor",
+    "LaunchRequest",
+    "ReportsChanges",
+]
 
 # An attempt that ends with exit code CONFIG_EXIT_CODE (78, sysexits' EX_CONFIG) failed on its
 # configuration (an image that does not match the matrix): it is not restarted, since the next
@@ -123,4 +131,19 @@ class Executor(Protocol):
 
     def log_paths(self, handle: dict[str, Any]) -> dict[int, Path]:
         """Rank -> log file, for `tyard logs`."""
+        ...
+
+
+@runtime_checkable
+class ReportsChanges(Protocol):
+    """An executor that tells the control loop when an attempt may have changed (a process
+    exited, a pod or JobSet was updated), so the loop wakes at once and reconciles only the
+    jobs named, with a slow full pass as the safety net (docs/state-machine.md, "Events")."""
+
+    def report_changes(self, changed: Callable[[int | None], None]) -> bool:
+        """From now on call ``changed(job_id)`` (``None``: some job, which is unknown) from
+        any thread when an attempt of that job may have changed; False when this executor
+        cannot (then the loop keeps polling every attempt every cycle). Never blocks the
+        caller for long; calls may repeat, arrive late or be lost (the full pass repairs
+        that)."""
         ...

@@ -48,6 +48,11 @@ class ServerConfig:
     loop_interval_s: float = 0.25
     """Pause between two control-loop cycles (schedule, launch, reconcile)."""
 
+    resync_interval_s: float = 2.0
+    """With an executor that reports changes (local processes, Kubernetes watches), a cycle
+    reconciles only the jobs it was told about (and starting or stopping ones); every attempt
+    is looked at this often regardless: limits, hangs, lost nodes, a missed event."""
+
     cancel_grace_s: float = 10.0
     """Time a cancelled or preempted job gets between SIGTERM and SIGKILL (to checkpoint)."""
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry
 
 from tensoryard.errors import FencedOut, StoreError, TensoryardError
-from tensoryard.executors.base import Executor
+from tensoryard.executors.base import Executor, ReportsChanges
 from tensoryard.registry import ArtifactStore, open_blobs
 from tensoryard.registry.service import ModelRegistry
 from tensoryard.server.config import ServerConfig
@@ -73,6 +73,7 @@ __all__ = ["PREEMPTED", "BadJobData", "CapacityProvider", "Controller", "NodeSyn
 log = logging.getLogger("tensoryard.controller")
 
 _SLOW_CYCLE_S = 1.0  # a cycle slower than this is logged with its phases
+_STARTING_TICK_S = 0.05  # see Controller._pause
 _PIPELINES_EVERY_S = 1.0  # pipelines are advanced at least this often (API on another replica)
 
 
@@ -297,8 +298,16 @@ class Controller:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        if isinstance(self.executor, ReportsChanges):  # events wake the loop (see changed)
+            self._reconciler.events = self.executor.report_changes(self.changed)
         self._thread = threading.Thread(target=self._run, name="tyard-controller", daemon=True)
         self._thread.start()
+
+    def changed(self, job_id: int | None) -> None:
+        """The executor saw an attempt of `job_id` change (None: of some job): reconcile it
+        in a cycle that starts now (any thread)."""
+        self._reconciler.changed(job_id)
+        self._wake.set()
 
     def kick(self) -> None:
         """Run the next cycle now (after a submit or cancel) instead of at the next tick."""
@@ -329,8 +338,19 @@ class Controller:
                 log.warning("control cycle stopped: %s", exc)
             except Exception:  # the loop must survive anything; the next cycle retries
                 log.exception("control cycle failed")
-            self._wake.wait(self._config.loop_interval_s)
+            self._wake.wait(self._pause())
             self._wake.clear()
+
+    def _pause(self) -> float:
+        """The wait before the next cycle: the loop interval, or a short one while an
+        attempt is starting on an executor that reports no start (a local process's workers
+        come up without an event; the next job's start should not wait a whole tick)."""
+        interval = self._config.loop_interval_s
+        if getattr(self.executor, "reports_starts", False):
+            return interval
+        if self._jobs.in_states(JobState.STARTING):
+            return min(interval, _STARTING_TICK_S)
+        return interval
 
     # ---- one cycle -------------------------------------------------------------------------
 
@@ -372,6 +392,7 @@ class Controller:
             # 5. Write the pending reasons and start estimates (after the launches: a deep
             #    backlog's reasons must not delay the job that just got a slot).
             with timer("pending-info"):
+                self._scheduling.note_reasons()
                 self._pending.write()
             self._scheduling.save_state()
             self.leadership.cycle_done = self.clock()

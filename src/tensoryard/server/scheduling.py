@@ -17,7 +17,7 @@ default policy uses). The control loop keeps both across restarts:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from tensoryard.scheduler import (
     Workload,
     workload_from_job,
 )
+from tensoryard.scheduler import PendingInfo as CorePendingInfo
 from tensoryard.scheduler.config import RECLAIM_MEMORY_S
 from tensoryard.scheduler.estimates import (
     EstimatorConfig,
@@ -123,10 +124,34 @@ class Preemption:
     message: str
 
 
+class LazyPending(Mapping[int, PendingInfo]):
+    """Job id -> PendingInfo over the core's lazy view: each reason is rendered when read,
+    so a pass over a deep backlog pays only for the reasons its caller writes."""
+
+    def __init__(self, core: Mapping[str, CorePendingInfo], job_ids: Sequence[int]) -> None:
+        self._core = core
+        self._ids = job_ids
+        self.visited: tuple[int, ...] = tuple(
+            int(k) for k in getattr(core, "visited", ()) if k.isdigit()
+        )
+
+    def __getitem__(self, job_id: int) -> PendingInfo:
+        info = self._core.get(str(job_id))
+        if info is None:
+            raise KeyError(job_id)
+        return PendingInfo(info.reason, info.eta_s)
+
+    def __iter__(self) -> Iterator[int]:
+        return (i for i in self._ids if str(i) in self._core)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class Decisions:
     admissions: list[Admission] = field(default_factory=list)
-    pending: dict[int, PendingInfo] = field(default_factory=dict)
+    pending: Mapping[int, PendingInfo] = field(default_factory=dict)
     preemptions: list[Preemption] = field(default_factory=list)
     # when the answer changes with time alone (a borrower becomes reclaimable): schedule then
     wake_at: float | None = None
@@ -150,6 +175,9 @@ class CorePolicy:
         # pending jobs preemptions were made for -> when: they go first while the room made
         # for them is still theirs (RECLAIM_MEMORY_S at most)
         self._reclaiming: dict[int, float] = {}
+        # pending job id -> (what its Workload was built from, the Workload): a deep backlog
+        # is converted once, not on every pass (the row's updated_at changes with any edit)
+        self._workloads: dict[int, tuple[tuple[object, ...], Workload]] = {}
 
     # --- memory across cycles and restarts -----------------------------------------------
 
@@ -207,7 +235,7 @@ class CorePolicy:
         snapshot = Snapshot(
             nodes=tuple(_node(n) for n in view.nodes),
             quotas=_quotas(view.teams, view.nodes),
-            pending=tuple(self._pending(j, view) for j in view.pending),
+            pending=self._pending_workloads(view),
             running=tuple(self._running(j, view) for j in view.running),
             usage_history=self._history,
         )
@@ -232,16 +260,35 @@ class CorePolicy:
         for a in core.admissions:
             placement = {node: list(gpus) for node, gpus in a.placement.gpus.items()}
             out.admissions.append(Admission(int(a.workload_id), placement))
-        for job in view.pending:
-            info = core.pending.get(str(job.id))
-            if info is not None:
-                out.pending[job.id] = PendingInfo(info.reason, info.eta_s)
+        out.pending = LazyPending(core.pending, [job.id for job in view.pending])
         for p in core.preemptions:
             out.preemptions.append(
                 Preemption(int(p.workload_id), int(p.preemptor_id), p.grace_s, p.message)
             )
         out.wake_at = core.wake_at
         return out
+
+    def _pending_workloads(self, view: ClusterView) -> tuple[Workload, ...]:
+        """The pending jobs as Workloads, rebuilt only for jobs whose row, attained service,
+        reclaim status or nodes to avoid changed, or after the estimator learned."""
+        estimates = (id(self.estimator), self.estimator.version)
+        cache, fresh = self._workloads, {}
+        out = []
+        for job in view.pending:
+            key = (
+                job.updated_at,
+                estimates,
+                view.attained_s.get(job.id, 0.0),
+                job.id in self._reclaiming,
+                view.avoid_nodes.get(job.id, frozenset()),
+            )
+            hit = cache.get(job.id)
+            if hit is None or hit[0] != key:
+                hit = (key, self._pending(job, view))
+            fresh[job.id] = hit
+            out.append(hit[1])
+        self._workloads = fresh
+        return tuple(out)
 
     def _pending(self, job: JobRecord, view: ClusterView) -> Workload:
         spec = _spec(job, view)

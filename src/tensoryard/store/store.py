@@ -897,8 +897,9 @@ class Store(
                 self._event(s, job_id, "state", f"{old} -> {job_to}: {job_reason}")
             return _rows.job_record(job)
 
-    def current_attempts(self) -> dict[int, AttemptRecord]:
-        """Job id -> its newest attempt, for every job that holds capacity (one query)."""
+    def current_attempts(self, job_ids: Sequence[int] | None = None) -> dict[int, AttemptRecord]:
+        """Job id -> its newest attempt, for every job that holds capacity (one query), or
+        for those of `job_ids` that do."""
         query = (
             select(Attempt)
             .join(Job, Job.id == Attempt.job_id)
@@ -907,6 +908,11 @@ class Store(
                 Attempt.number == Job.attempts,
             )
         )
+        if job_ids is not None:
+            if not job_ids:
+                return {}
+            if len(job_ids) <= 500:  # a long IN list costs more than reading them all
+                query = query.where(Attempt.job_id.in_(list(job_ids)))
         with self._tx("list current attempts", write=False) as s:
             return {a.job_id: _rows.attempt_record(a) for a in s.scalars(query)}
 

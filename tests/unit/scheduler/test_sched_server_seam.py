@@ -134,3 +134,30 @@ def test_reclaim_waits_for_a_borrowers_least_run_time_and_says_when() -> None:
     assert "become reclaimable in 40 s" in early.pending[2].reason
     later = policy.decide(replace(view, now=T0.timestamp() + 60))
     assert [(p.job_id, p.for_job_id) for p in later.preemptions] == [(1, 2)]
+
+
+def test_pending_workloads_are_converted_once_until_something_they_depend_on_changes() -> None:
+    """A deep backlog is not re-converted on every pass: the same Workload comes back until
+    the row, the attained service or the estimator changes."""
+    policy = CorePolicy()
+    view = _view(1000.0)
+    first = policy._pending_workloads(view)
+    assert policy._pending_workloads(view)[0] is first[0]
+    # the row changed (a requeue moves updated_at): rebuilt
+    moved = replace(view.pending[0], updated_at=datetime(2026, 1, 2, tzinfo=UTC))
+    second = policy._pending_workloads(replace(view, pending=(moved,)))
+    assert second[0] is not first[0] and second[0] == first[0]
+    # the estimator learned a run time for jobs like it: rebuilt with the new estimate
+    for _ in range(5):
+        policy.observe_completion(
+            team="nlp", user="ada", job_name="sft-llama-9", gpus=8, run_s=3600.0
+        )
+    third = policy._pending_workloads(replace(view, pending=(moved,)))
+    assert third[0] is not second[0]
+    assert third[0].runtime_estimate_s == 3600.0
+    # attained service from an earlier attempt: rebuilt with it
+    fourth = policy._pending_workloads(replace(view, pending=(moved,), attained_s={2: 60.0}))
+    assert fourth[0].attained_service_s == 60.0
+    # jobs that left the backlog are forgotten
+    policy._pending_workloads(replace(view, pending=()))
+    assert policy._workloads == {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from tensoryard.executors.kubernetes.config import KubernetesConfig
 from tensoryard.executors.kubernetes.kueue import KueueAdmission
 from tensoryard.executors.kubernetes.manifests import (
     LABEL_ATTEMPT_KEY,
+    LABEL_JOB_ID,
     RESERVED_ENV,
     TOKEN_KEY,
     AttemptWorkload,
@@ -219,6 +220,9 @@ def _hand_over(run_dir: Path, attempt_dir: Path, uid: int | None) -> None:
             os.chown(path, uid, uid)
 
 
+JobChanged = Callable[[int | None], None]
+
+
 def _attempt_key_of(obj: Obj) -> list[str]:
     key = (get(obj, "metadata", "labels") or {}).get(LABEL_ATTEMPT_KEY)
     return [str(key)] if key else []
@@ -268,6 +272,7 @@ class KubernetesExecutor:
         self.grace_s = grace_s
         self.kind = kind or _choose_kind(kube)
         self._pod_cache: WatchCache | None = None
+        self._changed: JobChanged | None = None  # see report_changes
         self._owner_cache: WatchCache | None = None
         self._node_cache: WatchCache | None = None  # Node objects: a lost node is seen at once
         # attempt key -> (when its FailedCreate events were read, what they said)
@@ -311,9 +316,37 @@ class KubernetesExecutor:
                 label_selector=LABEL_ATTEMPT_KEY,
             )
         self._owner_cache = owners.start()
+        self._listen(self._pod_cache, self._owner_cache)
         self._node_cache = WatchCache(k, "nodes", k.core.list_node).start()
         if self.kueue is not None:
             self.kueue.start_watch()
+
+    @property
+    def reports_starts(self) -> bool:
+        """Pod events tell a start as well as an end (with the watches on)."""
+        return self._pod_cache is not None
+
+    def report_changes(self, changed: JobChanged) -> bool:
+        """Tell `changed(job_id)` when one of a job's pods or its JobSet/Job changes, from
+        the watches (False without them: `start_watches` was not called)."""
+        self._changed = changed
+        self._listen(self._pod_cache, self._owner_cache)
+        return self._pod_cache is not None and self._owner_cache is not None
+
+    def _listen(self, *caches: WatchCache | None) -> None:
+        changed = self._changed
+        if changed is None:
+            return
+        for cache in caches:
+            if cache is None or any(getattr(f, "_tyard", False) for f in cache.listeners):
+                continue
+
+            def listener(kind: str, obj: Obj, changed: JobChanged = changed) -> None:
+                job = str((get(obj, "metadata", "labels") or {}).get(LABEL_JOB_ID, ""))
+                changed(int(job) if job.isdigit() else None)
+
+            listener._tyard = True  # type: ignore[attr-defined]
+            cache.listeners.append(listener)
 
     def close(self) -> None:
         for cache in (self._pod_cache, self._owner_cache, self._node_cache):

@@ -71,6 +71,9 @@ class WatchCache:
         self._stop = threading.Event()
         self._watch: Any = None
         self._thread = threading.Thread(target=self._run, name=f"watch {what}", daemon=True)
+        # called with (event type, object) after each change is applied, from the watch's
+        # thread ("RELIST", {} after a relist: anything may have changed)
+        self.listeners: list[Callable[[str, Obj], None]] = []
 
     # -- readers ------------------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class WatchCache:
         self.resource_version = str(get(raw, "metadata", "resourceVersion"))
         self.relists += 1
         self.synced.set()
+        self._tell("RELIST", {})
 
     def _watch_once(self) -> None:
         self._watch = raw_watch()
@@ -204,6 +208,14 @@ class WatchCache:
             else:
                 self._objects[name] = obj
                 self._add_to_index(name, obj)
+        self._tell(kind, obj)
+
+    def _tell(self, kind: str, obj: Obj) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(kind, obj)
+            except Exception:  # a listener must not stop the watch
+                log.exception("watch %s: listener failed", self.what)
 
 
 def _json_of(result: Any, kube: Any) -> Obj:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import psutil
 import tensoryard
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
+from tensoryard.executors.local.exits import ExitWatch
 from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
 from tensoryard.executors.local.netns import NetnsNodes
 from tensoryard.executors.local.outcome import ExitRecord, attempt_status
@@ -136,6 +137,14 @@ class LocalExecutor:
         # Shims we started, kept only to reap them (a shim outlives us when we die).
         self._shims: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        self._exits: ExitWatch | None = None  # see report_changes
+
+    def report_changes(self, changed: Callable[[int | None], None]) -> bool:
+        """Tell `changed(job_id)` when an attempt's supervisor exits (it has written the
+        attempt's exit record by then), so the loop reconciles that job at once; False
+        where the kernel has no pidfds."""
+        self._exits = ExitWatch(changed)
+        return self._exits.enabled
 
     # -- launch -------------------------------------------------------------------------------
 
@@ -192,6 +201,7 @@ class LocalExecutor:
             request, layout, key, pid=shim.pid, started=_create_time_or_fail(shim.pid, layout)
         )
         self._confirm_started(handle, shim)
+        self._watch_exit(handle)
         return handle.to_dict()
 
     def terminate(self, handle: dict[str, Any]) -> int:
@@ -378,6 +388,7 @@ class LocalExecutor:
         if finished is not None:
             return finished
         if self._shim_alive(h):
+            self._watch_exit(h)
             phase = AttemptPhase.RUNNING if self._workers_up(h) else AttemptPhase.STARTING
             return AttemptStatus(phase)
         finished = self._finished(h)  # it may have finished between the two looks
@@ -418,6 +429,13 @@ class LocalExecutor:
             return None
         self._reap(h.shim_pid)
         return attempt_status(ExitRecord.from_dict(data))
+
+    def _watch_exit(self, h: LocalHandle) -> None:
+        """Have the exit watch report the end of this attempt's supervisor (when on)."""
+        if self._exits is None or not h.shim_pid:
+            return
+        job_id = int(h.job_id) if h.job_id.isdigit() else None
+        self._exits.add(h.shim_pid, h.shim_create_time, job_id)
 
     def _shim_alive(self, h: LocalHandle) -> bool:
         """Alive by (pid, create time); a handle recorded before launch learns them from

@@ -7,6 +7,7 @@ ranks on nodes whose agents fell silent is ended with those nodes, and the statu
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Mapping
 
 from tensoryard.errors import TensoryardError
@@ -52,15 +53,41 @@ class Reconciler:
         self._outcome = outcome
         self._check_fence = check_fence
         self._poll_failing_since: dict[AttemptKey, float] = {}
+        # Events (see `changed`): off until the executor reports changes; then the jobs it
+        # named since the last pass, or every job when it could not say which.
+        self.events = False
+        self._changed_lock = threading.Lock()
+        self._changed: set[int] = set()
+        self._changed_all = True
+        self._last_full = -1e18
 
     def reset(self) -> None:
         self._poll_failing_since.clear()
+        self.changed(None)
+
+    def changed(self, job_id: int | None) -> None:
+        """An attempt of `job_id` may have changed (None: of some job); any thread."""
+        with self._changed_lock:
+            if job_id is None:
+                self._changed_all = True
+            else:
+                self._changed.add(job_id)
 
     def reconcile(self, now: float) -> None:
         live = self._index.in_states(JobState.STARTING, JobState.RUNNING)
+        with self._changed_lock:
+            changed, everything = self._changed, self._changed_all
+            self._changed, self._changed_all = set(), False
         if not live:
             return
-        attempts = self._store.current_attempts()
+        partial = self.events and not everything and 0 <= now - self._last_full < self._resync_s
+        if partial:
+            live = [job for job in live if self._due(job, changed)]
+            if not live:
+                return
+        else:
+            self._last_full = now
+        attempts = self._store.current_attempts([j.id for j in live] if partial else None)
         for job in live:
             attempt = attempts.get(job.id)
             if attempt is None or attempt.finished_at is not None:
@@ -68,6 +95,18 @@ class Reconciler:
             if attempt.state == "launching":
                 continue  # phase 4 (re)launches it
             self._guard.run(job.id, self._reconcile_one, job, attempt, now)
+
+    @property
+    def _resync_s(self) -> float:
+        return self._config.resync_interval_s
+
+    def _due(self, job: JobRecord, changed: set[int]) -> bool:
+        """Between full passes: the jobs the executor named, and those whose attempt needs
+        looking at every cycle (starting, being stopped or cancelled, failing to poll)."""
+        if job.id in changed or job.state is JobState.STARTING or job.cancel_requested:
+            return True
+        number = job.attempts
+        return self._stopper.sent((job.id, number)) or (job.id, number) in self._poll_failing_since
 
     def _reconcile_one(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
         key = (job.id, attempt.number)

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from tensoryard.errors import StoreError
 from tensoryard.server.config import ServerConfig
@@ -22,7 +23,7 @@ from tensoryard.server.control.rules import PREEMPTED, SCHEDULER_STATE_KEY, curr
 from tensoryard.server.control.stopping import AttemptStopper
 from tensoryard.server.faults import crashpoint
 from tensoryard.server.metrics import LoopMetrics
-from tensoryard.server.scheduling import ClusterView, CorePolicy, Preemption
+from tensoryard.server.scheduling import ClusterView, CorePolicy, Decisions, Preemption
 from tensoryard.spec.states import ACTIVE_STATES, JobState
 from tensoryard.store import AttemptRecord, JobRecord, Store
 
@@ -31,6 +32,9 @@ __all__ = ["Scheduling"]
 log = logging.getLogger("tensoryard.controller")
 
 _STATE_SAVE_EVERY_S = 30.0
+# Below this many pending jobs every pass reads every reason; above, see _note_reasons.
+_ALL_REASONS_BELOW = 2000
+_ALL_REASONS_EVERY_S = 10.0
 
 
 class Scheduling:
@@ -68,6 +72,9 @@ class Scheduling:
         self._wake_at: float | None = None  # the last pass's Decisions.wake_at
         self._node_shape: tuple[tuple[str, bool, str], ...] = ()  # nodes at the last check
         self._last_state_save = 0.0
+        self._all_reasons_at = 0.0  # when every pending job's reason was last read
+        self._reasons_read: dict[int, datetime] = {}  # job -> its updated_at when read
+        self._unread: tuple[list[JobRecord], Decisions, float] | None = None  # see note_reasons
 
     def due(self, now: float) -> bool:
         """At once when capacity came free; after other changes (new submissions) at most
@@ -103,6 +110,7 @@ class Scheduling:
         triggers.dirty = triggers.urgent = False
         self._last = now
         self._wake_at = None
+        self._unread = None
         pending = [j for j in self._index.in_states(JobState.PENDING) if not j.cancel_requested]
         pending = [j for j in pending if self._guard.spec_or_quarantine(j) is not None]
         if not pending:
@@ -155,8 +163,38 @@ class Scheduling:
             victim = running_by_id.get(preemption.job_id)
             if victim is not None:
                 self._guard.run(victim.id, self._preempt, victim, preemption)
-        for job_id, info in decisions.pending.items():
-            self._pending.decided(by_id[job_id], info.reason, info.eta_s)
+        self._unread = (pending, decisions, now)
+
+    def note_reasons(self) -> None:
+        """Hand the last pass's reasons to the writer (phase 5, after the launches: rendering
+        a deep backlog's reasons must not delay the job that just got a slot)."""
+        if self._unread is not None:
+            pending, decisions, now = self._unread
+            self._unread = None
+            self._note_reasons(pending, decisions, now)
+
+    def _note_reasons(self, pending: list[JobRecord], decisions: Decisions, now: float) -> None:
+        """A small backlog's reasons are all read every pass;
+        a deep one's (each reason is a rendered sentence) only for the jobs this pass visited
+        or that changed since their reason was last read, and all of them every
+        `_ALL_REASONS_EVERY_S` (an unvisited job's reason only restates its place in line)."""
+        everyone = (
+            len(pending) <= _ALL_REASONS_BELOW or now - self._all_reasons_at >= _ALL_REASONS_EVERY_S
+        )
+        if everyone:
+            self._all_reasons_at = now
+            chosen = pending
+        else:
+            visited = set(getattr(decisions.pending, "visited", ()))
+            read = self._reasons_read
+            chosen = [j for j in pending if j.id in visited or read.get(j.id) != j.updated_at]
+        fresh = {} if everyone else self._reasons_read
+        for job in chosen:
+            info = decisions.pending.get(job.id)
+            if info is not None:
+                self._pending.decided(job, info.reason, info.eta_s)
+                fresh[job.id] = job.updated_at
+        self._reasons_read = fresh
 
     def _preempt(self, job: JobRecord, preemption: Preemption) -> None:
         """Signal a victim: it checkpoints within the grace period, then goes back to PENDING."""

@@ -1,0 +1,132 @@
+"""Events wake the loop: an executor that reports changes gets its named jobs reconciled at
+once, the others only in the slow full pass (every `resync_interval_s`); one that reports
+nothing keeps every attempt polled every cycle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from tests.unit.server.test_controller import Clock, ScriptedExecutor, World, make_controller
+from tests.unit.server.test_controller import world as world  # the fixture
+
+from tensoryard.executors.base import AttemptPhase, AttemptStatus, ReportsChanges
+from tensoryard.executors.local.exits import ExitWatch
+from tensoryard.spec.states import JobState
+from tensoryard.store import Store
+
+
+class ReportingExecutor(ScriptedExecutor):
+    """The scripted executor, counting polls per attempt key, that reports changes."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.polled: list[str] = []
+        self.tell: Any = None
+
+    def report_changes(self, changed: Any) -> bool:
+        self.tell = changed
+        return True
+
+    def poll(self, handle: dict[str, Any]) -> AttemptStatus:
+        self.polled.append(handle["key"])
+        return super().poll(handle)
+
+
+@pytest.fixture
+def events(migrated_sqlite_url: str, tmp_path: Path) -> World:
+    clock = Clock()
+    store = Store.open(migrated_sqlite_url, clock=clock.dt)
+    store.ensure_team("default")
+    executor = ReportingExecutor(store)
+    controller = make_controller(store, executor, clock)
+    assert isinstance(executor, ReportsChanges)
+    controller._reconciler.events = executor.report_changes(controller.changed)
+    assert controller.lead()
+    return World(store, executor, clock, controller, tmp_path)
+
+
+def test_between_full_passes_only_the_jobs_named_are_polled(events: World) -> None:
+    executor = events.executor
+    assert isinstance(executor, ReportingExecutor)
+    a, b = events.submit("a"), events.submit("b")
+    events.cycle(3, advance=0.1)
+    assert events.state(a) is JobState.RUNNING and events.state(b) is JobState.RUNNING
+    events.cycle(1, advance=3.0)  # a full pass: both polled
+    executor.polled.clear()
+    events.cycle(3, advance=0.1)
+    assert executor.polled == []  # nothing named, nothing starting: no poll at all
+    executor.finish(events.key(a), AttemptPhase.SUCCEEDED)
+    executor.tell(a)
+    events.cycle(1, advance=0.1)
+    assert executor.polled == [events.key(a)]
+    assert events.state(a) is JobState.SUCCEEDED
+    # the slow full pass still looks at every attempt (a missed event is repaired there)
+    executor.polled.clear()
+    executor.finish(events.key(b), AttemptPhase.FAILED, "gone without an event")
+    events.cycle(1, advance=0.1)
+    assert executor.polled == []
+    events.cycle(1, advance=2.5)
+    assert executor.polled == [events.key(b)]
+    assert events.state(b) is not JobState.RUNNING
+
+
+def test_an_unknown_change_polls_every_attempt(events: World) -> None:
+    executor = events.executor
+    assert isinstance(executor, ReportingExecutor)
+    ids = [events.submit(f"j{i}") for i in range(3)]
+    events.cycle(3, advance=0.1)
+    events.cycle(1, advance=3.0)
+    executor.polled.clear()
+    executor.tell(None)
+    events.cycle(1, advance=0.1)
+    assert sorted(executor.polled) == sorted(events.key(i) for i in ids)
+
+
+def test_without_events_every_attempt_is_polled_every_cycle(world: World) -> None:
+    a = world.submit("a")
+    world.cycle(3, advance=0.1)
+    polls: list[str] = []
+    real = world.executor.poll
+
+    def counting(handle: dict[str, Any]) -> AttemptStatus:
+        polls.append(handle["key"])
+        return real(handle)
+
+    world.executor.poll = counting  # type: ignore[method-assign]
+    world.cycle(3, advance=0.1)
+    assert polls == [world.key(a)] * 3
+
+
+def test_the_exit_watch_names_the_job_whose_process_ended() -> None:
+    told: list[int | None] = []
+    done = threading.Event()
+
+    def changed(job_id: int | None) -> None:
+        told.append(job_id)
+        done.set()
+
+    watch = ExitWatch(changed)
+    if not watch.enabled:  # Linux < 5.3: the loop polls instead; CI's kernel has them
+        assert not os.environ.get("CI"), "pidfd_open is missing on this CI machine"
+        pytest.skip("this kernel has no pidfds")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    watch.add(proc.pid, psutil.Process(proc.pid).create_time(), 42)
+    watch.add(proc.pid, psutil.Process(proc.pid).create_time(), 42)  # once is enough
+    assert watch.watching() == 1
+    started = time.monotonic()
+    assert done.wait(10)
+    assert told == [42]
+    assert time.monotonic() - started < 5
+    proc.wait()
+    assert watch.watching() == 0
+    # a process that is gone already is not watched (its end is seen by the next poll)
+    watch.add(proc.pid, 0.0, 43)
+    assert watch.watching() == 0
