@@ -21,6 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tensoryard import __version__
+from tensoryard.api.access import JOB_EVENT_KINDS, Action, Principal
+from tensoryard.api.guard import INT32, Guard, JobId, Reporter
+from tensoryard.api.limits import BodyLimit, NoNulInUrl, RateLimiter
+from tensoryard.api.node_telemetry import TelemetryBook
 from tensoryard.console import add_console
 from tensoryard.errors import (
     Conflict,
@@ -42,11 +46,7 @@ from tensoryard.registry.paths import protected_overlap
 from tensoryard.registry.pruning import CheckpointPruner, job_paths
 from tensoryard.registry.service import ModelRegistry, detect_format
 from tensoryard.registry.webhooks import WebhookDispatcher
-from tensoryard.server.access import JOB_EVENT_KINDS, Action, Principal
 from tensoryard.server.faults import crashpoint
-from tensoryard.server.guard import INT32, Guard, JobId, Reporter
-from tensoryard.server.limits import BodyLimit, NoNulInUrl, RateLimiter
-from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.server.routes_access import add_access_routes
 from tensoryard.server.routes_models import add_model_routes
 from tensoryard.server.routes_nodes import add_node_routes

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tensoryard.errors import ConfigError
+from tensoryard.executors.capacity import NodeCapacity
 from tensoryard.scheduler import (
     DecayedUsage,
     Node,
@@ -61,25 +62,6 @@ __all__ = [
 
 COHORT = "everyone"
 STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class NodeCapacity:
-    """One node as the agent reports it."""
-
-    name: str
-    cpu_slots: float
-    memory_bytes: int
-    gpu_indices: tuple[int, ...] = ()
-    gpu_model: str | None = None
-    switch: str = ""  # leaf switch ("" unknown); topology-aware placement groups by it
-    block: str = ""  # spine block above the switch
-    cordoned: bool = False  # takes no new jobs (cordoned, not ready, tainted)
-    unavailable_gpus: tuple[int, ...] = ()  # held by workloads tensoryard did not start
-    state: str = "ready"  # ready | cordoned | draining (the health loop; no new placements)
-    # What the cluster itself says of a node that takes no new jobs ("NotReady since ... (why)",
-    # "unschedulable", "tainted k=v:NoSchedule"); "" while it is open. Shown by `tyard nodes`.
-    condition: str = ""
 
 
 @dataclass(frozen=True)

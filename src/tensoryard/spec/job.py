@@ -18,6 +18,7 @@ from tensoryard.spec._common import (
     read_spec_file,
     spec_error_from_validation,
 )
+from tensoryard.spec.megatron import recognise
 
 __all__ = [
     "CheckpointSpec",
@@ -375,8 +376,6 @@ class JobSpec(StrictModel):
         return self
 
     def _megatron_fits(self) -> None:
-        from tensoryard.runtime.megatron import recognise
-
         args = recognise(self.command, self.framework)
         if args is None:
             return
