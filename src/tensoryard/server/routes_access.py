@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from tensoryard.api.access import Action, Principal
 from tensoryard.api.guard import INT32, Guard
 from tensoryard.errors import Forbidden, NotFound
-from tensoryard.server.schemas import (
+from tensoryard.server.schemas_access import (
     AuditOut,
     MemberIn,
     MemberOut,
