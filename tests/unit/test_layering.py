@@ -20,8 +20,8 @@ _BASE = frozenset({"errors", "envvars"})
 # package listed after it. docs/architecture.md explains each line.
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
-    "faults": frozenset(),
     "envvars": frozenset({"errors"}),
+    "faults": _BASE,
     "spec": _BASE,
     "runtime": _BASE | {"spec"},
     "data": _BASE,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tensoryard import envvars
 from tensoryard.spec.megatron import MegatronArgs, recognise
 from tensoryard.spec.megatron import last_flag as _last
 
@@ -71,7 +72,7 @@ log = logging.getLogger("tensoryard.runtime.megatron")
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """Megatron's commit marker in the save directory: the newest complete iteration."""
-SAVE_ENV = "TYARD_MEGATRON_SAVE"
+SAVE_ENV = envvars.MEGATRON_SAVE.name
 """Set by the control plane on a Megatron job's launch: the absolute save directory."""
 EXIT_SIGNAL_FLAG = "--exit-signal-handler"
 

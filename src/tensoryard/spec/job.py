@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from tensoryard import envvars
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.spec._common import (
     StrictModel,
@@ -311,7 +312,7 @@ class JobSpec(StrictModel):
     @classmethod
     def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
         for env, name in value.items():
-            if env.upper().startswith("TYARD_"):
+            if env.upper().startswith(envvars.PREFIX):
                 raise ValueError(
                     f"{env!r}: TYARD_* variables are the control plane's (fix: another name)"
                 )
