@@ -15,7 +15,7 @@ seconds in three arms, one after the other in this process:
                 `--min-stall` says otherwise;
 - torchrun:     the same script under plain `torchrun --max-restarts`, the same checkpoint
                 interval (synchronous saves, the runtime's default), the same fault schedule
-                (faults by `tensoryard.agent.chaos`, the code behind `tyard chaos`).
+                (faults by `tensoryard.executors.chaos`, the code behind `tyard chaos`).
 
 Goodput of an arm = seconds in training steps that were kept (not redone after a restart) /
 wall seconds from launch to the end of the arm. Also: time from each kill to the first step
@@ -65,10 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _results import provenance, write_results_line  # noqa: E402
 
-from tensoryard.agent.chaos import ChaosRecord, inject, run_schedule  # noqa: E402
-from tensoryard.agent.chaos import find_rank as find_pid  # noqa: E402
 from tensoryard.client import Client  # noqa: E402
 from tensoryard.errors import ClientError  # noqa: E402
+from tensoryard.executors.chaos import ChaosRecord, inject, run_schedule  # noqa: E402
+from tensoryard.executors.chaos import find_rank as find_pid  # noqa: E402
 from tensoryard.runtime.goodput import StepTime, compute_goodput  # noqa: E402
 from tensoryard.spec.job import HealthSpec, load_job_spec  # noqa: E402
 from tensoryard.spec.states import TERMINAL_STATES  # noqa: E402

@@ -8,7 +8,6 @@ with Client.from_env() as c:
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,8 +17,9 @@ from typing import Any, cast
 import httpx
 import yaml
 
+from tensoryard import envvars
+from tensoryard.envvars import DEFAULT_PORT, default_home
 from tensoryard.errors import ClientError
-from tensoryard.server.config import DEFAULT_PORT, default_home
 
 __all__ = ["Client", "resolve_connection"]
 
@@ -44,13 +44,13 @@ def resolve_connection(
     `$TYARD_HOME/config.yaml`, then the local control plane's files in $TYARD_HOME."""
     home = home or default_home()
     conf = _config_file(home)
-    url = server or os.environ.get("TYARD_SERVER") or conf.get("server")
+    url = server or envvars.SERVER.get() or conf.get("server")
     if not url:
         try:
             url = json.loads((home / "server.json").read_text())["url"]
         except (OSError, ValueError, KeyError):
             url = f"http://127.0.0.1:{DEFAULT_PORT}"
-    tok = token or os.environ.get("TYARD_TOKEN") or conf.get("token")
+    tok = token or envvars.TOKEN.get() or conf.get("token")
     if not tok:
         try:
             tok = (home / "admin.token").read_text().strip() or None

@@ -18,11 +18,13 @@ import os
 import signal
 import threading
 
+from tensoryard import envvars
+
 __all__ = ["CRASH_ENV", "ONCE_ENV", "POINTS", "SIGNAL_ENV", "crashpoint"]
 
-CRASH_ENV = "TYARD_CRASH_AT"
-SIGNAL_ENV = "TYARD_CRASH_SIGNAL"
-ONCE_ENV = "TYARD_CRASH_ONCE"
+CRASH_ENV = envvars.CRASH_AT.name
+SIGNAL_ENV = envvars.CRASH_SIGNAL.name
+ONCE_ENV = envvars.CRASH_ONCE.name
 
 POINTS = (
     "launch.after_intent",  # attempt recorded, job STARTING, nothing launched yet
@@ -50,8 +52,8 @@ def _parse(value: str | None) -> tuple[str, int] | None:
     return name, int(count or 1)
 
 
-_target = _parse(os.environ.get(CRASH_ENV))
-_signal = signal.Signals[os.environ.get(SIGNAL_ENV) or "SIGKILL"]
+_target = _parse(envvars.CRASH_AT.get())
+_signal = signal.Signals[envvars.CRASH_SIGNAL.value()]
 
 
 def crashpoint(name: str) -> None:
@@ -61,7 +63,7 @@ def crashpoint(name: str) -> None:
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         if _hits[name] == _target[1]:
-            once = os.environ.get(ONCE_ENV)
+            once = envvars.CRASH_ONCE.raw()
             if once:
                 try:
                     os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))

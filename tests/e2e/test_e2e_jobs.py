@@ -15,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from tensoryard.agent.chaos import find_rank
+from tensoryard.executors.chaos import find_rank
 from tests.e2e.conftest import REPO, ServerProcess, tyard, wait_for
 
 EXAMPLE = REPO / "examples" / "tiny_gpt"

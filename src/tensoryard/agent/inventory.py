@@ -8,7 +8,6 @@ machine without it, without a driver or without GPUs simply has no GPUs. Tests p
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import re
 import socket
@@ -18,7 +17,9 @@ from typing import Any
 
 import psutil
 
-__all__ = ["GpuInfo", "Inventory", "collect_inventory", "gpu_model", "load_nvml"]
+from tensoryard.observability.nvml import load_nvml
+
+__all__ = ["GpuInfo", "Inventory", "collect_inventory", "gpu_model"]
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,6 @@ class Inventory:
     @property
     def healthy_gpus(self) -> list[GpuInfo]:
         return [g for g in self.gpus if g.healthy]
-
-
-def load_nvml() -> Any | None:
-    """The real NVML bindings, or None when `nvidia-ml-py` is not installed."""
-    try:
-        return importlib.import_module("pynvml")
-    except ImportError:
-        return None
 
 
 def collect_inventory(

@@ -12,6 +12,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from tensoryard import envvars
 from tensoryard.client import Client
 from tensoryard.errors import ClientError, SpecError, TensoryardError
 
@@ -33,11 +34,13 @@ err_console = Console(stderr=True)
 
 ServerOpt = Annotated[
     str | None,
-    typer.Option("--server", envvar="TYARD_SERVER", help="Control-plane URL.", show_default=False),
+    typer.Option(
+        "--server", envvar=envvars.SERVER.name, help="Control-plane URL.", show_default=False
+    ),
 ]
 TokenOpt = Annotated[
     str | None,
-    typer.Option("--token", envvar="TYARD_TOKEN", help="Bearer token.", show_default=False),
+    typer.Option("--token", envvar=envvars.TOKEN.name, help="Bearer token.", show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 

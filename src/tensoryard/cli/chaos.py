@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from tensoryard.agent.chaos import ACTIONS, Action, ChaosRecord, run_schedule
 from tensoryard.cli._common import (
     JsonOpt,
     ServerOpt,
@@ -17,6 +16,7 @@ from tensoryard.cli._common import (
     print_json,
     user_errors,
 )
+from tensoryard.executors.chaos import ACTIONS, Action, ChaosRecord, run_schedule
 from tensoryard.spec._common import parse_duration_s
 
 __all__ = ["register"]

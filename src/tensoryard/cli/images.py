@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tensoryard import __version__
+from tensoryard import __version__, envvars
 from tensoryard.cli._common import JsonOpt, console, die, print_json, user_errors
 from tensoryard.images.matrix import Matrix, default_matrix, load_matrix
 from tensoryard.images.refs import ImageRefError, image_ref_for
@@ -26,7 +26,7 @@ MatrixOpt = Annotated[
     Path | None,
     typer.Option(
         "--matrix",
-        envvar="TYARD_IMAGE_MATRIX",
+        envvar=envvars.IMAGE_MATRIX.name,
         help="A matrix file instead of the shipped one (the site's; the control plane reads "
         "the same variable).",
         show_default=False,
@@ -36,7 +36,7 @@ RegistryOpt = Annotated[
     str | None,
     typer.Option(
         "--registry",
-        envvar="TYARD_IMAGE_REGISTRY",
+        envvar=envvars.IMAGE_REGISTRY.name,
         help="Registry prefix of image references (default localhost/tensoryard).",
         show_default=False,
     ),

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from tensoryard import envvars
 from tensoryard.cli._common import (
     JsonOpt,
     ServerOpt,
@@ -64,7 +65,7 @@ def server(
     db_url: Annotated[
         str | None,
         typer.Option(
-            "--db-url", envvar="TYARD_DB_URL", help="SQLAlchemy URL; default SQLite in home."
+            "--db-url", envvar=envvars.DB_URL.name, help="SQLAlchemy URL; default SQLite in home."
         ),
     ] = None,
     db_wait: Annotated[
@@ -110,7 +111,7 @@ def server(
         str | None,
         typer.Option(
             "--artifacts",
-            envvar="TYARD_ARTIFACTS",
+            envvar=envvars.ARTIFACTS.name,
             help="Artifact store of the model registry: a directory or s3://bucket/prefix "
             "(default: home/artifacts).",
         ),
@@ -330,7 +331,7 @@ def server(
         Path | None,
         typer.Option(
             "--scheduler-config",
-            envvar="TYARD_SCHEDULER_CONFIG",
+            envvar=envvars.SCHEDULER_CONFIG.name,
             help="YAML file of scheduler settings (fair share, reclaim, preemption, backfill), "
             "e.g. 'reclaim_min_run_s: 120'; every setting and its default: docs/scheduling.md.",
             show_default=False,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tensoryard import envvars
 from tensoryard.cli._common import console, die, user_errors
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.executors.kubernetes.config import KubernetesConfig
@@ -222,11 +223,11 @@ def render(
             spec=spec,
             run_dir=Path("."),
             env={
-                "TYARD_JOB_ID": str(job_id),
-                "TYARD_ATTEMPT": str(attempt),
-                "TYARD_SERVER_URL": "<the server's report URL>",
-                "TYARD_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval),
-                "TYARD_CHECKPOINT_KEEP": "0",  # the control plane applies retention
+                envvars.JOB_ID.name: str(job_id),
+                envvars.ATTEMPT.name: str(attempt),
+                envvars.SERVER_URL.name: "<the server's report URL>",
+                envvars.CHECKPOINT_INTERVAL.name: str(spec.checkpoint.interval),
+                envvars.CHECKPOINT_KEEP.name: "0",  # the control plane applies retention
             },
             placement={n: [] for n in node or []},
             attempt_key=key,

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
+from tensoryard import envvars
 from tensoryard.cli._common import (
     JsonOpt,
     ServerOpt,
@@ -42,7 +43,7 @@ StoreOpt = Annotated[
     str | None,
     typer.Option(
         "--store",
-        envvar="TYARD_ARTIFACTS",
+        envvar=envvars.ARTIFACTS.name,
         help="Artifact store URL (directory or s3://bucket/prefix); default: the server's.",
         show_default=False,
     ),

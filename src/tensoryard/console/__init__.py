@@ -20,11 +20,11 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tensoryard.api.guard import Guard
+from tensoryard.api.node_telemetry import TelemetryBook
 from tensoryard.console.live import LiveHub
 from tensoryard.console.routes import ConsoleDeps, LogPath, add_console_routes
 from tensoryard.console.session import SessionCookies, add_session_routes
-from tensoryard.server.guard import Guard
-from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.store import Store
 
 __all__ = ["ASSETS", "STATIC", "add_console", "load_assets"]

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from tensoryard.api.node_telemetry import GpuTelemetry
 from tensoryard.runtime.rank_stats import read_rank_history
 from tensoryard.runtime.stragglers import flagged_ranks
-from tensoryard.server.node_telemetry import GpuTelemetry
 from tensoryard.store import EventRecord, JobRecord
 
 __all__ = ["RankGpuOut", "RankSeriesOut", "RanksOut", "gpu_now", "rank_view", "thin"]

@@ -14,13 +14,13 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import INT32, Guard, JobId
+from tensoryard.api.node_telemetry import TelemetryBook
 from tensoryard.console.live import LiveHub, job_brief, sse
 from tensoryard.console.ranks import RanksOut, gpu_now, rank_view
 from tensoryard.console.restart import chosen_checkpoint, place, stage
 from tensoryard.errors import FieldIssue, NotFound, SpecError, StoreError
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import INT32, Guard, JobId
-from tensoryard.server.node_telemetry import TelemetryBook
 from tensoryard.serving.api import parse_when
 from tensoryard.spec.job import parse_job_spec
 from tensoryard.spec.states import TERMINAL_STATES

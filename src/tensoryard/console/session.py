@@ -29,9 +29,9 @@ from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tensoryard.api.access import Principal
+from tensoryard.api.guard import Guard
 from tensoryard.errors import Forbidden
-from tensoryard.server.access import Principal
-from tensoryard.server.guard import Guard
 from tensoryard.store import Store
 
 __all__ = ["COOKIE", "CSRF_HEADER", "SESSION_HOURS", "SessionCookies", "add_session_routes"]

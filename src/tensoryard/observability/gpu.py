@@ -18,9 +18,9 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
-from tensoryard.agent.inventory import load_nvml
 from tensoryard.observability import metrics as m
 from tensoryard.observability.base import CollectorErrors, Family, family, log
+from tensoryard.observability.nvml import load_nvml
 
 __all__ = ["FATAL_XIDS", "THROTTLE_REASONS", "GpuCollector", "GpuOwner"]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from blake3 import blake3
 
+from tensoryard import envvars
 from tensoryard.errors import DataError, FieldIssue, NotFound, SpecError
 from tensoryard.registry.artifacts import ArtifactStore, GcResult
 from tensoryard.registry.pruning import CheckpointPruner, job_paths
@@ -23,8 +24,8 @@ from tensoryard.store import AuditContext, ModelVersionRecord, Store
 
 __all__ = ["ModelRegistry", "data_manifest_hash", "detect_format", "lineage_from_spec"]
 
-CODE_REVISION_ENV = "TYARD_CODE_REVISION"
-DATA_MANIFEST_ENV = "TYARD_DATA_MANIFEST"
+CODE_REVISION_ENV = envvars.CODE_REVISION.name
+DATA_MANIFEST_ENV = envvars.DATA_MANIFEST.name
 
 
 def detect_format(path: Path) -> str:

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
+from tensoryard import envvars
 from tensoryard.errors import RuntimeSetupError
 
-__all__ = ["attempt_numbers", "env_float", "env_int", "env_str"]
+__all__ = ["attempt_numbers", "env_float", "env_int", "env_str", "setting"]
+
+T = TypeVar("T")
 
 
 def env_str(env: Mapping[str, str], name: str) -> str | None:
     """The variable's value, or None when it is unset or blank."""
     value = env.get(name, "").strip()
     return value or None
+
+
+def setting(var: envvars.EnvVar[T], env: Mapping[str, str]) -> T:
+    """A variable of the contract with its declared default; a bad value raises
+    RuntimeSetupError naming the variable."""
+    return var.value(env, error=RuntimeSetupError)
 
 
 def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
@@ -56,10 +66,10 @@ def attempt_numbers(env: Mapping[str, str]) -> tuple[int, int | None]:
     (TORCHELASTIC_RESTART_COUNT) of launch L runs as attempt L + k. A plain torchrun run
     without that variable keeps its number across restarts.
     """
-    attempt = env_int(env, "TYARD_ATTEMPT", 1, minimum=1)
-    if env_str(env, "TYARD_LAUNCH_ATTEMPT") is not None:
-        return attempt, env_int(env, "TYARD_LAUNCH_ATTEMPT", 1, minimum=1)
+    attempt = setting(envvars.ATTEMPT, env)
+    if envvars.LAUNCH_ATTEMPT.present(env):
+        return attempt, setting(envvars.LAUNCH_ATTEMPT, env)
     restarts = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
-    if restarts > 0 and env_int(env, "TYARD_IN_PLACE_RESTARTS", 0) > 0:
+    if restarts > 0 and setting(envvars.IN_PLACE_RESTARTS, env) > 0:
         return attempt + restarts, attempt
     return attempt, None

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from tensoryard.runtime._env import env_int
+from tensoryard import envvars
+from tensoryard.runtime._env import setting
 from tensoryard.runtime.checkpoint import Checkpointer, CheckpointInfo, unwrap_module
 from tensoryard.runtime.dist import DeviceChoice, DistContext, init, shutdown
 from tensoryard.runtime.goodput import GoodputTracker
@@ -280,7 +281,7 @@ class Session:
             with contextlib.suppress(RuntimeError, ValueError):
                 self.dist.barrier()
         shutdown()
-        done = os.environ.get("TYARD_RANK_DONE_FILE") if clean else None
+        done = envvars.RANK_DONE_FILE.get() if clean else None
         if done:  # the rank wrapper: a crash in torch's teardown after this is not a failure
             with contextlib.suppress(OSError):
                 Path(done).write_text("done\n", encoding="utf-8")
@@ -358,11 +359,11 @@ def session(
         stop_check_every=stop_check_every,
         final_checkpoint=final_checkpoint,
         rank_stats=RankStats(
-            env.get("TYARD_RUN_DIR"),
+            envvars.RUN_DIR.get(env),
             dist.rank,
             reporter.config.attempt,
-            every_s=env_int(env, "TYARD_RANK_STATS_EVERY_MS", 1000, minimum=10) / 1000,
+            every_s=setting(envvars.RANK_STATS_EVERY_MS, env) / 1000,
         ),
-        probe_every=env_int(env, "TYARD_COLLECTIVE_PROBE_EVERY", 0),
-        probe_mb=env_int(env, "TYARD_COLLECTIVE_PROBE_MB", 64),
+        probe_every=setting(envvars.COLLECTIVE_PROBE_EVERY, env),
+        probe_mb=setting(envvars.COLLECTIVE_PROBE_MB, env),
     )

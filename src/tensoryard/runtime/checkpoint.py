@@ -55,8 +55,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from tensoryard import envvars
 from tensoryard.errors import RuntimeSetupError
-from tensoryard.runtime._env import env_int, env_str
+from tensoryard.runtime._env import setting
 from tensoryard.runtime.dist import DistContext
 from tensoryard.runtime.layout import (
     LAYOUT_CHOICES,
@@ -416,9 +417,9 @@ class Checkpointer:
         env = os.environ if env is None else env
         self.dir = Path(dir) if dir is not None else _default_dir(env)
         if interval is None:
-            interval = env_int(env, "TYARD_CHECKPOINT_INTERVAL", 50, minimum=1)
+            interval = setting(envvars.CHECKPOINT_INTERVAL, env)
         if keep is None:
-            keep = env_int(env, "TYARD_CHECKPOINT_KEEP", 3, minimum=0)
+            keep = setting(envvars.CHECKPOINT_KEEP, env)
         self.interval, self.keep = interval, keep
         if self.interval < 1 or self.keep < 0:
             raise RuntimeSetupError(
@@ -432,7 +433,7 @@ class Checkpointer:
                 "(fix: use 'auto')"
             )
         if async_save is None:
-            async_save = env_int(env, "TYARD_CHECKPOINT_ASYNC", 0) > 0
+            async_save = setting(envvars.CHECKPOINT_ASYNC, env) > 0
         self.async_save = async_save
         self.dist = dist or DistContext(0, 1, 0, 1, torch.device("cpu"), None)
         self.on_saved = on_saved
@@ -837,7 +838,7 @@ class Checkpointer:
 
 
 def _env_layout(env: Mapping[str, str]) -> LayoutChoice:
-    value = env_str(env, "TYARD_CHECKPOINT_LAYOUT") or "auto"
+    value = setting(envvars.CHECKPOINT_LAYOUT, env)
     if value not in LAYOUT_CHOICES:
         raise RuntimeSetupError(
             f"TYARD_CHECKPOINT_LAYOUT={value!r} is not one of {', '.join(LAYOUT_CHOICES)} "
@@ -847,10 +848,10 @@ def _env_layout(env: Mapping[str, str]) -> LayoutChoice:
 
 
 def _default_dir(env: Mapping[str, str]) -> Path:
-    explicit = env_str(env, "TYARD_CHECKPOINT_DIR")
+    explicit = envvars.CHECKPOINT_DIR.get(env)
     if explicit:
         return Path(explicit)
-    run_dir = env_str(env, "TYARD_RUN_DIR")
+    run_dir = envvars.RUN_DIR.get(env)
     if run_dir:
         return Path(run_dir) / "checkpoints"
     raise RuntimeSetupError(

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
+from tensoryard import envvars
 from tensoryard.errors import RuntimeSetupError
 from tensoryard.runtime._env import env_int, env_str
 from tensoryard.runtime.stacks import enable as enable_stack_dumps
@@ -218,7 +219,9 @@ def _restart_store(
     Connection refused" after a restart). Keys under a prefix per restart cannot be stale."""
     # a gang's rank wrapper numbers rounds alike on every node (TYARD_RESTART_ROUND); torchrun's
     # own count grows only on the node whose worker failed
-    restarts = env_int(env, "TYARD_RESTART_ROUND", env_int(env, "TORCHELASTIC_RESTART_COUNT", 0))
+    restarts = envvars.RESTART_ROUND.get(env, error=RuntimeSetupError)
+    if restarts is None:
+        restarts = env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
     if restarts <= 0 or env_str(env, "TORCHELASTIC_USE_AGENT_STORE") not in ("True", "true", "1"):
         return None
     client = TCPStore(

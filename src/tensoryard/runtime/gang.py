@@ -32,9 +32,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tensoryard import envvars
+
 __all__ = ["ROUNDS_DIR_ENV", "claim_round", "launch_argv", "main", "round_env"]
 
-ROUNDS_DIR_ENV = "TYARD_ROUNDS_DIR"
+ROUNDS_DIR_ENV = envvars.ROUNDS_DIR.name
 """Where the round markers live (pod-local; default: a directory under /tmp per attempt)."""
 
 USAGE = (
@@ -88,14 +90,16 @@ def _private_dir(name: str) -> Path:
 
 def round_env(env: Mapping[str, str]) -> dict[str, str]:
     """The worker's environment for this start: its round, and the attempt it reports as."""
-    key = "".join(c if c.isalnum() or c in "-_." else "_" for c in env.get("TYARD_ATTEMPT_KEY", ""))
+    key = "".join(
+        c if c.isalnum() or c in "-_." else "_" for c in env.get(envvars.ATTEMPT_KEY.name, "")
+    )
     base = Path(env.get(ROUNDS_DIR_ENV) or _private_dir(f"rounds-{key or 'job'}"))
     round_ = claim_round(base / env.get("LOCAL_RANK", "0"))
-    out = {**env, "TYARD_RESTART_ROUND": str(round_)}
-    launch = env.get("TYARD_ATTEMPT", "")
+    out = {**env, envvars.RESTART_ROUND.name: str(round_)}
+    launch = env.get(envvars.ATTEMPT.name, "")
     if round_ > 0 and launch.isdigit() and int(launch) > 0:
-        out["TYARD_ATTEMPT"] = str(int(launch) + round_)
-        out["TYARD_LAUNCH_ATTEMPT"] = launch
+        out[envvars.ATTEMPT.name] = str(int(launch) + round_)
+        out[envvars.LAUNCH_ATTEMPT.name] = launch
     return out
 
 

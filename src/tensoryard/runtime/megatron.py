@@ -48,6 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tensoryard import envvars
+from tensoryard.spec.megatron import MegatronArgs, recognise
+from tensoryard.spec.megatron import last_flag as _last
+
 __all__ = [
     "EXIT_SIGNAL_FLAG",
     "SAVE_ENV",
@@ -68,56 +72,13 @@ log = logging.getLogger("tensoryard.runtime.megatron")
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """Megatron's commit marker in the save directory: the newest complete iteration."""
-SAVE_ENV = "TYARD_MEGATRON_SAVE"
+SAVE_ENV = envvars.MEGATRON_SAVE.name
 """Set by the control plane on a Megatron job's launch: the absolute save directory."""
 EXIT_SIGNAL_FLAG = "--exit-signal-handler"
 
-# Arguments of Megatron's parser (megatron/training/arguments.py) that no generic script has.
-_MEGATRON_ONLY = frozenset(
-    {
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--context-parallel-size",
-        "--expert-model-parallel-size",
-        "--micro-batch-size",
-        "--save-interval",
-        "--use-mcore-models",
-        "--use-dist-ckpt",
-        "--ckpt-format",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--sequence-parallel",
-    }
-)
 # Flags that make a load start over (weights only, fresh optimizer or RNG); a restart resuming
 # the job's own checkpoint must not pass them on.
 _FRESH_START_FLAGS = ("--finetune", "--no-load-optim", "--no-load-rng")
-
-
-@dataclass(frozen=True)
-class MegatronArgs:
-    """What tensoryard reads from a Megatron command line."""
-
-    script: str
-    save: str | None
-    load: str | None
-    save_interval: int | None
-    finetune: bool
-
-
-def _values(argv: Sequence[str], flag: str) -> list[str]:
-    """Every value given to ``flag`` (``--flag V`` or ``--flag=V``), in order."""
-    found = []
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            found.append(argv[i + 1])
-        elif arg.startswith(flag + "="):
-            found.append(arg[len(flag) + 1 :])
-    return found
-
-
-def _last(argv: Sequence[str], flag: str) -> str | None:
-    values = _values(argv, flag)
-    return values[-1] if values else None  # argparse: the last occurrence wins
 
 
 def _without(argv: Sequence[str], flag: str, *, takes_value: bool) -> list[str]:
@@ -134,34 +95,6 @@ def _without(argv: Sequence[str], flag: str, *, takes_value: bool) -> list[str]:
             continue
         out.append(arg)
     return out
-
-
-def recognise(command: Sequence[str], framework: str = "auto") -> MegatronArgs | None:
-    """The Megatron arguments of a job's command, or None when it is not a Megatron job.
-
-    ``framework``: ``megatron`` (always), ``none`` (never) or ``auto`` (at least two of the
-    arguments only Megatron's parser has: a Megatron command line has several, another
-    script none; one alone could be a script's own option of the same name)."""
-    if framework == "none" or not command:
-        return None
-    script = command[0]
-    args = command[1:]
-    if framework != "megatron":
-        flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
-        if len(flags & _MEGATRON_ONLY) < 2:
-            return None
-    interval = _last(args, "--save-interval")
-    try:
-        save_interval = int(interval) if interval is not None else None
-    except ValueError:
-        save_interval = None
-    return MegatronArgs(
-        script=script,
-        save=_last(args, "--save"),
-        load=_last(args, "--load"),
-        save_interval=save_interval,
-        finetune="--finetune" in args,
-    )
 
 
 def save_dir_of(args: MegatronArgs, *, cwd: Path, default: Path) -> Path:

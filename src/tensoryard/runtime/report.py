@@ -34,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from tensoryard import envvars
 from tensoryard.errors import RuntimeSetupError
-from tensoryard.runtime._env import attempt_numbers, env_float, env_str
+from tensoryard.runtime._env import attempt_numbers, setting
 
 __all__ = ["Reporter", "ReporterConfig", "Transport", "UrllibTransport"]
 
@@ -83,16 +84,16 @@ class ReporterConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ReporterConfig:
         """Build from the TYARD_* variables (docs/contracts.md, section 1), then `overrides`."""
         env = os.environ if env is None else env
-        run_dir = env_str(env, "TYARD_RUN_DIR")
+        run_dir = envvars.RUN_DIR.get(env)
         attempt, launch_attempt = attempt_numbers(env)
         config = cls(
-            job_id=env_str(env, "TYARD_JOB_ID"),
+            job_id=envvars.JOB_ID.get(env),
             attempt=attempt,
             launch_attempt=launch_attempt,
             run_dir=Path(run_dir) if run_dir else None,
-            server_url=env_str(env, "TYARD_SERVER_URL"),
-            token=env_str(env, "TYARD_JOB_TOKEN"),
-            heartbeat_s=env_float(env, "TYARD_HEARTBEAT_S", 5.0, minimum=0.05),
+            server_url=envvars.SERVER_URL.get(env),
+            token=envvars.JOB_TOKEN.get(env),
+            heartbeat_s=setting(envvars.HEARTBEAT_S, env),
         )
         return replace(config, **overrides)
 

@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tensoryard import envvars
+
 __all__ = ["STACKS_ENV", "Frame", "enable", "main_thread_frames", "summarize"]
 
-STACKS_ENV = "TYARD_STACKS_DIR"
+STACKS_ENV = envvars.STACKS_DIR.name
 SIGNAL = signal.SIGUSR2
 
 _enabled: IO[str] | None = None  # kept open for the process's life: the handler writes to it

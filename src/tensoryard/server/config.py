@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from tensoryard.envvars import DEFAULT_PORT, default_home
 from tensoryard.executors.kubernetes.config import KubernetesConfig
 from tensoryard.executors.slurm.config import SlurmConfig
 from tensoryard.scheduler.config import SchedulerConfig
@@ -15,13 +15,6 @@ if TYPE_CHECKING:
     from tensoryard.registry.webhooks import WebhookConfig
 
 __all__ = ["DEFAULT_PORT", "ServerConfig", "default_home"]
-
-DEFAULT_PORT = 8642
-
-
-def default_home() -> Path:
-    """`$TYARD_HOME`, else `~/.tyard`: the database, admin token and job run dirs live here."""
-    return Path(os.environ.get("TYARD_HOME") or Path.home() / ".tyard").expanduser()
 
 
 @dataclass(kw_only=True)

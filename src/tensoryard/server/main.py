@@ -10,11 +10,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,9 +21,6 @@ from prometheus_client import CollectorRegistry
 
 from tensoryard.errors import (
     ConfigError,
-    ExecutorError,
-    FieldIssue,
-    SpecError,
     StoreUnreachable,
 )
 from tensoryard.executors.base import Executor
@@ -32,15 +28,21 @@ from tensoryard.registry import ArtifactConfig, ArtifactStore, open_blobs
 from tensoryard.registry.webhooks import WebhookDispatcher
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin, ensure_secret
+from tensoryard.server.backends import (
+    kubernetes_backend,
+    kueue_admits,
+    local_backend,
+    slurm_backend,
+)
 from tensoryard.server.config import ServerConfig
-from tensoryard.server.controller import Controller, NodeSync
+from tensoryard.server.controller import Controller
 from tensoryard.server.housekeeping import Housekeeper, HousekeepingMetrics
 from tensoryard.server.metrics import LoopMetrics, StateCollector
-from tensoryard.server.scheduling import CorePolicy, KueuePolicy, NodeCapacity
+from tensoryard.server.scheduling import CorePolicy, KueuePolicy
 from tensoryard.serving.deploy import Deployer
 from tensoryard.serving.plane import ServingPlane
-from tensoryard.spec.job import JobSpec, mounts_overlap
-from tensoryard.store import NodeRecord, Store
+from tensoryard.spec.job import JobSpec
+from tensoryard.store import Store
 from tensoryard.store._db import safe_url
 
 __all__ = ["ControlPlane", "build_control_plane", "run_server"]
@@ -89,177 +91,6 @@ class ControlPlane:
         )
 
 
-def _local_capacity(config: ServerConfig) -> tuple[NodeCapacity, ...]:
-    from tensoryard.agent.inventory import collect_inventory
-
-    inv = collect_inventory()
-    cpu = config.cpu_slots if config.cpu_slots is not None else float(inv.cpu_slots)
-    model = inv.healthy_gpus[0].model if inv.healthy_gpus else None
-    names = config.local_nodes or (inv.hostname,)
-    return tuple(
-        NodeCapacity(
-            name=name,
-            cpu_slots=cpu / len(names),
-            memory_bytes=inv.memory_bytes // len(names),
-            gpu_indices=tuple(g.index for g in inv.healthy_gpus) if i == 0 else (),
-            gpu_model=model if i == 0 else None,
-        )
-        for i, name in enumerate(names)
-    )
-
-
-@dataclass
-class _Backend:
-    executor: Executor
-    capacity: Callable[[], tuple[NodeCapacity, ...]]
-    fits: Callable[[JobSpec], None]
-    node_sync: NodeSync | None = None
-    kube: Any = None  # the connected Kube client (Kubernetes executor): GPU serving uses it
-
-
-def _local_backend(config: ServerConfig) -> _Backend:
-    from tensoryard.executors.local import LocalExecutor
-    from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
-
-    netns = None
-    if config.node_netns:
-        from tensoryard.executors.local.netns import NetnsNodes, netns_unavailable
-
-        if len(config.local_nodes) < 2:
-            raise ConfigError("--node-netns needs --local-nodes with at least two names")
-        why = netns_unavailable()
-        if why:
-            raise ConfigError(f"--node-netns: {why}")
-        netns = NetnsNodes(config.local_nodes)
-        try:
-            netns.setup()
-        except ExecutorError as exc:
-            raise ConfigError(f"--node-netns: {exc}") from exc
-    executor = LocalExecutor(
-        env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW,
-        run_as_submitter=config.run_jobs_as_submitter,
-        netns=netns,
-    )
-    nodes = _local_capacity(config)
-    return _Backend(executor, lambda: nodes, _without_volumes("local"))
-
-
-def _without_volumes(
-    executor: str, then: Callable[[JobSpec], None] = lambda spec: None
-) -> Callable[[JobSpec], None]:
-    """`fits` of an executor that has no volume claims to mount (local, Slurm): a job naming
-    some is refused, not run without its data."""
-
-    def fits(spec: JobSpec) -> None:
-        if spec.volumes:
-            fix = (
-                "remove `volumes:` (this control plane runs jobs on this machine's files) or "
-                "submit to a control plane started with --executor kubernetes"
-            )
-            if executor == "slurm":
-                fix = (
-                    "remove `volumes:` and read the data from the cluster's shared file system "
-                    "(its path in `command` or `env`), or submit to a Kubernetes control plane"
-                )
-            issue = FieldIssue(
-                "volumes",
-                f"PersistentVolumeClaims need Kubernetes; this is the {executor} executor",
-                fix,
-            )
-            raise SpecError([issue])
-        then(spec)
-
-    return fits
-
-
-def _kubernetes_backend(config: ServerConfig) -> _Backend:
-    """Connect and check (reachable, namespace, RBAC, nodes) before anything is created."""
-    from tensoryard.executors.kubernetes.client import check_volumes, connect
-    from tensoryard.executors.kubernetes.cluster import KubernetesCluster
-    from tensoryard.executors.kubernetes.executor import KubernetesExecutor
-    from tensoryard.executors.kubernetes.nodes import NodeCordoner, NodeIntent
-    from tensoryard.images import ImageRefError, resolve_image
-
-    try:
-        kube = connect(config.kubernetes)
-        cluster = KubernetesCluster(kube)
-        cluster.check_labels()
-        for team, volumes in sorted(config.kubernetes.team_volumes.items()):
-            for _, problem, fix in check_volumes(kube, [claim for claim, _, _ in volumes]):
-                raise ExecutorError(f"--team-volume {team}: {problem} (fix: {fix})")
-        executor = KubernetesExecutor(kube, grace_s=config.cancel_grace_s)
-        if config.kubernetes.watch:
-            cluster.start_watches()
-            executor.start_watches()
-    except ExecutorError as exc:
-        raise ConfigError(f"--executor kubernetes: {exc}") from exc
-
-    def fits(spec: JobSpec) -> None:
-        image = spec.image or config.kubernetes.default_image
-        if not image:
-            fix = "set `image:` to the training image (or start the server with --default-image)"
-            raise SpecError([FieldIssue("image", "jobs on Kubernetes need an image", fix)])
-        try:  # a matrix name (`cpu`) or a full reference; refused before anything is created
-            resolve_image(image)
-        except ImageRefError as exc:
-            raise SpecError([FieldIssue("image", f"{exc.value!r} {exc.problem}", exc.fix)]) from exc
-        cluster.check_fits(spec)
-        for i, v in enumerate(spec.volumes):
-            for claim, mount, _ in config.kubernetes.team_volumes.get(spec.team, ()):
-                if mounts_overlap(v.mount, mount):
-                    raise SpecError(
-                        [
-                            FieldIssue(
-                                f"volumes.{i}.mount",
-                                f"{v.mount} overlaps team {spec.team}'s volume {claim} at "
-                                f"{mount} (the server's --team-volume)",
-                                "mount it elsewhere, or use the team's volume",
-                            )
-                        ]
-                    )
-        try:
-            unmountable = check_volumes(kube, [v.claim for v in spec.volumes])
-        except ExecutorError as exc:
-            issue = FieldIssue("volumes", f"cannot read the volume claims: {exc}", "retry")
-            raise SpecError([issue]) from exc
-        if unmountable:
-            raise SpecError([FieldIssue(f"volumes.{i}.claim", p, f) for i, p, f in unmountable])
-        if executor.kueue is not None:
-            try:
-                missing = executor.kueue.check_queue(spec.team)
-            except ExecutorError as exc:
-                issue = FieldIssue("team", f"cannot read Kueue's LocalQueues: {exc}", "retry")
-                raise SpecError([issue]) from exc
-            if missing:
-                raise SpecError([FieldIssue("team", *missing)])
-
-    node_sync: NodeSync | None = None
-    if config.kubernetes.cordon_nodes:
-        cordoner = NodeCordoner(kube, cluster.node_objects, cached=cluster.nodes_cached)
-
-        def node_sync(states: Mapping[str, NodeRecord]) -> object:
-            intents = {n: NodeIntent(n, r.state, r.reason) for n, r in states.items()}
-            return cordoner.sync(intents)
-
-    return _Backend(executor, cluster.capacity, fits, node_sync, kube)
-
-
-def _slurm_backend(config: ServerConfig) -> _Backend:
-    """Check the cluster (slurmctld answers, the team mapping's partitions, QOS and accounts
-    exist) before anything is submitted."""
-    from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW
-    from tensoryard.executors.slurm.executor import SlurmExecutor
-
-    executor = SlurmExecutor(config.slurm, env_allow=config.job_env_allow or DEFAULT_ENV_ALLOW)
-    executor.cluster.check_config()
-    fits = _without_volumes("slurm", executor.cluster.check_fits)
-    return _Backend(executor, executor.cluster.capacity, fits)
-
-
-def _kueue_admits(config: ServerConfig) -> bool:
-    return config.executor == "kubernetes" and config.kubernetes.admission == "kueue"
-
-
 def _open_store(config: ServerConfig, *, retry_s: float = 2.0) -> Store:
     """The store, migrated; a database that cannot be reached yet is retried for
     `config.db_wait_s` (each failure logged), then its error is raised."""
@@ -277,16 +108,16 @@ def _open_store(config: ServerConfig, *, retry_s: float = 2.0) -> Store:
 def build_control_plane(config: ServerConfig) -> ControlPlane:
     """Open the store (migrating it), make the platform admin and its token file (first start
     only), build executor and controller."""
-    backend = _kubernetes_backend(config) if config.executor == "kubernetes" else None
+    backend = kubernetes_backend(config) if config.executor == "kubernetes" else None
     if config.executor == "slurm":
-        backend = _slurm_backend(config)
+        backend = slurm_backend(config)
     config.home.mkdir(parents=True, exist_ok=True)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     store = _open_store(config)
     store.ensure_team("default", description="created on first start")
     token = bootstrap_admin(store, config.token_path, user=config.admin_user)
     job_key = ensure_secret(config.job_key_path)
-    backend = backend or _local_backend(config)
+    backend = backend or local_backend(config)
     executor, capacity = backend.executor, backend.capacity
     registry = CollectorRegistry(auto_describe=True)
     registry.register(
@@ -301,7 +132,7 @@ def build_control_plane(config: ServerConfig) -> ControlPlane:
     controller = Controller(
         store=store,
         executor=executor,
-        policy=KueuePolicy() if _kueue_admits(config) else CorePolicy(config.scheduler),
+        policy=KueuePolicy() if kueue_admits(config) else CorePolicy(config.scheduler),
         capacity=capacity,
         config=config,
         job_key=job_key,

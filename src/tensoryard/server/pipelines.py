@@ -39,10 +39,7 @@ Evaluation writes nothing but the step's outputs, so a control plane that restar
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,68 +48,31 @@ from pydantic import ValidationError
 
 from tensoryard.errors import (
     Conflict,
-    FieldIssue,
     NotFound,
     SpecError,
     StoreError,
-    TensoryardError,
 )
-from tensoryard.pipelines.outputs import read_outputs_file
 from tensoryard.registry.service import ModelRegistry
-from tensoryard.spec.deployment import DeploymentSpec
-from tensoryard.spec.expr import ExprError, Value, render_template
-from tensoryard.spec.pipeline import DeploySpec, PipelineSpec, StepSpec, chain_hash, resolve_job
+from tensoryard.server.pipeline_run import (
+    DONE_OK,
+    PipelineRun,
+    collect_outputs,
+    number_or_text,
+    value_text,
+)
+from tensoryard.server.pipeline_serving import ServingSteps, check_deploy_steps
+from tensoryard.spec.expr import ExprError, render_template
+from tensoryard.spec.pipeline import PipelineSpec, StepSpec, chain_hash, resolve_job
 from tensoryard.spec.states import TERMINAL_STATES, JobState
-from tensoryard.store import JobRecord, PipelineRecord, StepRecord, Store
+from tensoryard.store import PipelineRecord, StepRecord, Store
 from tensoryard.store.records import STEP_TERMINAL
 
 if TYPE_CHECKING:
-    from tensoryard.serving.deploy import Deployer, DeploymentStatus
-    from tensoryard.serving.evaluate import EvalCase
+    from tensoryard.serving.deploy import Deployer
 
 __all__ = ["PipelineAdvancer", "check_deploy_steps", "collect_outputs"]
 
 log = logging.getLogger("tensoryard.pipelines")
-
-DONE_OK = frozenset({"SUCCEEDED", "CACHED"})
-
-
-@dataclass
-class _Run:
-    """One pipeline during one pass: its spec and the freshest record of each step."""
-
-    record: PipelineRecord
-    spec: PipelineSpec
-    steps: dict[str, StepRecord]
-
-    def resolver(self, store: Store | None = None) -> Callable[[tuple[str, ...]], Value]:
-        def resolve(parts: tuple[str, ...]) -> Value:
-            if parts[0] == "models" and len(parts) == 5 and store is not None:
-                try:
-                    version = store.get_version(self.record.team, parts[1], parts[2])
-                except (NotFound, SpecError):
-                    return None
-                metric = version.metrics.get(parts[4])
-                return metric if isinstance(metric, str | int | float | bool) else None
-            if parts[0] == "params" and len(parts) == 2:
-                if parts[1] not in self.record.params:
-                    raise ExprError(f"params.{parts[1]} is not set")
-                value = self.record.params[parts[1]]
-                return value if isinstance(value, str | int | float | bool) else None
-            if parts[0] == "steps" and len(parts) == 4 and parts[2] == "outputs":
-                step = self.steps.get(parts[1])
-                if step is None or step.state not in DONE_OK:
-                    raise ExprError(f"steps.{parts[1]} has not succeeded")
-                if parts[3] not in step.outputs:
-                    known = ", ".join(sorted(step.outputs)) or "none"
-                    raise ExprError(
-                        f"step {parts[1]} has no output {parts[3]!r} (its outputs: {known})"
-                    )
-                value = step.outputs[parts[3]]
-                return value if isinstance(value, str | int | float | bool) else None
-            raise ExprError(f"unknown name {'.'.join(parts)!r}")
-
-        return resolve
 
 
 class PipelineAdvancer:
@@ -130,12 +90,18 @@ class PipelineAdvancer:
         self.store = store
         self.runs_dir = runs_dir
         self.registry = registry
-        self.deployer = deployer
         self.clock = clock
         self._specs: dict[int, PipelineSpec] = {}
-        self._applied: set[tuple[int, str]] = set()  # deploy steps applied by this process
-        self._evals: dict[tuple[int, str], tuple[Future[Any], threading.Event]] = {}
-        self._eval_pool: ThreadPoolExecutor | None = None
+        self.serving = ServingSteps(store, deployer=deployer, clock=clock, set_step=self._set)
+
+    @property
+    def deployer(self) -> Deployer | None:
+        """The serving plane deploy and eval steps go through (None: they fail, saying so)."""
+        return self.serving.deployer
+
+    @deployer.setter
+    def deployer(self, deployer: Deployer | None) -> None:
+        self.serving.deployer = deployer
 
     def advance(self) -> int:
         """One pass over every RUNNING pipeline; returns how many changes it made."""
@@ -162,7 +128,7 @@ class PipelineAdvancer:
         except ValidationError as exc:
             self.store.finish_pipeline(record.id, "FAILED", f"stored spec is invalid: {exc}")
             return 1
-        run = _Run(record, spec, {s.name: s for s in record.steps})
+        run = PipelineRun(record, spec, {s.name: s for s in record.steps})
         before = dict(run.steps)
         for name in spec.order():
             step = spec.step(name)
@@ -183,12 +149,12 @@ class PipelineAdvancer:
         return changes
 
     # 1 ------------------------------------------------------------------------------------
-    def _watch(self, run: _Run, step: StepSpec) -> None:
+    def _watch(self, run: PipelineRun, step: StepSpec) -> None:
         if step.kind == "deploy":
-            self._watch_deploy(run, step)
+            self.serving.watch_deploy(run, step)
             return
         if step.kind == "eval":
-            self._watch_eval(run, step)
+            self.serving.watch_eval(run, step)
             return
         current = run.steps[step.name]
         if current.job_id is None:  # the job row was deleted under us
@@ -230,7 +196,7 @@ class PipelineAdvancer:
         self._set(run, step.name, "CANCELLED", f"job {job.id} was cancelled: {why}")
 
     # 3 ------------------------------------------------------------------------------------
-    def _start_if_ready(self, run: _Run, step: StepSpec) -> None:
+    def _start_if_ready(self, run: PipelineRun, step: StepSpec) -> None:
         needs = run.spec.dependencies()[step.name]
         states = {n: run.steps[n].state for n in needs}
         broken = [n for n, s in states.items() if s in ("FAILED", "CANCELLED")]
@@ -254,13 +220,13 @@ class PipelineAdvancer:
                 )
                 return
             if not holds:
-                values = ", ".join(f"{r} = {_value(resolve, r.parts)}" for r in condition.refs)
+                values = ", ".join(f"{r} = {value_text(resolve, r.parts)}" for r in condition.refs)
                 detail = f" ({values})" if values else ""
                 self._set(run, step.name, "SKIPPED", f"`if: {condition.text}` is false{detail}")
                 return
         _STEP_RUNNERS[step.kind](self, run, step)
 
-    def _run_job_step(self, run: _Run, step: StepSpec) -> None:
+    def _run_job_step(self, run: PipelineRun, step: StepSpec) -> None:
         current = run.steps[step.name]
         source = f"pipeline {run.record.id} step {step.name}"
         try:
@@ -287,7 +253,7 @@ class PipelineAdvancer:
             reason=reason,
         )
 
-    def _run_register_step(self, run: _Run, step: StepSpec) -> None:
+    def _run_register_step(self, run: PipelineRun, step: StepSpec) -> None:
         spec = step.register_
         assert spec is not None  # a register step always has one (StepSpec checks it)
         if self.registry is None:
@@ -300,7 +266,7 @@ class PipelineAdvancer:
         resolve = run.resolver(self.store)
         try:
             metrics = {
-                k: _number_or_text(render_template(v, resolve)) for k, v in spec.metrics.items()
+                k: number_or_text(render_template(v, resolve)) for k, v in spec.metrics.items()
             }
             tags = {k: render_template(v, resolve) for k, v in spec.tags.items()}
         except ExprError as exc:
@@ -346,94 +312,7 @@ class PipelineAdvancer:
             },
         )
 
-    def _run_deploy_step(self, run: _Run, step: StepSpec) -> None:
-        spec = step.deploy_
-        assert spec is not None  # a deploy step always has one (StepSpec checks it)
-        deployer = self._serving(run, step)
-        if deployer is None:
-            return
-        try:
-            deployment = _resolved_deployment(spec, run.resolver(self.store))
-            plan = deployer.plan(run.record.team, deployment)
-        except ExprError as exc:
-            self._set(run, step.name, "FAILED", f"cannot resolve deploy: {exc}")
-            return
-        except (TensoryardError, OSError) as exc:
-            self._set(run, step.name, "FAILED", f"cannot deploy {spec.model}: {exc}")
-            return
-        # intent first: a crash after this line finds the step RUNNING and applies it again
-        self._set(
-            run,
-            step.name,
-            "RUNNING",
-            _deploying(plan.name, plan.model, plan.version, 0, plan.replicas),
-            outputs={
-                "deployment": plan.name,
-                "gateway_model": plan.name,
-                "endpoint": deployer.endpoint(),
-                "model": plan.model,
-                "version": plan.version,
-                "engine": plan.engine,
-                "replicas": plan.replicas,
-            },
-        )
-        self._watch_deploy(run, step)
-
-    def _watch_deploy(self, run: _Run, step: StepSpec) -> None:
-        spec = step.deploy_
-        assert spec is not None
-        current = run.steps[step.name]
-        outputs = dict(current.outputs)
-        name = str(outputs.get("deployment", ""))
-        if run.record.cancel_requested:
-            self._set(
-                run,
-                step.name,
-                "CANCELLED",
-                f"the pipeline was cancelled; deployment {name} is left as it is "
-                f"(`tyard deployments delete {name}` removes it)",
-            )
-            return
-        deployer = self._serving(run, step)
-        if deployer is None:
-            return
-        key = (run.record.id, step.name)
-        if key not in self._applied:
-            if not self._apply_deploy(run, step):
-                return
-            self._applied.add(key)
-        status = deployer.status(name)
-        started = current.started_at
-        waited = (self.clock() - _utc(started)).total_seconds() if started else 0.0
-        state, reason = _deploy_outcome(
-            spec, outputs, status, waited, tail=deployer.replica_log_tail
-        )
-        if state != "RUNNING":
-            self._applied.discard(key)
-        if state != "RUNNING" or reason != current.reason:
-            extra = {"ready_replicas": status.ready} if state == "SUCCEEDED" else {}
-            self._set(run, step.name, state, reason, outputs={**outputs, **extra})
-
-    def _apply_deploy(self, run: _Run, step: StepSpec) -> bool:
-        """Create or update the step's deployment (idempotent), pinned to the version the
-        step resolved when it started; False when the step FAILED instead."""
-        assert step.deploy_ is not None and self.deployer is not None
-        outputs = run.steps[step.name].outputs
-        version = outputs.get("version")
-        pinned = f"{outputs.get('model')}:{version}"
-        try:
-            deployment = _resolved_deployment(step.deploy_, run.resolver(self.store))
-            plan = self.deployer.plan(
-                run.record.team, deployment, version=version if isinstance(version, int) else None
-            )
-            how = self.deployer.apply(plan, created_by=run.record.user)
-        except (ExprError, TensoryardError, OSError) as exc:
-            self._set(run, step.name, "FAILED", f"cannot deploy {pinned}: {exc}")
-            return False
-        log.info("pipeline %d step %s: deployment %s %s", run.record.id, step.name, plan.name, how)
-        return True
-
-    def _cache_hit(self, run: _Run, step: StepSpec, digest: str) -> StepRecord | None:
+    def _cache_hit(self, run: PipelineRun, step: StepSpec, digest: str) -> StepRecord | None:
         found = self.store.find_cached_step(run.record.team, digest)
         if found is None:
             return None
@@ -453,7 +332,7 @@ class PipelineAdvancer:
         )
 
     # 4 ------------------------------------------------------------------------------------
-    def _finish(self, run: _Run) -> None:
+    def _finish(self, run: PipelineRun) -> None:
         states = {n: s.state for n, s in run.steps.items()}
         bad = [n for n, s in states.items() if s in ("FAILED", "CANCELLED")]
         if run.record.cancel_requested:
@@ -468,126 +347,9 @@ class PipelineAdvancer:
         self.store.finish_pipeline(run.record.id, state, reason)
         self._specs.pop(run.record.id, None)
 
-    # eval steps -----------------------------------------------------------------------------
-    def _run_eval_step(self, run: _Run, step: StepSpec) -> None:
-        from tensoryard.serving.evaluate import load_eval_set
-
-        spec = step.eval_
-        assert spec is not None  # an eval step always has one (StepSpec checks it)
-        deployer = self._serving(run, step)
-        if deployer is None:
-            return
-        try:
-            name = render_template(spec.deployment, run.resolver(self.store)).strip()
-            cases = load_eval_set(Path(spec.dataset))
-        except ExprError as exc:
-            self._set(run, step.name, "FAILED", f"cannot resolve eval.deployment: {exc}")
-            return
-        except SpecError as exc:
-            self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
-            return
-        if not deployer.status(name).exists:
-            self._set(
-                run,
-                step.name,
-                "FAILED",
-                f"eval.deployment: no deployment {name!r} (fix: deploy it first, e.g. in a "
-                "`kind: deploy` step this one needs)",
-            )
-            return
-        # intent first: a restart finds the step RUNNING and runs the (pure) eval again
-        self._set(
-            run,
-            step.name,
-            "RUNNING",
-            f"evaluating {name} on {len(cases)} case(s) of {Path(spec.dataset).name}",
-            outputs={"deployment": name, "dataset": spec.dataset, "cases": len(cases)},
-        )
-        self._watch_eval(run, step, cases)
-
-    def _watch_eval(self, run: _Run, step: StepSpec, cases: list[EvalCase] | None = None) -> None:
-        from tensoryard.serving.evaluate import EvalResult, load_eval_set, run_eval
-
-        spec = step.eval_
-        assert spec is not None
-        key = (run.record.id, step.name)
-        outputs = dict(run.steps[step.name].outputs)
-        name = str(outputs.get("deployment", ""))
-        if run.record.cancel_requested:
-            job = self._evals.pop(key, None)
-            if job is not None:
-                job[1].set()
-            self._set(run, step.name, "CANCELLED", "the pipeline was cancelled")
-            return
-        deployer = self._serving(run, step)
-        if deployer is None:
-            return
-        if key not in self._evals:  # first pass, or the eval of a process that stopped
-            if cases is None:  # read again only when this process did not start the step
-                try:
-                    cases = load_eval_set(Path(spec.dataset))
-                except SpecError as exc:
-                    self._set(run, step.name, "FAILED", f"bad eval set: {exc}")
-                    return
-            if self._eval_pool is None:
-                self._eval_pool = ThreadPoolExecutor(2, thread_name_prefix="tyard-eval")
-            stop = threading.Event()
-            manager = deployer.manager
-            future = self._eval_pool.submit(
-                run_eval,
-                manager,
-                name,
-                cases,
-                metric=spec.metric,
-                max_tokens=spec.max_tokens,
-                timeout_s=spec.timeout_s,
-                cancelled=stop.is_set,
-            )
-            self._evals[key] = (future, stop)
-        future, _ = self._evals[key]
-        if not future.done():
-            return
-        del self._evals[key]
-        try:
-            result: EvalResult = future.result()
-        except (TensoryardError, TimeoutError, OSError) as exc:
-            self._set(run, step.name, "FAILED", f"eval of {name} failed: {exc}")
-            return
-        values = {
-            **outputs,
-            "score": round(result.score, 6),
-            "correct": result.correct,
-            "cases": result.cases,
-            "failed_requests": result.failed_requests,
-            "metric": spec.metric,
-            "duration_s": round(result.duration_s, 3),
-            "samples": result.samples,
-        }
-        summary = (
-            f"{name}: {result.correct}/{result.cases} right ({spec.metric}), score "
-            f"{result.score:.3f}"
-            + (f", {result.failed_requests} request(s) failed" if result.failed_requests else "")
-        )
-        if spec.min_score is not None and result.score < spec.min_score:
-            self._set(
-                run,
-                step.name,
-                "FAILED",
-                f"{summary}: below min_score {spec.min_score:g}",
-                outputs=values,
-            )
-            return
-        self._set(run, step.name, "SUCCEEDED", summary, outputs=values)
-
-    def _serving(self, run: _Run, step: StepSpec) -> Deployer | None:
-        """This control plane's serving plane; None (and the step FAILED, saying so) without."""
-        if self.deployer is None:
-            self._set(run, step.name, "FAILED", "this control plane has no serving plane")
-        return self.deployer
-
     def _set(
         self,
-        run: _Run,
+        run: PipelineRun,
         name: str,
         state: str,
         reason: str,
@@ -608,148 +370,14 @@ class PipelineAdvancer:
         return record
 
 
-_STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, _Run, StepSpec], None]] = {
+_STEP_RUNNERS: dict[str, Callable[[PipelineAdvancer, PipelineRun, StepSpec], None]] = {
     "job": PipelineAdvancer._run_job_step,
     "register": PipelineAdvancer._run_register_step,
-    "deploy": PipelineAdvancer._run_deploy_step,
-    "eval": PipelineAdvancer._run_eval_step,
+    "deploy": lambda a, run, step: a.serving.run_deploy_step(run, step),
+    "eval": lambda a, run, step: a.serving.run_eval_step(run, step),
 }
 """Step kind -> how a ready step runs. A `register` kind (model registry) plugs in here."""
 
 
 REGISTER_TAG = "pipeline-step"
 """Tag on versions a register step made: ``PIPELINE/STEP`` (finds them again after a crash)."""
-
-
-def _resolved_deployment(
-    spec: DeploySpec, resolve: Callable[[tuple[str, ...]], Value]
-) -> DeploymentSpec:
-    """The step's deployment with ``${{ }}`` in its model and string options resolved."""
-    options = {
-        k: render_template(v, resolve) if isinstance(v, str) and "${{" in v else v
-        for k, v in spec.options.items()
-    }
-    return spec.deployment(render_template(spec.model, resolve).strip(), options)
-
-
-def _deploying(name: str, model: Any, version: Any, ready: int, replicas: int) -> str:
-    return f"deploying {model} version {version} as {name}: {ready} of {replicas} replica(s) ready"
-
-
-def _deploy_outcome(
-    spec: DeploySpec,
-    outputs: dict[str, Any],
-    status: DeploymentStatus,
-    waited_s: float,
-    *,
-    tail: Callable[[str, int], str],
-) -> tuple[str, str]:
-    """(state, reason) of a deploy step from its deployment's replica states: SUCCEEDED when
-    every replica answers, FAILED on a crash loop, a deleted deployment or the timeout, else
-    RUNNING with the progress."""
-    name = str(outputs.get("deployment", ""))
-    model, version = outputs.get("model"), outputs.get("version")
-    if not status.exists:
-        return "FAILED", f"deployment {name} was deleted while the step waited for it"
-    if status.is_ready:
-        return "SUCCEEDED", (
-            f"deployment {name} ready: {status.ready} of {status.replicas} replica(s) answer "
-            f"{model} version {version}; call it at {outputs.get('endpoint')} with model "
-            f"{name!r}"
-        )
-    crashed = [(slot, n) for slot, n in status.failed if n >= spec.max_restarts]
-    if crashed:
-        slot, restarts = crashed[0]
-        return "FAILED", (
-            f"replica {slot} of deployment {name} exited {restarts + 1} time(s) while starting "
-            f"(max_restarts {spec.max_restarts}); its log ends: {tail(name, slot)} (the "
-            f"deployment is left running; `tyard deployments delete {name}` removes it)"
-        )
-    if waited_s > spec.ready_timeout_s:
-        return "FAILED", (
-            f"deployment {name} not ready after {waited_s:.0f} s (ready_timeout_s "
-            f"{spec.ready_timeout_s:g}): {status.ready} of {status.replicas} replica(s) ready; "
-            f"see `tyard deployments describe {name}`"
-        )
-    return "RUNNING", _deploying(name, model, version, status.ready, status.replicas)
-
-
-def check_deploy_steps(spec: PipelineSpec, *, kubernetes: bool = True) -> None:
-    """Check every deploy step like the deployments API checks a request (engine, options,
-    model reference), as far as it is known before the pipeline runs: values with ``${{ }}``
-    are checked when the step runs. SpecError with ``steps.N.deploy.FIELD`` paths. Eval
-    steps' eval sets are read and checked too (``steps.N.eval.dataset``)."""
-    from tensoryard.serving.deploy import check_engine
-    from tensoryard.serving.evaluate import load_eval_set
-    from tensoryard.serving.source import parse_model_source
-
-    issues: list[FieldIssue] = []
-    for i, step in enumerate(spec.steps):
-        if step.eval_ is not None:  # the eval set must be there and well formed at submission
-            try:
-                load_eval_set(Path(step.eval_.dataset), field_name=f"steps.{i}.eval.dataset")
-            except SpecError as exc:
-                issues += exc.issues
-        body = step.deploy_
-        if body is None:
-            continue
-        where = f"steps.{i}.deploy"
-        known = {k: v for k, v in body.options.items() if not (isinstance(v, str) and "${{" in v)}
-        try:
-            check_engine(body.engine, known, kubernetes=kubernetes)
-        except SpecError as exc:
-            issues += [FieldIssue(f"{where}.{x.path}", x.message, x.fix) for x in exc.issues]
-        if "${{" in body.model:
-            continue
-        try:
-            source = parse_model_source(body.model)
-        except SpecError as exc:
-            issues += [FieldIssue(f"{where}.{x.path}", x.message, x.fix) for x in exc.issues]
-            continue
-        if source.path is not None:
-            issues.append(
-                FieldIssue(
-                    f"{where}.model",
-                    f"{body.model!r} is a file; a deploy step serves a registered model",
-                    "register it first and give MODEL[:VERSION|@ALIAS]",
-                )
-            )
-    if issues:
-        raise SpecError(issues, source="pipeline")
-
-
-def _utc(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _number_or_text(text: str) -> float | int | str:
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if number.is_integer() and "." not in text else number
-
-
-def _value(resolve: Callable[[tuple[str, ...]], Value], parts: tuple[str, ...]) -> str:
-    try:
-        return repr(resolve(parts))
-    except ExprError:
-        return "?"
-
-
-def collect_outputs(store: Store, job: JobRecord) -> dict[str, Any]:
-    """A finished job's outputs (see `tensoryard.pipelines.outputs`); SpecError when its
-    outputs file is invalid."""
-    outputs: dict[str, Any] = {"job_id": job.id, "run_dir": job.run_dir}
-    checkpoint = store.latest_checkpoint(job.id)
-    if checkpoint is not None:
-        outputs["checkpoint"] = checkpoint.path
-    if job.attempts:
-        rows = store.list_metrics(job.id, attempt=job.attempts)
-        for row in rows:
-            outputs.update({k: v for k, v in row.values.items()})
-        if rows:
-            outputs["step"] = rows[-1].step
-    if job.run_dir:
-        outputs.update(read_outputs_file(Path(job.run_dir)))
-    return outputs

@@ -11,10 +11,10 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import INT32, Guard
 from tensoryard.errors import Forbidden, NotFound
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import INT32, Guard
-from tensoryard.server.schemas import (
+from tensoryard.server.schemas_access import (
     AuditOut,
     MemberIn,
     MemberOut,

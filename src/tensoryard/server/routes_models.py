@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, Field
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import INT32, Guard
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.registry.service import ModelRegistry
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import INT32, Guard
 from tensoryard.server.schemas import RedactedSpec
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.store import ModelRecord, ModelVersionRecord

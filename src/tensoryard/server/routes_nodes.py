@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import Guard
+from tensoryard.api.node_telemetry import HeartbeatIn, NodeTelemetryOut, TelemetryBook
 from tensoryard.errors import ExecutorError, FieldIssue, NotFound, SpecError
 from tensoryard.observability.health import decide, describe
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Guard
-from tensoryard.server.node_telemetry import HeartbeatIn, NodeTelemetryOut, TelemetryBook
 from tensoryard.store import Store
 
 __all__ = ["NODE_PATTERN", "add_node_routes"]

@@ -11,9 +11,9 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import INT32, Guard
 from tensoryard.errors import FieldIssue, SpecError
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import INT32, Guard
 from tensoryard.server.pipelines import check_deploy_steps
 from tensoryard.server.schemas import PipelineIn, PipelineOut
 from tensoryard.spec.pipeline import parse_pipeline_spec, resolve_params

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Path, Request
 from pydantic import BaseModel, Field
 
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Guard
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import Guard
 from tensoryard.server.secrets import MAX_SECRET_BYTES, SecretStore
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.store import Store

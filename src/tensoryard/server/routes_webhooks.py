@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import INT32, Guard
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import INT32, Guard
 from tensoryard.server.schemas import RedactedSpec
 from tensoryard.store import Store
 

@@ -9,12 +9,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.spec.redact import REDACTED, redact_spec
-from tensoryard.store._identity import USER_PATTERN
 
 __all__ = [
     "REDACTED",
     "AttemptOut",
-    "AuditOut",
     "BatchSubmitIn",
     "BatchSubmitOut",
     "CheckpointOut",
@@ -23,8 +21,6 @@ __all__ = [
     "EventOut",
     "JobListOut",
     "JobOut",
-    "MemberIn",
-    "MemberOut",
     "MetricOut",
     "PipelineIn",
     "PipelineOut",
@@ -37,12 +33,6 @@ __all__ = [
     "TeamIn",
     "TeamOut",
     "TeamPatch",
-    "TokenCreatedOut",
-    "TokenIn",
-    "TokenOut",
-    "UserCreatedOut",
-    "UserIn",
-    "UserOut",
     "redact_spec",
 ]
 
@@ -102,13 +92,13 @@ class BatchSubmitOut(BaseModel):
     ids: list[int]
 
 
-class _FromRecord(BaseModel):
+class FromRecord(BaseModel):
     """Built from a store record with `model_validate(record)` (attributes, not a dict)."""
 
     model_config = ConfigDict(from_attributes=True)
 
 
-class JobOut(_FromRecord):
+class JobOut(FromRecord):
     id: int
     name: str
     team: str
@@ -140,7 +130,7 @@ class JobListOut(BaseModel):
     total: int
 
 
-class AttemptOut(_FromRecord):
+class AttemptOut(FromRecord):
     number: int
     state: str
     started_at: datetime
@@ -157,7 +147,7 @@ class AttemptOut(_FromRecord):
     )
 
 
-class EventOut(_FromRecord):
+class EventOut(FromRecord):
     id: int
     ts: datetime
     kind: str
@@ -169,7 +159,7 @@ class EventOut(_FromRecord):
     )
 
 
-class MetricOut(_FromRecord):
+class MetricOut(FromRecord):
     attempt: int
     step: int
     ts: float
@@ -177,7 +167,7 @@ class MetricOut(_FromRecord):
     values: dict[str, float]
 
 
-class CheckpointOut(_FromRecord):
+class CheckpointOut(FromRecord):
     attempt: int
     step: int
     path: str
@@ -191,7 +181,7 @@ class CheckpointOut(_FromRecord):
     )
 
 
-class CheckpointRemovalOut(_FromRecord):
+class CheckpointRemovalOut(FromRecord):
     """A checkpoint the job's retention policy removed (docs/artifacts.md)."""
 
     step: int
@@ -220,7 +210,7 @@ class TeamPatch(BaseModel):
     description: str | None = Field(None, max_length=10_000)
 
 
-class TeamOut(_FromRecord):
+class TeamOut(FromRecord):
     name: str
     gpu_quota: int | None
     cpu_quota: float | None
@@ -345,76 +335,6 @@ class SummaryOut(BaseModel):
     last_checkpoint_step: int | None
     breakdown: GoodputBreakdownOut | None = None
     checkpoint_advice: CheckpointAdviceOut | None = None
-
-
-class UserIn(BaseModel):
-    name: str = Field(..., pattern=USER_PATTERN)
-    platform_admin: bool = False
-    description: str = Field("", max_length=10_000)
-
-
-class UserOut(_FromRecord):
-    name: str
-    created_at: datetime
-    platform_admin: bool
-    description: str
-    teams: dict[str, str] = Field(..., description="team -> role")
-
-
-class UserCreatedOut(BaseModel):
-    user: UserOut
-    token: str = Field(..., description="The user's first API token; shown this once.")
-    token_id: str
-
-
-class MemberIn(BaseModel):
-    role: Role = "member"
-
-
-class MemberOut(_FromRecord):
-    team: str
-    user: str
-    role: str
-    created_at: datetime
-
-
-class TokenIn(BaseModel):
-    name: str = Field("", max_length=126, description="A label, like 'laptop' or 'ci'.")
-    scopes: list[Scope] | None = Field(
-        None, min_length=1, description="Default: every scope of the token making the call."
-    )
-    expires_days: int | None = Field(
-        90, ge=1, le=3650, description="Days until it expires; null: never."
-    )
-    user: str | None = Field(
-        None, pattern=USER_PATTERN, description="For another user (platform admins only)."
-    )
-
-
-class TokenOut(_FromRecord):
-    id: str
-    user: str
-    name: str
-    scopes: list[str]
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
-    last_used_at: datetime | None
-
-
-class TokenCreatedOut(TokenOut):
-    token: str = Field(..., description="The secret; shown this once, only its hash is kept.")
-
-
-class AuditOut(_FromRecord):
-    id: int
-    ts: datetime
-    actor: str
-    action: str
-    object: str
-    outcome: str
-    source_ip: str
-    detail: str
 
 
 class PipelineIn(BaseModel):

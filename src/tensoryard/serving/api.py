@@ -15,9 +15,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import Guard
 from tensoryard.errors import FieldIssue, SpecError
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Guard
 from tensoryard.serving.deploy import check_engine, model_path_for
 from tensoryard.serving.engine import ENGINES
 from tensoryard.serving.gateway_stats import GatewayOut, GatewayStats

@@ -24,9 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 
+from tensoryard.api.access import Action, Principal
+from tensoryard.api.guard import Credentials, Guard
 from tensoryard.errors import AccessError, Forbidden, NotFound, RateLimited, SpecError
-from tensoryard.server.access import Action, Principal
-from tensoryard.server.guard import Credentials, Guard
 from tensoryard.serving.engine import parse_engine_options
 from tensoryard.serving.metrics import ServingMetrics
 from tensoryard.serving.openai import OpenAIError, ParsedRequest, parse_request

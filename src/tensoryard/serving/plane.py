@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from tensoryard.api.guard import Guard
 from tensoryard.registry import ArtifactStore
-from tensoryard.server.guard import Guard
 from tensoryard.serving.api import add_deployment_routes, add_usage_routes
 from tensoryard.serving.deploy import AliasFollower
 from tensoryard.serving.engine_scrape import EngineScraper

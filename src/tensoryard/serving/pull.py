@@ -17,15 +17,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tensoryard import envvars
+
 __all__ = ["STORE_ENV", "TERMINATION_LOG", "main", "pull"]
 
-STORE_ENV = "TYARD_ARTIFACT_STORE"
+STORE_ENV = envvars.ARTIFACT_STORE.name
 TERMINATION_LOG = "/dev/termination-log"
 
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dest", type=Path, help="directory to create (the engine's model dir)")
     parser.add_argument(
         "--store",
-        default=os.environ.get(STORE_ENV),
+        default=envvars.ARTIFACT_STORE.get(),
         help=f"artifact store URL (default: ${STORE_ENV})",
     )
     parser.add_argument(

@@ -18,6 +18,11 @@ the processes on this machine, in numbered phases:
    replica is ready, each retiring one is stopped as soon as it has no request in flight (at
    most DRAIN_S later). New replicas that never become ready leave the old ones serving.
 
+Phases 1 and 2 are the supervisor's own; phases 3 to 5 belong to the deployment's backend
+(:class:`tensoryard.serving.replica_state.ReplicaBackend`): processes on this machine
+(:mod:`tensoryard.serving.replicas_local`, the CPU engines) or pods on Kubernetes
+(:mod:`tensoryard.serving.replicas_kube`, the GPU engines), chosen by the engine.
+
 After a control-plane restart the rows still hold each replica's pid and port: a process that
 is still alive and answers is re-attached (a retiring one as retiring), anything else is
 started again.
@@ -26,55 +31,56 @@ started again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 
-from tensoryard.errors import ExecutorError, NotFound
+from tensoryard.errors import NotFound
 from tensoryard.serving.autoscale import AutoscalePolicy, Autoscaler
 from tensoryard.serving.engine import GATEWAY_OPTIONS, engine_command, parse_engine_options
-from tensoryard.serving.gpu_engines import ENGINE_PORT, GPU_ENGINES
+from tensoryard.serving.gpu_engines import GPU_ENGINES
 from tensoryard.serving.metrics import ServingMetrics
-from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route, Router
+from tensoryard.serving.replica_state import (
+    CommandFor,
+    DeploymentState,
+    Replica,
+    ReplicaBackend,
+    free_port,
+    terminate,
+)
+from tensoryard.serving.replicas_kube import KubeReplicas
+from tensoryard.serving.replicas_local import LocalReplicas
+from tensoryard.serving.router import ROUTERS, ReplicaLoad, Route
 from tensoryard.store import Store
-from tensoryard.store._serving import RETIRING_SLOT, DeploymentRecord, ReplicaRecord
+from tensoryard.store._serving import DeploymentRecord, ReplicaRecord
 
 if TYPE_CHECKING:
-    from tensoryard.serving.kubernetes import KubeServing, ServingPod
+    from tensoryard.serving.kubernetes import KubeServing
 
-__all__ = ["Replica", "ReplicaManager", "free_port"]
+__all__ = [
+    "CommandFor",
+    "Replica",
+    "ReplicaManager",
+    "default_command",
+    "free_port",
+    "on_kubernetes",
+]
 
 log = logging.getLogger("tensoryard.serving")
 
-CommandFor = Callable[[DeploymentRecord, int], list[str]]
 ADOPT_TIMEOUT_S = 10.0  # a new deployment is adopted within one tick when the supervisor runs
-MAX_BACKOFF_S = 30.0  # a replica that keeps crashing is restarted at most this rarely
 FOLLOW_S = 2.0  # how often deployments of MODEL@ALIAS look whether their alias moved
-DRAIN_S = 60.0  # a retiring replica still busy this long after the new ones are ready is stopped
-KUBE_POLL_S = 1.0  # how often a Kubernetes deployment's pods are listed (every tick when waited on)
-KUBE_COLLECT_S = 10.0  # how often serving objects of deleted deployments are looked for
 
 
 def on_kubernetes(rec: DeploymentRecord) -> bool:
     """Whether the deployment's replicas are pods on Kubernetes (not processes here)."""
     return rec.engine in GPU_ENGINES
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def default_command(dep: DeploymentRecord, port: int) -> list[str]:
@@ -92,70 +98,6 @@ def default_command(dep: DeploymentRecord, port: int) -> list[str]:
         ]
     options = parse_engine_options(dep.options)
     return engine_command(Path(dep.model_path), port, options, alias=dep.name)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child is not alive
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-@dataclass
-class Replica:
-    """A replica process as the supervisor and the gateway see it."""
-
-    deployment: str
-    slot: int
-    port: int
-    pid: int | None
-    popen: subprocess.Popen[bytes] | None = None
-    ready: bool = False
-    in_flight: int = 0
-    pending_chars: int = 0  # uncached prompt characters of the requests in flight
-    restarts: int = 0
-    retry_at: float | None = None  # set when it exited: restart no earlier than this
-    host: str = "127.0.0.1"
-    pod: ServingPod | None = None  # when the replica is a pod on Kubernetes
-
-    @property
-    def id(self) -> str:
-        return f"{self.deployment}/{self.pod.name if self.pod is not None else self.slot}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def exited(self) -> bool:
-        if self.pod is not None:
-            return False  # Kubernetes restarts and replaces pods
-        if self.popen is not None:
-            return self.popen.poll() is not None
-        return self.pid is None or not _alive(self.pid)
-
-
-@dataclass
-class _Deployment:
-    record: DeploymentRecord
-    router: Router
-    replicas: dict[int, Replica] = field(default_factory=dict)
-    last_request: float = 0.0
-    asleep: bool = False  # scaled to zero after idling
-    waiting: int = 0
-    retiring: dict[int, Replica] = field(default_factory=dict)  # serving the previous model
-    drain_from: float | None = None  # when every new replica was first seen ready
-    autoscaler: Autoscaler | None = None
-    target: int | None = None  # replicas wanted at the last reconcile (None: not yet)
-    pod_slots: dict[str, int] = field(default_factory=dict)  # Kubernetes: pod name -> slot
-    polled_at: float = float("-inf")  # Kubernetes: when its pods were last listed
-    error: str = ""  # Kubernetes: why the last apply or listing failed ("" when it did not)
 
 
 def _policy(rec: DeploymentRecord) -> AutoscalePolicy | None:
@@ -187,8 +129,6 @@ class ReplicaManager:
         kube: KubeServing | None = None,
     ) -> None:
         self.store = store
-        self.kube = kube  # GPU engines' deployments run as pods through it (None: refused)
-        self._collected_at = float("-inf")
         self.log_dir = log_dir
         self.metrics = metrics
         self.command_for = command_for
@@ -196,7 +136,7 @@ class ReplicaManager:
         self.probe_timeout_s = probe_timeout_s
         self.clock = clock
         self._lock = threading.Lock()
-        self._deps: dict[str, _Deployment] = {}
+        self._deps: dict[str, DeploymentState] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,6 +144,29 @@ class ReplicaManager:
         # called with the stored deployments every FOLLOW_S (the plane sets an AliasFollower)
         self.follow: Callable[[list[DeploymentRecord]], None] | None = None
         self._followed_at = float("-inf")
+        # where each deployment's replicas run, by its engine: GPU engines as pods on
+        # Kubernetes (refused without it), every other engine as processes here
+        self._local = LocalReplicas(self)
+        self._kube = KubeReplicas(self, kube)
+        self._backends: dict[str, ReplicaBackend] = dict.fromkeys(GPU_ENGINES, self._kube)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Guards every deployment's state (the gateway reads it from request threads)."""
+        return self._lock
+
+    @property
+    def kube(self) -> KubeServing | None:
+        """The cluster GPU engines' deployments run on (None: they are refused)."""
+        return self._kube.kube
+
+    @kube.setter
+    def kube(self, kube: KubeServing | None) -> None:
+        self._kube.kube = kube
+
+    def backend(self, rec: DeploymentRecord) -> ReplicaBackend:
+        """Where this deployment's replicas run."""
+        return self._backends.get(rec.engine, self._local)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -220,14 +183,9 @@ class ReplicaManager:
             self._thread.join(timeout=30)
         if stop_replicas:
             with self._lock:
-                reps = [
-                    r
-                    for d in self._deps.values()
-                    for r in (*d.replicas.values(), *d.retiring.values())
-                    if r.pod is None  # pods outlive the control plane
-                ]
-            for r in reps:
-                _terminate(r)
+                deps = list(self._deps.values())
+            for d in deps:
+                self.backend(d.record).shutdown([d])
         self._http.close()
 
     def kick(self) -> None:
@@ -393,81 +351,36 @@ class ReplicaManager:
                     self._deps[name].record = rec
             deps = list(self._deps.values())
         for d in gone:
-            if on_kubernetes(d.record):
-                self._kube_delete(d.record.name)
-                continue
-            for r in (*d.replicas.values(), *d.retiring.values()):
-                _terminate(r)
+            self.backend(d.record).forget(d)
         for r in leftover:
-            _terminate(r)
-        if self.kube is not None and self.clock() - self._collected_at >= KUBE_COLLECT_S:
-            self._collected_at = self.clock()
-            try:  # objects of deployments deleted while no control plane watched
-                for obj in self.kube.collect(records):
-                    log.info("serving: deleted %s (its deployment no longer exists)", obj)
-            except ExecutorError as exc:
-                log.warning("serving: cannot look for leftover serving objects: %s", exc)
+            terminate(r)
+        for backend in (self._local, self._kube):
+            backend.sweep(records)
         for dep in deps:
             self._reconcile_one(dep)
 
     def _roll(
         self,
-        old: _Deployment,
+        old: DeploymentState,
         rec: DeploymentRecord,
         rows: dict[int, ReplicaRecord],
         leftover: list[Replica],
-    ) -> _Deployment:
-        """The deployment after `rec` changed what it serves: ready old replicas whose rows
-        the update moved to retiring slots keep serving; every other old process goes into
-        `leftover` (to be stopped)."""
+    ) -> DeploymentState:
+        """The deployment after `rec` changed what it serves; its backend decides what of
+        ``old`` keeps serving, and puts the replicas to stop into `leftover`."""
         router = ROUTERS[str(rec.options.get("router", "prefix"))]()
-        new = _Deployment(rec, router, last_request=self.clock())
-        if on_kubernetes(rec):  # Kubernetes rolls the pods over (maxUnavailable 0)
-            new.replicas, new.pod_slots, new.target = old.replicas, old.pod_slots, old.target
-            new.autoscaler = old.autoscaler
-            return new
-        for r in old.retiring.values():  # retiring since an earlier update: kept if its row is
-            row = rows.get(r.slot)
-            if row is not None and row.pid == r.pid and not r.exited():
-                new.retiring[r.slot] = r
-            else:
-                leftover.append(r)
-        for r in old.replicas.values():
-            row = rows.get(RETIRING_SLOT + r.slot)
-            if r.ready and row is not None and row.pid == r.pid and not r.exited():
-                r.slot = RETIRING_SLOT + r.slot
-                new.retiring[r.slot] = r
-            else:
-                leftover.append(r)
+        new = DeploymentState(rec, router, last_request=self.clock())
+        self.backend(rec).roll(old, new, rows, leftover)
         return new
 
-    def _adopt(self, rec: DeploymentRecord) -> _Deployment:
+    def _adopt(self, rec: DeploymentRecord) -> DeploymentState:
         """A deployment first seen by this process: re-attach to live replicas from the rows."""
         router = ROUTERS[str(rec.options.get("router", "prefix"))]()
-        dep = _Deployment(record=rec, router=router, last_request=self.clock())
-        if on_kubernetes(rec):
-            return dep  # its pods are found by the first listing
-        for row in self.store.list_replicas(rec.name):
-            retiring = row.slot >= RETIRING_SLOT
-            if row.pid is not None and _alive(row.pid) and self._answers(row.port):
-                log.info("re-attached to replica %s/%d (pid %d)", rec.name, row.slot, row.pid)
-                replica = Replica(
-                    rec.name, row.slot, row.port, row.pid, ready=True, restarts=row.restarts
-                )
-                if retiring:  # a rolling update was under way: it goes on
-                    dep.retiring[row.slot] = replica
-                    continue
-                dep.replicas[row.slot] = replica
-                self.store.put_replica(
-                    rec.name, row.slot, port=row.port, state="ready", pid=row.pid
-                )
-            else:
-                if retiring and row.pid is not None and _alive(row.pid):
-                    _terminate(Replica(rec.name, row.slot, row.port, row.pid))
-                self.store.remove_replica(rec.name, row.slot)  # started again below
+        dep = DeploymentState(record=rec, router=router, last_request=self.clock())
+        self.backend(rec).adopt(dep)
         return dep
 
-    def _reconcile_one(self, dep: _Deployment) -> None:
+    def _reconcile_one(self, dep: DeploymentState) -> None:
         rec = dep.record
         now = self.clock()
         # 2. target replica count (scale to zero when idle)
@@ -501,106 +414,8 @@ class ReplicaManager:
             if dep.target != target:
                 self.metrics.desired.labels(rec.name).set(target)
             dep.target = target
-            kube = on_kubernetes(rec)
-            # surplus replicas get no new request (acquire) and stop once they have none
-            surplus = (
-                []
-                if kube
-                else [
-                    dep.replicas.pop(s)
-                    for s in sorted(dep.replicas)
-                    if s >= target and dep.replicas[s].in_flight == 0
-                ]
-            )
-            missing = [] if kube else [s for s in range(target) if s not in dep.replicas]
-        if kube:  # 3-5 are Kubernetes' (Deployment / LeaderWorkerSet controllers)
-            self._reconcile_kube(dep, target, now)
-            return
-        # 3. stop surplus, start missing
-        for r in surplus:
-            _terminate(r)
-            dep.router.forget(r.id)
-            self.store.remove_replica(rec.name, r.slot)
-        for slot in missing:
-            self._spawn(dep, slot, restarts=0)
-        # 4. crashed -> restart; starting -> ready once it answers
-        for r in list(dep.replicas.values()):
-            if r.exited():
-                if r.retry_at is None:  # just noticed: back off before the restart
-                    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** min(r.restarts, 10))
-                    log.warning("replica %s exited; restarting it in %.1f s", r.id, delay)
-                    with self._lock:
-                        r.ready = False
-                        r.retry_at = now + delay
-                    dep.router.forget(r.id)
-                    self.store.put_replica(rec.name, r.slot, port=r.port, state="failed", pid=r.pid)
-                if now >= (r.retry_at or now):
-                    self.metrics.restarts.labels(rec.name).inc()
-                    self._spawn(dep, r.slot, restarts=r.restarts + 1)
-            elif not r.ready and self._answers(r.port):
-                with self._lock:
-                    r.ready = True
-                    dep.last_request = max(dep.last_request, self.clock())
-                self.store.put_replica(rec.name, r.slot, port=r.port, state="ready", pid=r.pid)
-                log.info("replica %s ready on port %d", r.id, r.port)
-        # 5. rolling update: stop the previous model's replicas once the new ones all answer
-        if dep.retiring:
-            self._retire(dep, target, now)
-
-    def _reconcile_kube(self, dep: _Deployment, target: int, now: float) -> None:
-        """Apply the deployment's object with ``target`` replicas; its Ready pods (leaders)
-        become the replicas the gateway routes to, by pod IP."""
-        rec = dep.record
-        if self.kube is None:
-            if dep.error == "":
-                dep.error = (
-                    f"engine {rec.engine} runs on Kubernetes and this control plane has no "
-                    "Kubernetes executor (fix: start the server with --executor kubernetes)"
-                )
-                log.error("deployment %s: %s", rec.name, dep.error)
-            return
-        try:
-            changed = self.kube.ensure(rec, target)  # no API call when nothing changed
-            if not changed and now - dep.polled_at < KUBE_POLL_S and dep.waiting == 0:
-                return
-            pods = self.kube.pods(rec)
-        except (ExecutorError, ValueError) as exc:
-            if str(exc) != dep.error:
-                log.warning("deployment %s: %s", rec.name, exc)
-            dep.error = str(exc)
-            return
-        dep.polled_at, dep.error = now, ""
-        forget: list[str] = []
-        with self._lock:
-            names = {p.name for p in pods}
-            for name in [n for n in dep.pod_slots if n not in names]:
-                r = dep.replicas.pop(dep.pod_slots.pop(name), None)
-                if r is not None:
-                    forget.append(r.id)
-            for p in pods:
-                slot = dep.pod_slots.get(p.name)
-                if slot is None:
-                    used = set(dep.pod_slots.values())
-                    slot = next(i for i in range(len(used) + 1) if i not in used)
-                    dep.pod_slots[p.name] = slot
-                r = dep.replicas.get(slot)
-                if r is None:
-                    r = dep.replicas[slot] = Replica(rec.name, slot, ENGINE_PORT, None)
-                if p.ready and not r.ready:
-                    log.info("replica %s/%s ready at %s", rec.name, p.name, p.ip)
-                    dep.last_request = max(dep.last_request, self.clock())
-                r.pod, r.host, r.ready, r.restarts = p, p.ip or "", p.ready, p.restarts
-        for replica_id in forget:
-            dep.router.forget(replica_id)
-
-    def _kube_delete(self, name: str) -> None:
-        if self.kube is None:
-            return
-        try:
-            self.kube.delete(name)
-            log.info("serving: deleted the Kubernetes objects of deployment %s", name)
-        except ExecutorError as exc:  # collect() retries
-            log.warning("serving: cannot delete deployment %s's objects: %s", name, exc)
+        # 3-5: the backend's (processes here, or Kubernetes' controllers for pods)
+        self.backend(rec).reconcile(dep, target, now)
 
     def error(self, name: str) -> str:
         """Why the last reconcile of a Kubernetes deployment failed ("" when it did not)."""
@@ -608,62 +423,7 @@ class ReplicaManager:
             dep = self._deps.get(name)
             return dep.error if dep is not None else ""
 
-    def _retire(self, dep: _Deployment, target: int, now: float) -> None:
-        with self._lock:
-            ready = sum(1 for r in dep.replicas.values() if r.ready)
-            if ready < target:
-                dep.drain_from = None  # (a new replica crashed meanwhile: keep serving)
-                done: list[Replica] = [r for r in dep.retiring.values() if r.exited()]
-            else:
-                if dep.drain_from is None:
-                    dep.drain_from = now
-                    log.info(
-                        "deployment %s: %d new replica(s) ready, retiring %d",
-                        dep.record.name,
-                        ready,
-                        len(dep.retiring),
-                    )
-                late = now - dep.drain_from > DRAIN_S
-                done = [r for r in dep.retiring.values() if r.in_flight == 0 or late]
-            for r in done:
-                dep.retiring.pop(r.slot, None)
-        for r in done:
-            _terminate(r)
-            dep.router.forget(r.id)
-            self.store.remove_replica(dep.record.name, r.slot)
-
-    def _spawn(self, dep: _Deployment, slot: int, *, restarts: int) -> None:
-        rec = dep.record
-        port = free_port()
-        # intent first: a control plane dying after this line finds the row and restarts it
-        self.store.put_replica(rec.name, slot, port=port, state="starting", restarted=restarts > 0)
-        argv = self.command_for(rec, port)
-        logs = self.log_dir / rec.name
-        logs.mkdir(parents=True, exist_ok=True)
-        with (logs / f"replica-{slot}.log").open("ab") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
-        replica = Replica(rec.name, slot, port, popen.pid, popen, restarts=restarts)
-        with self._lock:  # known in memory before anything else can fail: stop() finds it
-            dep.replicas[slot] = replica
-        try:
-            self.store.put_replica(rec.name, slot, port=port, state="starting", pid=popen.pid)
-        except NotFound:  # the deployment was deleted while this replica started
-            log.info(
-                "deployment %s was deleted while replica %d started: stopping it", rec.name, slot
-            )
-            with self._lock:
-                if dep.replicas.get(slot) is replica:
-                    del dep.replicas[slot]
-            _terminate(replica)
-
-    def _answers(self, port: int) -> bool:
+    def answers(self, port: int) -> bool:
         """Readiness: the model generates one token (a process with an open port is not enough)."""
         try:
             resp = self._http.post(
@@ -685,25 +445,3 @@ def _serves_differently(old: DeploymentRecord, new: DeploymentRecord) -> bool:
         new.engine,
         new.options,
     )
-
-
-def _terminate(r: Replica, grace_s: float = 5.0) -> None:
-    """SIGTERM the replica's process group, SIGKILL after the grace period."""
-    if r.pid is None:
-        return
-    try:
-        os.killpg(r.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if r.popen is not None:
-            if r.popen.poll() is not None:
-                return
-        elif not _alive(r.pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(r.pid, signal.SIGKILL)
-    if r.popen is not None:
-        r.popen.wait(timeout=5)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tensoryard import envvars
 from tensoryard.errors import ConfigError
 from tensoryard.sim.cluster import ClusterShape, parse_cluster_shape
 from tensoryard.sim.engine import Policy, SimConfig, simulate
@@ -26,11 +26,14 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def find_shared_dir() -> Path | None:
     """The shared data folder: $TYARD_SHARED_DIR, else ``../shared`` beside the repository."""
-    candidates = [os.environ.get("TYARD_SHARED_DIR"), _REPO_ROOT.parent / "shared"]
-    candidates.append(str(Path.cwd().parent / "shared"))
-    for raw in candidates:
-        if raw and (Path(raw) / "traces").is_dir():
-            return Path(raw)
+    candidates = [
+        envvars.SHARED_DIR.get(),
+        _REPO_ROOT.parent / "shared",
+        Path.cwd().parent / "shared",
+    ]
+    for path in candidates:
+        if path is not None and (path / "traces").is_dir():
+            return path
     return None
 
 

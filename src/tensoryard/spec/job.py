@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from tensoryard import envvars
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.spec._common import (
     StrictModel,
@@ -18,6 +19,7 @@ from tensoryard.spec._common import (
     read_spec_file,
     spec_error_from_validation,
 )
+from tensoryard.spec.megatron import recognise
 
 __all__ = [
     "CheckpointSpec",
@@ -310,7 +312,7 @@ class JobSpec(StrictModel):
     @classmethod
     def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
         for env, name in value.items():
-            if env.upper().startswith("TYARD_"):
+            if env.upper().startswith(envvars.PREFIX):
                 raise ValueError(
                     f"{env!r}: TYARD_* variables are the control plane's (fix: another name)"
                 )
@@ -375,8 +377,6 @@ class JobSpec(StrictModel):
         return self
 
     def _megatron_fits(self) -> None:
-        from tensoryard.runtime.megatron import recognise
-
         args = recognise(self.command, self.framework)
         if args is None:
             return

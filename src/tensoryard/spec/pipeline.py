@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from tensoryard import envvars
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.spec._common import (
     StrictModel,
@@ -572,7 +573,7 @@ def _job_mapping(spec: PipelineSpec, step: StepSpec, resolve: Any) -> dict[str, 
     inputs = {k: render(v) for k, v in step.inputs.items()}
     if inputs:
         env = dict(raw.get("env") or {})
-        env.update({f"TYARD_INPUT_{k.upper()}": str(v) for k, v in inputs.items()})
+        env.update({f"{envvars.INPUT_PREFIX}{k.upper()}": str(v) for k, v in inputs.items()})
         raw["env"] = env
     return raw
 

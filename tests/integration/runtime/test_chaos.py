@@ -1,4 +1,4 @@
-"""`tyard chaos` and tensoryard.agent.chaos against real processes: a rank is found by its
+"""`tyard chaos` and tensoryard.executors.chaos against real processes: a rank is found by its
 run directory and RANK, killed, stopped (and resumed) and slowed; a process of another run with
 the same job id is never touched; the CLI prints JSON for scripts."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tensoryard.agent.chaos import find_rank, inject, run_schedule
 from tensoryard.cli.main import app
+from tensoryard.executors.chaos import find_rank, inject, run_schedule
 
 
 def spawn(run_dir: str, rank: int, attempt: int = 1) -> subprocess.Popen[bytes]:

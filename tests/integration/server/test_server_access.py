@@ -444,7 +444,7 @@ def test_logs_are_never_served_from_outside_the_job_run_dir(world: World, tmp_pa
         def log_paths(self, _handle: dict[str, Any]) -> dict[int, Path]:
             return {0: Path("/etc/passwd")}
 
-    from tensoryard.server.app import _log_path
+    from tensoryard.server.routes_logs import log_path as _log_path
 
     record = world.plane.store.start_attempt(job, handle=handle)
     with pytest.raises(Exception, match="no log in its run dir"):

@@ -1,7 +1,7 @@
 """The access matrix: every route of the control plane x every kind of caller, on SQLite and on
 PostgreSQL.
 
-Each route declares who may call it (``tensoryard.server.access.ROUTE_ACCESS``). These tests
+Each route declares who may call it (``tensoryard.api.access.ROUTE_ACCESS``). These tests
 fail on a route of the real app without a declaration, and call every declared route, in
 process through the whole ASGI stack, as each caller below, against real objects of team nlp
 (a running job, a pipeline, a model version, a deployment, a node, a webhook delivery): an
@@ -26,9 +26,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from tensoryard.api.access import ROUTE_ACCESS, Caller, route_keys
 from tensoryard.executors.local.executor import LocalHandle
 from tensoryard.registry import ArtifactStore, open_blobs
-from tensoryard.server.access import ROUTE_ACCESS, Caller, route_keys
 from tensoryard.server.config import ServerConfig
 from tensoryard.server.main import ControlPlane, build_control_plane
 from tensoryard.server.schemas import ErrorOut

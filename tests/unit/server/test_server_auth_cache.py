@@ -10,9 +10,9 @@ import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.requests import Request
 
+from tensoryard.api.guard import Guard
+from tensoryard.api.limits import RateLimiter
 from tensoryard.errors import Unauthenticated
-from tensoryard.server.guard import Guard
-from tensoryard.server.limits import RateLimiter
 from tensoryard.store import Store
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tensoryard.api.limits import RateLimiter
 from tensoryard.errors import RateLimited
 from tensoryard.executors.local import LocalExecutor
 from tensoryard.server.app import create_app
 from tensoryard.server.auth import bootstrap_admin
-from tensoryard.server.limits import RateLimiter
 from tensoryard.store import Store
 
 

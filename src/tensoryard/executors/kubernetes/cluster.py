@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tensoryard.errors import ExecutorError, FieldIssue, SpecError
+from tensoryard.executors.capacity import NodeCapacity
 from tensoryard.executors.kubernetes.client import Kube
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID
 from tensoryard.executors.kubernetes.status import (
@@ -28,7 +29,6 @@ from tensoryard.executors.kubernetes.status import (
     parse_quantity,
 )
 from tensoryard.executors.kubernetes.watch import WatchCache
-from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
 
 __all__ = ["KubernetesCluster", "check_fits", "node_capacities", "unfit_issue"]

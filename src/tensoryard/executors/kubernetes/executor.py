@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tensoryard import __version__
+from tensoryard import __version__, envvars
 from tensoryard.errors import ConfigError, ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.kubernetes.client import JOBSET, Kube, KubeApiError, check_volumes
@@ -401,7 +401,7 @@ class KubernetesExecutor:
         Path(h.attempt_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.config.runs_claim:
             _hand_over(Path(request.run_dir), Path(h.attempt_dir), self.config.run_as_user)
-        token = request.env.get("TYARD_JOB_TOKEN", "")
+        token = request.env.get(envvars.JOB_TOKEN.name, "")
         objects = render_attempt(w, self.kind)
         secret = {**objects[0], "stringData": {TOKEN_KEY: token}}
         self._create(h, "secrets", secret)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensoryard import envvars
 from tensoryard.errors import ExecutorError
 from tensoryard.runtime.megatron import SAVE_ENV as MEGATRON_SAVE_ENV
 
@@ -53,7 +54,16 @@ TOKEN_KEY = "token"
 
 # Set by this module; a user's env may not override them.
 RESERVED_ENV = frozenset(
-    {"TYARD_JOB_ID", "TYARD_ATTEMPT", "TYARD_ATTEMPT_KEY", "TYARD_JOB_TOKEN", "TYARD_IMAGE_EXPECT"}
+    {
+        v.name
+        for v in (
+            envvars.JOB_ID,
+            envvars.ATTEMPT,
+            envvars.ATTEMPT_KEY,
+            envvars.JOB_TOKEN,
+            envvars.IMAGE_EXPECT,
+        )
+    }
     | {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE"}
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -257,11 +267,11 @@ def _env(w: AttemptWorkload, master_addr: str) -> list[dict[str, Any]]:
     }
     token = {"secretKeyRef": {"name": w.token_secret, "key": TOKEN_KEY}}
     ours: list[dict[str, Any]] = [
-        {"name": "TYARD_JOB_ID", "value": str(w.job_id)},
-        {"name": "TYARD_ATTEMPT", "value": str(w.attempt)},
-        {"name": "TYARD_ATTEMPT_KEY", "value": w.attempt_key},
-        {"name": "TYARD_JOB_TOKEN", "valueFrom": token},
-        *([{"name": "TYARD_IMAGE_EXPECT", "value": w.image_expect}] if w.image_expect else []),
+        {"name": envvars.JOB_ID.name, "value": str(w.job_id)},
+        {"name": envvars.ATTEMPT.name, "value": str(w.attempt)},
+        {"name": envvars.ATTEMPT_KEY.name, "value": w.attempt_key},
+        {"name": envvars.JOB_TOKEN.name, "valueFrom": token},
+        *([{"name": envvars.IMAGE_EXPECT.name, "value": w.image_expect}] if w.image_expect else []),
         {"name": "NODE_RANK", "valueFrom": rank_from_index},
         {"name": "NNODES", "value": str(w.nodes)},
         {"name": "NPROC_PER_NODE", "value": str(w.procs)},

@@ -18,9 +18,9 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from tensoryard.api.access import Action, Principal, authorize, principal_of
+from tensoryard.api.limits import RateLimiter
 from tensoryard.errors import Forbidden, Unauthenticated
-from tensoryard.server.access import Action, Principal, authorize, principal_of
-from tensoryard.server.limits import RateLimiter
 from tensoryard.store import AuditContext, Store
 from tensoryard.store._identity import parse_api_token
 

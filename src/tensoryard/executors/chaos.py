@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from tensoryard import envvars
+
 __all__ = ["Action", "ChaosRecord", "find_rank", "inject", "run_schedule"]
 
 Action = Literal["kill", "stop", "slow", "cut"]
@@ -68,8 +70,8 @@ def _candidates(run_dir: str, rank: int, proc: Path) -> Iterator[tuple[int, int]
         if not entry.name.isdigit():
             continue
         env = _environ(entry / "environ")
-        if run_dir and env.get("TYARD_RUN_DIR") == run_dir and env.get("RANK") == str(rank):
-            attempt = env.get("TYARD_ATTEMPT", "0")
+        if run_dir and envvars.RUN_DIR.get(env) == run_dir and env.get("RANK") == str(rank):
+            attempt = env.get(envvars.ATTEMPT.name, "0")
             yield (int(attempt) if attempt.isdigit() else 0, int(entry.name))
 
 
@@ -118,7 +120,7 @@ def inject(
 def _cut(pid: int, duration: float | None, sleep: Callable[[float], None]) -> str:
     from tensoryard.executors.local.netns import cut_netns, restore_netns
 
-    node = _environ(Path(f"/proc/{pid}/environ")).get("TYARD_NODE")
+    node = _environ(Path(f"/proc/{pid}/environ")).get(envvars.NODE.name)
     if not node:
         raise ValueError(
             f"pid {pid} runs on no network-namespace node (no TYARD_NODE): cut needs "
