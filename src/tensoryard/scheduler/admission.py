@@ -7,6 +7,8 @@ cohort tree may lend within borrowing and lending limits) and a placement was fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tensoryard.scheduler.accounting import charge_of, resource_of
 from tensoryard.scheduler.capacity import NodeState
 from tensoryard.scheduler.cycle_state import CycleState
@@ -96,7 +98,7 @@ def commit(
     st.decided.admit(Admission(w.id, placement, borrowing), late=late)
 
 
-def most_telling(fails: list[Fail]) -> Fail:
+def most_telling(fails: Sequence[Fail]) -> Fail:
     """Capacity (quota was fine) says more than quota; the first model breaks ties."""
     for fail in fails:
         if fail.code == "capacity":

@@ -83,9 +83,7 @@ def _admit_loop(st: CycleState) -> None:
         *_, name = heapq.heappop(heap)
         line = st.queues.lines[name]
         w, position = line.take_head()
-        if _visit(st, w, line, position):
-            line.note_admitted()
-        if line.has_more():
+        if line.after_visit(_visit(st, w, line, position)):
             heapq.heappush(heap, ordering.heap_key(st, line))
 
 
@@ -101,7 +99,7 @@ def _decide(st: CycleState, entry: Entry, line: QueueLine) -> None:
     """Fill in the entry: the first model it fits on; else victims to preempt, nodes to
     defragment or to hold for it; else why it still waits."""
     w = entry.workload
-    entry.models = placement.models_for(st, w)
+    entry.consider(placement.models_for(st, w))
     if not entry.models:
         entry.conclude("unschedulable", placement.unfit_details(st, w))
         return
@@ -109,7 +107,7 @@ def _decide(st: CycleState, entry: Entry, line: QueueLine) -> None:
         fail = _try_admit(st, entry, model)
         if fail is None:
             return
-        entry.fails.append(fail)
+        entry.fail_on(fail)
     fail = admission.most_telling(entry.fails)
     if fail.code in ("quota", "capacity") and preemption.try_preempt(st, entry, line):
         return
@@ -165,7 +163,7 @@ def _no_gpu_free(st: CycleState) -> bool:
     short work by the backfill pass)."""
     if st.queues.has_cpu_pending:
         return False
-    return not any(st.cap.state.open[m].total_free > 0 for m in st.cap.gpu_models)
+    return not st.cap.any_gpu_free(st.decided.capacity_key())
 
 
 def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:

@@ -168,6 +168,7 @@ def _order_pending(st: CycleState) -> Queues:
     # Cheap C-level scans first: most backlogs have neither CPU-only nor resumed work.
     if pending and min(map(_GPUS_PER_NODE, pending)) == 0:
         queues.cpu_queues = {w.queue for w in pending if w.gpus_per_node == 0}
+    queues.has_cpu_pending = bool(queues.cpu_queues)
     leveled: set[str] = set()
     if st.cfg.service_levels_gpu_s and any(map(_ATTAINED, pending)):
         for w in pending:

@@ -9,8 +9,9 @@ preemption is issued, a reservation held, and otherwise only the outcome is reco
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from tensoryard.scheduler.capacity import NodeState
 from tensoryard.scheduler.model import Workload
@@ -20,6 +21,9 @@ __all__ = ["Entry", "Fail", "Held", "Victims"]
 
 Victims = list[tuple[Workload, str]]
 """Victims chosen for a preemptor, each with the rule that allows it."""
+
+
+_NO_GPUS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -40,27 +44,48 @@ class Held:
     start: float
 
 
-@dataclass(slots=True)
 class Entry:
     """The visit of one pending workload: what it was found to get, and its outcome."""
 
-    workload: Workload
-    position: int
-    models: list[str] = field(default_factory=list)
-    fails: list[Fail] = field(default_factory=list)
-    # an admission: the model and nodes it gets
-    model: str | None = None
-    nodes: list[NodeState] | None = None
-    # a preemption (or defragmentation) for it: victims, and the GPUs it keeps
-    victims: Victims | None = None
-    claimed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    # a head-of-line reservation
-    held: Held | None = None
-    outcome: Outcome | None = None
+    __slots__ = (
+        "claimed",
+        "fails",
+        "held",
+        "model",
+        "models",
+        "nodes",
+        "outcome",
+        "position",
+        "victims",
+        "workload",
+    )
+
+    def __init__(self, workload: Workload, position: int) -> None:
+        self.workload = workload
+        self.position = position
+        self.models: tuple[str, ...] = ()
+        self.fails: Sequence[Fail] = ()
+        # an admission: the model and nodes it gets
+        self.model: str | None = None
+        self.nodes: list[NodeState] | None = None
+        # a preemption (or defragmentation) for it: victims, and the GPUs it keeps
+        self.victims: Victims | None = None
+        self.claimed: Mapping[str, tuple[int, ...]] = _NO_GPUS
+        # a head-of-line reservation
+        self.held: Held | None = None
+        self.outcome: Outcome | None = None
 
     @property
     def id(self) -> str:
         return self.workload.id
+
+    def consider(self, models: tuple[str, ...]) -> None:
+        """The models (index keys) it could ever be placed on, in the order tried."""
+        self.models = models
+
+    def fail_on(self, fail: Fail) -> None:
+        """It was not admitted on one model, for this reason."""
+        self.fails = (*self.fails, fail)
 
     def assign(self, model: str, nodes: list[NodeState]) -> None:
         """It fits: on `model`, on `nodes`."""

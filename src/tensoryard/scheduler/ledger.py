@@ -43,11 +43,11 @@ class QueueLine:
         self.cursor += 1
         return w, position
 
-    def note_admitted(self) -> None:
-        self.admitted += 1
-
-    def has_more(self) -> bool:
-        """Something is left to visit and the queue is not closed."""
+    def after_visit(self, admitted: bool) -> bool:
+        """Count the head just visited (`admitted` or not); True while something is left
+        to visit and the queue is not closed."""
+        if admitted:
+            self.admitted += 1
         return self.cursor < len(self.items) and not self.closed
 
     def close(self, code: str) -> None:
@@ -77,10 +77,7 @@ class Queues:
     lines: dict[str, QueueLine] = field(default_factory=dict)
     levels: dict[str, int] = field(default_factory=dict)
     cpu_queues: set[str] = field(default_factory=set)
-
-    @property
-    def has_cpu_pending(self) -> bool:
-        return bool(self.cpu_queues)
+    has_cpu_pending: bool = False
 
 
 @dataclass(slots=True)
@@ -101,7 +98,7 @@ class Decided:
 
     def visit(self, entry: Entry) -> None:
         """`entry` is visited now (the visit order is the entries' order)."""
-        self.entries[entry.id] = entry
+        self.entries[entry.workload.id] = entry
 
     def admit(self, admission: Admission, late: bool = False) -> None:
         self.admissions.append(admission)

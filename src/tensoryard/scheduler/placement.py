@@ -18,8 +18,20 @@ from tensoryard.spec.queue import CPU_RESOURCE
 __all__ = ["capacity_details", "claim_gpus", "fits", "models_for", "place", "unfit_details"]
 
 
-def models_for(st: CycleState, w: Workload) -> list[str]:
-    """Index keys (GPU models, or CPU_MODEL) the workload could ever be placed on."""
+def models_for(st: CycleState, w: Workload) -> tuple[str, ...]:
+    """Index keys (GPU models, or CPU_MODEL) the workload could ever be placed on.
+
+    The answer depends only on the workload's queue and shape and on what stays fixed for
+    the cycle (inventory, quota limits), so it is computed once per queue and shape."""
+    key = (w.queue, w.gpu_model, w.gpus_per_node, w.cpu_per_node, w.mem_per_node, w.nodes)
+    found = st.cap.known_models(key)
+    if found is None:
+        found = tuple(_models_for(st, w))
+        st.cap.remember_models(key, found)
+    return found
+
+
+def _models_for(st: CycleState, w: Workload) -> list[str]:
     state = st.cap.state
     if w.gpus_per_node == 0:
         keys = [CPU_MODEL] if CPU_MODEL in state.open else []

@@ -38,7 +38,7 @@ def budget_left(st: CycleState) -> bool:
     return st.budgets.preemption_left()
 
 
-def may_preempt_any(st: CycleState, w: Workload, models: list[str]) -> bool:
+def may_preempt_any(st: CycleState, w: Workload, models: tuple[str, ...]) -> bool:
     """Could preemption still help `w` on one of `models` this cycle?"""
     if not budget_left(st):
         return False  # try_preempt would refuse: do not keep the queue open for it

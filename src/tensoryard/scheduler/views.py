@@ -28,6 +28,9 @@ Cost = tuple[float, int, float, str]
 Shape = tuple[int, int, float, int, bool]
 """A placement request: (nodes, GPUs, CPU and memory per node, strict topology)."""
 
+ModelsKey = tuple[str, str | None, int, float, int, int]
+"""(queue, GPU model asked for, GPUs, CPU and memory per node, nodes)."""
+
 _FIRST = itemgetter(0)
 
 
@@ -46,6 +49,9 @@ class CapacityView:
     _big_nodes: dict[tuple[str, int], int] = field(default_factory=dict)
     _max_cpu_free: float = 0.0
     _max_cpu_free_key: tuple[int, int, int] | None = None
+    _models: dict[ModelsKey, tuple[str, ...]] = field(default_factory=dict)
+    _gpu_free: bool = False
+    _gpu_free_key: tuple[int, int, int] | None = None
 
     @classmethod
     def build(cls, nodes: Sequence[Node], running: Sequence[Workload], now: float) -> CapacityView:
@@ -88,6 +94,21 @@ class CapacityView:
         failed = self._failed.setdefault(cache, [])
         if len(failed) < limit:
             failed.append(shape)
+
+    def any_gpu_free(self, key: tuple[int, int, int]) -> bool:
+        """Whether any open GPU is free, read again when `key` (the count of the cycle's
+        admissions, reservations and claims, which is all that takes open GPUs) changes."""
+        if self._gpu_free_key != key:
+            self._gpu_free_key = key
+            self._gpu_free = any(self.state.open[m].total_free > 0 for m in self.gpu_models)
+        return self._gpu_free
+
+    def known_models(self, key: ModelsKey) -> tuple[str, ...] | None:
+        """The models a workload of this (queue, shape) may use, if already worked out."""
+        return self._models.get(key)
+
+    def remember_models(self, key: ModelsKey, models: tuple[str, ...]) -> None:
+        self._models[key] = models
 
     def schedulable_with(self, model: str, gpus: int) -> int:
         """Schedulable nodes of `model` with at least `gpus` GPUs (memoized)."""
