@@ -82,10 +82,11 @@ def test_imports_run_downward(path: Path) -> None:
 
 
 # A write to a field of the cycle state (`st.part.field = ...`, `st.part.field[k] = ...`,
-# `st.part.field.append(...)`) outside the module that defines that part.
+# `st.part.field.append(...)`), of a queue line or of an entry, outside the module that
+# defines it.
 _WRITE = re.compile(
-    r"\bst\.[a-z_]+(\.[a-z_]+)*(\[[^]]*\])*\s*[-+|]?=(?!=)"
-    r"|\bst(\.[a-z_]+)+\.(append|add|setdefault|update|pop|extend|clear)\("
+    r"\b(st|line|entry)\.[a-z_]+(\.[a-z_]+)*(\[[^]]*\])*\s*[-+|]?=(?!=)"
+    r"|\b(st|line|entry)(\.[a-z_]+)+\.(append|add|setdefault|update|pop|extend|clear)\("
 )
 _OWNERS = {"cycle_state", "views", "ledger", "entry"}
 
