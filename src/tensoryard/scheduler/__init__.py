@@ -23,10 +23,14 @@ One cycle reads as numbered phases (see ``core.Cycle.run``):
 5. return admissions, preemptions (with a grace period to checkpoint), reservations, the
    updated usage history, and for every pending workload a reason and an estimated start.
 
-Phases 1-3 build one ``cycle_state.CycleState``; phase 4 is carried out by modules split by
-concern (``admission``, ``placement``, ``victims``/``preemption``, ``defrag``,
-``reservation``, ``ordering``). Runtime estimates come from ``estimates.RuntimeEstimator``
-(history of finished jobs, bounded by ``max_runtime``), shared with the simulator.
+Phases 1-3 build one ``cycle_state.CycleState``, a few parts that each own their data
+behind methods (``views``: capacity, quota, running work; ``ledger``: queues, decisions,
+budgets). In phase 4 each visited queue head is an ``entry.Entry`` that carries its own
+assignment (nodes, victims, held nodes) and outcome; modules split by concern
+(``admission``, ``placement``, ``victims``/``preemption``, ``defrag``, ``reservation``,
+``ordering``) fill it in, and the cycle applies it. Runtime estimates come from
+``estimates.RuntimeEstimator`` (history of finished jobs, bounded by ``max_runtime``), shared
+with the simulator.
 
 Policies and their knobs live in :class:`SchedulerConfig`; queues and cohorts come from
 ``tensoryard.spec.QuotaConfig``.

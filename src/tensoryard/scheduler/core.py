@@ -1,7 +1,9 @@
 """The scheduling cycle: snapshot in, decisions out (see the package docstring for the phases).
 
-The cycle is an orchestrator over one :class:`~tensoryard.scheduler.cycle_state.CycleState`;
-each concern is a module of functions over that state: ``admission`` (quota, borrowing),
+The cycle is an orchestrator over one :class:`~tensoryard.scheduler.cycle_state.CycleState`.
+Each visit of a queue head is an :class:`~tensoryard.scheduler.entry.Entry` that the concern
+modules fill in (its assignment, victims, held nodes, or why it waits) and the cycle then
+applies. Each concern is a module of functions over that state: ``admission`` (quota, borrowing),
 ``placement`` (models, nodes, topology, best fit), ``victims`` and ``preemption`` (victim
 choice, reclaim, what-if removal), ``defrag`` (clearing whole nodes), ``reservation``
 (head-of-line reservation, backfill) and ``ordering`` (which queue head goes next).
@@ -17,8 +19,9 @@ from tensoryard.scheduler.accounting import charge_of, decay_usage, resource_of
 from tensoryard.scheduler.config import SchedulerConfig
 from tensoryard.scheduler.cycle_state import CycleState, Fail, QueueLine, build_cycle_state
 from tensoryard.scheduler.defrag import try_defrag
+from tensoryard.scheduler.entry import Entry
 from tensoryard.scheduler.model import Decisions, Snapshot, Workload
-from tensoryard.scheduler.pending import Outcome, PendingView
+from tensoryard.scheduler.pending import PendingView
 from tensoryard.scheduler.state import CPU_MODEL, INF
 
 __all__ = ["Cycle", "Scheduler", "charge_of", "decay_usage", "resource_of"]
@@ -72,71 +75,78 @@ class Cycle:
 
 def _admit_loop(st: CycleState) -> None:
     """Serve queue heads best-first until nothing more can start."""
-    heap = [ordering.heap_key(st, line) for line in st.lines.values()]
+    heap = [ordering.heap_key(st, line) for line in st.queues.lines.values()]
     heapq.heapify(heap)
     while heap:
         if _nothing_can_start(st):
             break
         *_, name = heapq.heappop(heap)
-        line = st.lines[name]
-        w = line.items[line.cursor]
-        position = line.cursor - line.admitted
-        line.cursor += 1
-        if _visit(st, w, line, position):
-            line.admitted += 1
-        if line.cursor < len(line.items) and not line.closed:
+        line = st.queues.lines[name]
+        w, position = line.take_head()
+        if line.after_visit(_visit(st, w, line, position)):
             heapq.heappush(heap, ordering.heap_key(st, line))
 
 
 def _visit(st: CycleState, w: Workload, line: QueueLine, position: int) -> bool:
-    """Admit, backfill, preempt for, or reserve for `w`; record why it still waits."""
-    st.visit_order.append(w.id)
-    models = placement.models_for(st, w)
-    if not models:
-        st.outcomes[w.id] = Outcome("unschedulable", placement.unfit_details(st, w), position)
-        return False
-    fails: list[Fail] = []
-    for model in models:
-        fail = _try_admit(st, w, model)
+    """One visit of a queue head: its entry is filled in, then applied. True if admitted."""
+    entry = Entry(w, position)
+    st.decided.visit(entry)
+    _decide(st, entry, line)
+    return _apply(st, entry)
+
+
+def _decide(st: CycleState, entry: Entry, line: QueueLine) -> None:
+    """Fill in the entry: the first model it fits on; else victims to preempt, nodes to
+    defragment or to hold for it; else why it still waits."""
+    w = entry.workload
+    entry.consider(placement.models_for(st, w))
+    if not entry.models:
+        entry.conclude("unschedulable", placement.unfit_details(st, w))
+        return
+    for model in entry.models:
+        fail = _try_admit(st, entry, model)
         if fail is None:
-            return True
-        fails.append(fail)
-    fail = admission.most_telling(fails)
-    if fail.code in ("quota", "capacity") and preemption.try_preempt(st, w, line, fails):
-        st.outcomes[w.id] = Outcome("preempting", st.last_preempt_details, position)
-        return False
+            return
+        entry.fail_on(fail)
+    fail = admission.most_telling(entry.fails)
+    if fail.code in ("quota", "capacity") and preemption.try_preempt(st, entry, line):
+        return
     capacity = fail.code == "capacity" and fail.model is not None
-    if capacity and try_defrag(st, w, fail.model or ""):
-        st.outcomes[w.id] = Outcome("preempting", st.last_preempt_details, position)
-        return False
-    if capacity and reservation.try_reserve(st, w, fail.model or ""):
-        details = _with_reclaim(st, w, st.last_reserve_details)
-        st.outcomes[w.id] = Outcome("reserved", details, position)
-        return False
-    st.outcomes[w.id] = Outcome(fail.code, _with_reclaim(st, w, fail.details), position)
+    if capacity and try_defrag(st, entry, fail.model or ""):
+        return
+    if capacity and reservation.try_reserve(st, entry, fail.model or ""):
+        return
+    entry.conclude(fail.code, st.decided.with_reclaim(w, fail.details, st.cfg.reclaim_min_run_s))
     _maybe_close(st, line, w)
+
+
+def _apply(st: CycleState, entry: Entry) -> bool:
+    """Carry out what the entry found: commit an admission (True), issue a preemption, hold
+    a reservation; an entry that only waits has its outcome already."""
+    if entry.nodes is not None:
+        assert entry.model is not None
+        admission.commit(st, entry.workload, entry.model, entry.nodes)
+        return True
+    if entry.victims is not None:
+        preemption.apply(st, entry)
+    elif entry.held is not None:
+        reservation.apply(st, entry)
     return False
 
 
-def _with_reclaim(st: CycleState, w: Workload, details: dict[str, object]) -> dict[str, object]:
-    """`details`, plus when borrowed GPUs `w` could reclaim become reclaimable (if any)."""
-    at = st.reclaim_at.get(w.id)
-    if at is None:
-        return details
-    return {**details, "reclaim_at": at, "reclaim_min_run_s": st.cfg.reclaim_min_run_s}
-
-
-def _try_admit(st: CycleState, w: Workload, model: str) -> Fail | None:
-    """Admit `w` on `model` within quota, on open nodes or (backfill) held ones."""
+def _try_admit(st: CycleState, entry: Entry, model: str) -> Fail | None:
+    """Find room for the entry's workload on `model` within quota, on open nodes or
+    (backfill) held ones; the entry carries it."""
+    w = entry.workload
     quota_fail = admission.check_quota(st, w, resource_of(w, model or None))
     if quota_fail is not None:
         return quota_fail
-    nodes = placement.place(st, st.state.open[model], w, model, cache=model)
+    nodes = placement.place(st, st.cap.state.open[model], w, model, cache=model)
     if nodes is None and reservation.may_backfill(st, w, model):
-        nodes = placement.place(st, st.state.held[model], w, model, cache=f"held:{model}")
+        nodes = placement.place(st, st.cap.state.held[model], w, model, cache=f"held:{model}")
     if nodes is None:
         return Fail("capacity", placement.capacity_details(st, w, model), model)
-    admission.commit(st, w, model, nodes)
+    entry.assign(model, nodes)
     return None
 
 
@@ -151,9 +161,9 @@ def _nothing_can_start(st: CycleState) -> bool:
 def _no_gpu_free(st: CycleState) -> bool:
     """True when no CPU-only work waits and no open GPU is free (held GPUs are offered to
     short work by the backfill pass)."""
-    if st.has_cpu_pending:
+    if st.queues.has_cpu_pending:
         return False
-    return not any(st.state.open[m].total_free > 0 for m in st.gpu_models)
+    return not st.cap.any_gpu_free(st.decided.capacity_key())
 
 
 def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:
@@ -167,8 +177,10 @@ def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:
     # queue is quota-blocked when every remaining request is at least that, on every model.
     threshold = max(
         (
-            st.quota_fail.get((line.name, m), INF) if st.tree.max_ever(line.name, m) > 0 else 0.0
-            for m in st.gpu_models
+            st.quota.failed_need((line.name, m))
+            if st.quota.tree.max_ever(line.name, m) > 0
+            else 0.0
+            for m in st.cap.gpu_models
         ),
         default=INF,
     )
@@ -179,8 +191,7 @@ def _maybe_close(st: CycleState, line: QueueLine, w: Workload) -> None:
         preemption.may_preempt_any(st, w, placement.models_for(st, w))
     ):
         return
-    line.closed = True
-    line.close_code = "quota" if quota_blocked else "capacity"
+    line.close("quota" if quota_blocked else "capacity")
 
 
 def _no_cpu_room(st: CycleState, line: QueueLine) -> bool:
@@ -191,34 +202,16 @@ def _no_cpu_room(st: CycleState, line: QueueLine) -> bool:
     backlog of CPU jobs (the embedded default's) is visited job by job every cycle. The
     largest free CPU is cached until the cycle admits or reserves again (capacity only
     shrinks in between, so a stale value can only keep a queue open, never close it)."""
-    if line.name not in st.cpu_queues or line.cursor >= len(line.items):
+    if line.name not in st.queues.cpu_queues or line.cursor >= len(line.items):
         return False
-    suffix = line.cpu_need_suffix
-    if suffix is None:
-        suffix = [INF] * (len(line.items) + 1)
-        for i in range(len(line.items) - 1, -1, -1):
-            suffix[i] = min(suffix[i + 1], line.items[i].cpu_per_node)
-        line.cpu_need_suffix = suffix
-    key = (len(st.admissions), len(st.reservations), len(st.claims))
-    if st.max_cpu_free_key != key:
-        st.max_cpu_free_key = key
-        st.max_cpu_free = max(
-            (
-                node.cpu_free
-                for indexes in (st.state.open, st.state.held)
-                for index in indexes.values()
-                for node in index.nodes.values()
-            ),
-            default=0.0,
-        )
-    return suffix[line.cursor] > st.max_cpu_free + 1e-9
+    return line.cpu_need_of_rest() > st.cap.max_cpu_free(st.decided.capacity_key()) + 1e-9
 
 
 def _rest_needs_at_least(st: CycleState, line: QueueLine, threshold: float) -> bool:
     """True when every workload after the cursor needs >= `threshold` GPUs."""
     if threshold == INF:
         return False
-    if line.name in st.cpu_queues:
+    if line.name in st.queues.cpu_queues:
         return False  # CPU-only work needs no GPU at all: never skip it
     if threshold <= 1:
         return True  # GPU workloads need at least one GPU each
@@ -231,39 +224,37 @@ def _rest_needs_at_least(st: CycleState, line: QueueLine, threshold: float) -> b
 def _decisions(st: CycleState) -> Decisions:
     pending = PendingView(
         now=st.now,
-        lines={q: (line.items, line.cursor, line.admitted) for q, line in st.lines.items()},
-        outcomes=st.outcomes,
-        visit_order=st.visit_order,
-        tree=st.tree,
-        state=st.state,
+        lines={q: (line.items, line.cursor, line.admitted) for q, line in st.queues.lines.items()},
+        outcomes=st.decided.outcomes(),
+        visit_order=st.decided.visit_order(),
+        tree=st.quota.tree,
+        state=st.cap.state,
         running=st.snap.running,
-        admissions=st.admissions,
+        admissions=st.decided.admissions,
         unvisited_reason=lambda w: _unvisited_reason(st, w),
-        late_admitted=st.late_admitted,
+        late_admitted=st.decided.late_admitted,
     )
     return Decisions(
-        admissions=tuple(st.admissions),
-        preemptions=tuple(st.preemptions),
+        admissions=tuple(st.decided.admissions),
+        preemptions=tuple(st.decided.preemptions),
         pending=pending,
-        usage_history=st.history,
-        reservations={**st.reservations, **st.claims},
-        wake_at=min(st.reclaim_at.values(), default=None),
+        usage_history=st.quota.history,
+        reservations={**st.decided.reservations, **st.decided.claims},
+        wake_at=min(st.decided.reclaim_at.values(), default=None),
     )
 
 
 def _unvisited_reason(st: CycleState, w: Workload) -> tuple[str, dict[str, object]]:
     """Reason for a workload the cycle stopped before reaching."""
-    model = w.gpu_model or (st.gpu_models[0] if st.gpu_models else CPU_MODEL)
+    model = w.gpu_model or (st.cap.gpu_models[0] if st.cap.gpu_models else CPU_MODEL)
     if w.gpus_per_node == 0:
-        model = CPU_MODEL if CPU_MODEL in st.state.open else model
-    if model not in st.state.open:
+        model = CPU_MODEL if CPU_MODEL in st.cap.state.open else model
+    if model not in st.cap.state.open:
         return "unschedulable", placement.unfit_details(st, w)
-    line = st.lines.get(w.queue)
+    line = st.queues.lines.get(w.queue)
     if line is not None and line.close_code == "quota" and w.gpus_per_node > 0:
         # The cycle is over, so a queue's quota facts are the same for all its waiters.
         key = (w.queue, resource_of(w, model))
-        base = st.final_quota.get(key)
-        if base is None:
-            base = st.final_quota[key] = admission.quota_fail(st, w, key[1], 0.0).details
+        base = st.quota.final_facts(key, lambda: admission.quota_fail(st, w, key[1], 0.0).details)
         return "quota", {**base, "need": charge_of(w)}
     return "capacity", placement.capacity_details(st, w, model)

@@ -13,10 +13,10 @@ from operator import attrgetter, itemgetter
 
 from tensoryard.scheduler.capacity import CapacityIndex, NodeState
 from tensoryard.scheduler.cycle_state import CycleState
+from tensoryard.scheduler.entry import Entry
 from tensoryard.scheduler.model import Workload
 from tensoryard.scheduler.placement import claim_gpus, fits
-from tensoryard.scheduler.preemption import claim, issue, unvacate, vacate
-from tensoryard.scheduler.state import INF
+from tensoryard.scheduler.preemption import unvacate, vacate
 from tensoryard.scheduler.victims import victim_cost
 
 __all__ = ["try_defrag"]
@@ -25,23 +25,24 @@ _FIRST = itemgetter(0)
 _GPUS_PER_NODE = attrgetter("gpus_per_node")
 
 
-def try_defrag(st: CycleState, w: Workload, model: str) -> bool:
-    """Move small jobs off partly free nodes so that `w` gets whole nodes; True if issued."""
-    cfg = st.cfg
-    if not cfg.defragment or w.gpus_per_node == 0 or not model:
+def try_defrag(st: CycleState, entry: Entry, model: str) -> bool:
+    """Move small jobs off partly free nodes so that the entry's workload gets whole nodes;
+    True if found (the entry carries the moves, issued as preemptions when applied)."""
+    w = entry.workload
+    if not st.cfg.defragment or w.gpus_per_node == 0 or not model:
         return False
-    if st.preemptors >= cfg.max_preemptors_per_cycle or st.defrag_tries >= cfg.defrag_tries:
+    if not st.budgets.defrag_left():
         return False
-    index = st.state.open[model]
+    index = st.cap.state.open[model]
     spare = index.total_free - w.total_gpus
     if spare <= 0 or w.gpus_per_node <= 1:
         return False
-    if w.gpus_per_node >= st.defrag_failed.get(model, INF):
+    if st.budgets.defrag_failed_for(model, w.gpus_per_node):
         return False  # a worker as wide found no node to clear this cycle
-    st.defrag_tries += 1
+    st.budgets.spend_defrag_try()
     options = _options(st, w, index)
     if not options:
-        st.defrag_failed[model] = min(w.gpus_per_node, st.defrag_failed.get(model, INF))
+        st.budgets.note_defrag_failed(model, w.gpus_per_node)
         return False
     removed: list[tuple[Workload, str]] = []
     moved = 0
@@ -66,9 +67,8 @@ def try_defrag(st: CycleState, w: Workload, model: str) -> bool:
         unvacate(st, v)
     if not fit:
         return False
-    st.preemptors += 1
-    issue(st, w, removed)
-    claim(st, w, gpus_claimed)
+    st.budgets.count_preemptor()
+    entry.preempt(removed, gpus_claimed)
     return True
 
 
@@ -82,7 +82,7 @@ def _victims_replace(
     undo: list[tuple[NodeState, tuple[int, ...]]] = []
     ok = True
     for name, gpus in claimed.items():
-        state = st.state.by_name[name]
+        state = st.cap.state.by_name[name]
         index.take_exact(state, gpus, 0.0, 0)
         undo.append((state, gpus))
     for v in sorted(victims, key=_GPUS_PER_NODE, reverse=True):
@@ -101,7 +101,7 @@ def _options(
 ) -> list[tuple[float, int, int, list[Workload]]]:
     """Per node short of room for one worker of `w`: (work lost, GPUs moved, node, victims)
     to clear it, cheapest first."""
-    on_node = st.state.running_on
+    on_node = st.cap.state.running_on
     level = st.pending_level(w)
     min_start = st.now - st.cfg.defrag_min_run_s
     options: list[tuple[float, int, int, list[Workload]]] = []
@@ -118,7 +118,7 @@ def _options(
                 if v.nodes == 1
                 and v.gpus_per_node < w.gpus_per_node
                 and v.preemptible
-                and v.id not in st.victims
+                and v.id not in st.decided.victims
                 and v.priority <= w.priority
                 and v.start_time is not None
                 and v.start_time <= min_start

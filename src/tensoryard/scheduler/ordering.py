@@ -21,7 +21,7 @@ HeapKey = tuple[int, bool, bool, int, float, float, str, str]
 def heap_key(st: CycleState, line: QueueLine) -> HeapKey:
     """Rank of a queue's head: smaller goes first."""
     w = line.items[line.cursor]
-    level = st.levels.get(w.id, 0) if st.cfg.service_level_across_queues else 0
+    level = st.queues.levels.get(w.id, 0) if st.cfg.service_level_across_queues else 0
     borrows = st.cfg.nominal_first and not fits_nominal(st, w)
     return (
         -w.priority,
@@ -38,20 +38,20 @@ def heap_key(st: CycleState, line: QueueLine) -> HeapKey:
 def fits_nominal(st: CycleState, w: Workload) -> bool:
     """True when `w` fits in its queue's own nominal quota (no borrowing needed)."""
     if w.gpus_per_node == 0:
-        return within_nominal_after(st, w, None) or w.queue not in st.tree.cpu_limited
-    models = [w.gpu_model] if w.gpu_model else st.gpu_models
+        return within_nominal_after(st, w, None) or w.queue not in st.quota.tree.cpu_limited
+    models = [w.gpu_model] if w.gpu_model else st.cap.gpu_models
     return any(within_nominal_after(st, w, m) for m in models)
 
 
 def share(st: CycleState, queue: str) -> float:
     """Weighted dominant share: max over resources of effective usage / capacity."""
-    usage = st.q_usage.get(queue, {})
-    past = st.history.get(queue)
+    usage = st.quota.usage_of(queue)
+    past = st.quota.history.get(queue)
     alpha = st.cfg.history_weight if past is not None else 0.0
     half_life = st.cfg.fair_share_half_life_s
     dominant = 0.0
     for resource in set(usage) | (set(past.gpu_seconds) if past else set()):
-        cap = st.capacity.get(resource, 0.0)
+        cap = st.cap.capacity.get(resource, 0.0)
         if cap <= 0:
             continue
         now_part = usage.get(resource, 0.0)
@@ -59,4 +59,4 @@ def share(st: CycleState, queue: str) -> float:
         if past is not None and half_life > 0:
             hist_part = past.gpu_seconds.get(resource, 0.0) * math.log(2) / half_life
         dominant = max(dominant, ((1 - alpha) * now_part + alpha * hist_part) / cap)
-    return dominant / st.tree.weights.get(queue, 1.0)
+    return dominant / st.quota.tree.weights.get(queue, 1.0)

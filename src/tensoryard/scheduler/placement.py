@@ -18,25 +18,37 @@ from tensoryard.spec.queue import CPU_RESOURCE
 __all__ = ["capacity_details", "claim_gpus", "fits", "models_for", "place", "unfit_details"]
 
 
-def models_for(st: CycleState, w: Workload) -> list[str]:
-    """Index keys (GPU models, or CPU_MODEL) the workload could ever be placed on."""
-    state = st.state
+def models_for(st: CycleState, w: Workload) -> tuple[str, ...]:
+    """Index keys (GPU models, or CPU_MODEL) the workload could ever be placed on.
+
+    The answer depends only on the workload's queue and shape and on what stays fixed for
+    the cycle (inventory, quota limits), so it is computed once per queue and shape."""
+    key = (w.queue, w.gpu_model, w.gpus_per_node, w.cpu_per_node, w.mem_per_node, w.nodes)
+    found = st.cap.known_models(key)
+    if found is None:
+        found = tuple(_models_for(st, w))
+        st.cap.remember_models(key, found)
+    return found
+
+
+def _models_for(st: CycleState, w: Workload) -> list[str]:
+    state = st.cap.state
     if w.gpus_per_node == 0:
         keys = [CPU_MODEL] if CPU_MODEL in state.open else []
         if st.cfg.cpu_on_gpu_nodes:
-            keys += st.gpu_models
+            keys += st.cap.gpu_models
         return [
             k for k in keys if state.schedulable_nodes.get(k, 0) >= w.nodes and _node_fits(st, w, k)
         ]
-    candidates = [w.gpu_model] if w.gpu_model else st.gpu_models
+    candidates = [w.gpu_model] if w.gpu_model else st.cap.gpu_models
     return [
         m
         for m in candidates
         if m in state.open
         and _node_fits(st, w, m)
-        and st.max_gpus_per_node[m] >= w.gpus_per_node
+        and st.cap.max_gpus_per_node[m] >= w.gpus_per_node
         and state.schedulable_nodes.get(m, 0) >= w.nodes
-        and st.tree.max_ever(w.queue, m) >= w.total_gpus
+        and st.quota.tree.max_ever(w.queue, m) >= w.total_gpus
         and (w.nodes == 1 or _schedulable_with(st, m, w.gpus_per_node) >= w.nodes)
     ]
 
@@ -44,33 +56,25 @@ def models_for(st: CycleState, w: Workload) -> list[str]:
 def _schedulable_with(st: CycleState, model: str, gpus: int) -> int:
     """Schedulable nodes of `model` with at least `gpus` GPUs: a gang needs that many, or it
     would hold nodes for a placement that can never exist (memoized for the cycle)."""
-    key = (model, gpus)
-    count = st.big_nodes.get(key)
-    if count is None:
-        count = st.big_nodes[key] = sum(
-            1
-            for n in st.snap.nodes
-            if n.schedulable and n.gpu_model == model and n.gpus_total >= gpus
-        )
-    return count
+    return st.cap.schedulable_with(model, gpus)
 
 
 def _node_fits(st: CycleState, w: Workload, key: str) -> bool:
     """The largest node under `key` has the CPU and memory one worker of `w` needs."""
-    mem = st.max_mem_per_node.get(key, 0)
-    return st.max_cpu_per_node.get(key, 0.0) >= w.cpu_per_node - 1e-9 and (
+    mem = st.cap.max_mem_per_node.get(key, 0)
+    return st.cap.max_cpu_per_node.get(key, 0.0) >= w.cpu_per_node - 1e-9 and (
         w.mem_per_node <= 0 or mem <= 0 or mem >= w.mem_per_node
     )
 
 
 def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
     """Facts behind an "unschedulable" reason: what the largest node and the quota allow."""
-    largest = max((v for k, v in st.max_gpus_per_node.items() if k), default=0)
-    model_known = w.gpu_model is None or w.gpu_model in st.state.open
-    models = [w.gpu_model] if w.gpu_model else st.gpu_models
+    largest = max((v for k, v in st.cap.max_gpus_per_node.items() if k), default=0)
+    model_known = w.gpu_model is None or w.gpu_model in st.cap.state.open
+    models = [w.gpu_model] if w.gpu_model else st.cap.gpu_models
     quota_max = (
-        max((st.tree.max_ever(w.queue, m) for m in models), default=0.0)
-        if w.gpus_per_node > 0 and st.tree.has_queue(w.queue)
+        max((st.quota.tree.max_ever(w.queue, m) for m in models), default=0.0)
+        if w.gpus_per_node > 0 and st.quota.tree.has_queue(w.queue)
         else None
     )
     fitting, fitting_model = _nodes_big_enough(st, w, models)
@@ -82,10 +86,10 @@ def unfit_details(st: CycleState, w: Workload) -> dict[str, object]:
         "fitting_nodes": fitting,
         "fitting_model": fitting_model,
         "largest_node_gpus": largest,
-        "largest_node_cpu": max(st.max_cpu_per_node.values(), default=0.0),
-        "largest_node_mem": max(st.max_mem_per_node.values(), default=0),
-        "schedulable_nodes": sum(st.state.schedulable_nodes.values()),
-        "total_nodes": len(st.state.states),
+        "largest_node_cpu": max(st.cap.max_cpu_per_node.values(), default=0.0),
+        "largest_node_mem": max(st.cap.max_mem_per_node.values(), default=0),
+        "schedulable_nodes": sum(st.cap.state.schedulable_nodes.values()),
+        "total_nodes": len(st.cap.state.states),
         "queue": w.queue,
         "quota_max": quota_max,
     }
@@ -96,9 +100,9 @@ def _nodes_big_enough(st: CycleState, w: Workload, models: list[str]) -> tuple[i
     `w` needs, on the model with the most such nodes: fewer than `w.nodes` means the cluster
     as it is can never hold `w`, only a cluster with more nodes can."""
     if w.gpus_per_node == 0:
-        return len(st.state.states), None
+        return len(st.cap.state.states), None
     counts = dict.fromkeys(models, 0)
-    for node in st.state.states:
+    for node in st.cap.state.states:
         if node.gpu_model in counts and node.gpus_total >= w.gpus_per_node:
             counts[node.gpu_model] += 1
     best = max(counts, key=lambda m: counts[m], default=None)
@@ -112,8 +116,8 @@ def capacity_details(st: CycleState, w: Workload, model: str) -> dict[str, objec
         "gpus_per_node": w.gpus_per_node,
         "cpu_per_node": w.cpu_per_node,
         "model": model or None,
-        "free_gpus": st.state.open[model].total_free,
-        "held_gpus": st.state.held[model].total_free,
+        "free_gpus": st.cap.state.open[model].total_free,
+        "held_gpus": st.cap.state.held[model].total_free,
         "topology": w.topology,
     }
 
@@ -121,7 +125,7 @@ def capacity_details(st: CycleState, w: Workload, model: str) -> dict[str, objec
 def _max_switches(st: CycleState, w: Workload, model: str) -> int | None:
     if w.topology != "required" or w.nodes <= 1:
         return None
-    per_switch = max(1, st.state.max_nodes_per_switch.get(model, 1))
+    per_switch = max(1, st.cap.state.max_nodes_per_switch.get(model, 1))
     return -(-w.nodes // per_switch)
 
 
@@ -134,11 +138,8 @@ def place(
     shape = (w.nodes, w.gpus_per_node, w.cpu_per_node, w.mem_per_node, strict)
     if w.avoid_nodes:
         cache = None  # a failure without some nodes says nothing about the same shape with them
-    failed = st.cap_fail.setdefault(cache, []) if cache is not None else []
-    for n, g, c, m, s in failed:
-        covered = n <= shape[0] and g <= shape[1] and c <= shape[2] and m <= shape[3]
-        if covered and ((not s) or strict):
-            return None
+    if cache is not None and st.cap.known_to_fail(cache, shape):
+        return None
     if w.nodes == 1:
         node = index.best_node(w.gpus_per_node, w.cpu_per_node, w.mem_per_node, w.avoid_nodes)
         nodes = [node] if node is not None else None
@@ -151,23 +152,23 @@ def place(
             _max_switches(st, w, model),
             w.avoid_nodes,
         )
-    if nodes is None and cache is not None and len(failed) < st.cfg.placement_failure_cache:
-        failed.append(shape)
+    if nodes is None and cache is not None:
+        st.cap.note_failure(cache, shape, st.cfg.placement_failure_cache)
     return nodes
 
 
 def fits(st: CycleState, w: Workload, model: str) -> bool:
     """What-if: `w` would be admitted on `model` now (quota and placement, nothing taken)."""
     resource = resource_of(w, model or None)
-    if charge_of(w) > st.tree.available(w.queue, resource) + 1e-9:
+    if charge_of(w) > st.quota.tree.available(w.queue, resource) + 1e-9:
         return False
-    if resource != CPU_RESOURCE and w.total_cpu > st.tree.available(w.queue, CPU_RESOURCE):
+    if resource != CPU_RESOURCE and w.total_cpu > st.quota.tree.available(w.queue, CPU_RESOURCE):
         return False
-    return place(st, st.state.open[model], w, model, cache=None) is not None
+    return place(st, st.cap.state.open[model], w, model, cache=None) is not None
 
 
 def claim_gpus(st: CycleState, w: Workload, model: str) -> dict[str, tuple[int, ...]]:
     """The GPUs `w` would take on `model` in the world as it is now (take() picks the
     lowest free indices); {} when it does not fit."""
-    nodes = place(st, st.state.open[model], w, model, cache=None) or []
+    nodes = place(st, st.cap.state.open[model], w, model, cache=None) or []
     return {n.name: tuple(n.free[: w.gpus_per_node]) for n in nodes}

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from operator import itemgetter
 
-from tensoryard.scheduler.accounting import charge_of, resource_of
+from tensoryard.scheduler.accounting import charge_of
 from tensoryard.scheduler.admission import within_nominal_after
-from tensoryard.scheduler.cycle_state import Cost, CycleState, Fail, QueueLine
+from tensoryard.scheduler.cycle_state import Cost, CycleState, QueueLine
+from tensoryard.scheduler.entry import Entry, Victims
 from tensoryard.scheduler.model import Preemption, Workload
 from tensoryard.scheduler.placement import claim_gpus, fits
 from tensoryard.scheduler.state import CPU_MODEL
@@ -29,45 +30,55 @@ from tensoryard.scheduler.victims import (
 __all__ = ["claim", "issue", "may_preempt_any", "try_preempt", "unvacate", "vacate"]
 
 _FIRST = itemgetter(0)
-Removed = list[tuple[Workload, str]]
+Removed = Victims
 
 
 def budget_left(st: CycleState) -> bool:
     """True while the cycle may still issue preemptions and search for them."""
-    return (
-        st.preemptors < st.cfg.max_preemptors_per_cycle
-        and st.preempt_attempts < st.cfg.max_preempt_attempts
-    )
+    return st.budgets.preemption_left()
 
 
-def may_preempt_any(st: CycleState, w: Workload, models: list[str]) -> bool:
+def may_preempt_any(st: CycleState, w: Workload, models: tuple[str, ...]) -> bool:
     """Could preemption still help `w` on one of `models` this cycle?"""
     if not budget_left(st):
         return False  # try_preempt would refuse: do not keep the queue open for it
     return any(may_preempt(st, w, m) for m in models)
 
 
-def try_preempt(st: CycleState, w: Workload, line: QueueLine, fails: list[Fail]) -> bool:
-    """Preempt for `w` on the first model where victims make it fit."""
+def try_preempt(st: CycleState, entry: Entry, line: QueueLine) -> bool:
+    """Find victims for the entry's workload on the first model where they make it fit
+    (the entry carries them and the GPUs it keeps; :func:`apply` issues them)."""
+    w = entry.workload
     if not budget_left(st):
         return False
     need = charge_of(w)
     if need >= line.preempt_failed_need:
         return False
-    for fail in fails:
+    for fail in entry.fails:
         model = fail.model if w.gpus_per_node > 0 else CPU_MODEL
         if model is None or not may_preempt(st, w, model):
             continue
-        st.preempt_attempts += 1
-        if _preempt_on(st, w, model):
-            st.preemptors += 1
+        st.budgets.spend_preempt_attempt()
+        if _preempt_on(st, entry, model):
+            st.budgets.count_preemptor()
             return True
-    line.preempt_failed_need = min(line.preempt_failed_need, need)
+    line.note_preempt_failed(need)
     return False
 
 
-def _preempt_on(st: CycleState, w: Workload, model: str) -> bool:
+def apply(st: CycleState, entry: Entry) -> None:
+    """Issue the preemptions the entry carries and keep its GPUs for it; its outcome
+    says "preempting", with the victims."""
+    w = entry.workload
+    assert entry.victims is not None
+    details = issue(st, w, entry.victims)
+    claim(st, w, entry.claimed)
+    entry.conclude("preempting", details)
+
+
+def _preempt_on(st: CycleState, entry: Entry, model: str) -> bool:
     """What-if: remove the cheapest eligible victims until `w` fits, then keep the fewest."""
+    w = entry.workload
     within = within_nominal_after(st, w, model or None)
     candidates: Removed = [(v, "terminating") for v in _leaving_for(st, w, model)]
     for v in victim_pool(st, w, model, within):
@@ -88,9 +99,9 @@ def _preempt_on(st: CycleState, w: Workload, model: str) -> bool:
         if fits(st, w, model):
             fit = True
             break
-    if not fit and w.gpus_per_node > 1 and st.node_tries < st.cfg.node_aware_tries:
+    if not fit and w.gpus_per_node > 1 and st.budgets.node_try_left():
         # The cheapest victims were scattered over nodes: clear whole nodes instead.
-        st.node_tries += 1
+        st.budgets.spend_node_try()
         for v, _ in reversed(removed):
             unvacate(st, v)
         removed = _victims_by_node(st, w, model, within)
@@ -103,16 +114,15 @@ def _preempt_on(st: CycleState, w: Workload, model: str) -> bool:
         unvacate(st, v)
     if not fit:
         return False
-    issue(st, w, removed)
-    claim(st, w, gpus)
+    entry.preempt(removed, gpus)
     return True
 
 
 def _victims_by_node(st: CycleState, w: Workload, model: str, within: bool) -> Removed:
     """Clear the nodes that are cheapest to clear (work lost) for one worker of `w` each,
     until `w` fits. Returns the victims, left vacated, or [] (nothing changed)."""
-    index = st.state.open[model]
-    on_node = st.state.running_on
+    index = st.cap.state.open[model]
+    on_node = st.cap.state.running_on
     allowed = set(victim_queues(st, w, model, within))
     leaving: dict[str, list[Workload]] = {}
     for v in _leaving_for(st, w, model):
@@ -169,8 +179,8 @@ def _leaving_for(st: CycleState, w: Workload, model: str) -> list[Workload]:
     another preemptor this cycle, and not preempted for another pending workload."""
     return [
         v
-        for v in st.leaving.get(model, [])
-        if v.id not in st.victims and v.preempted_for in (None, w.id)
+        for v in st.running.leaving.get(model, [])
+        if v.id not in st.decided.victims and v.preempted_for in (None, w.id)
     ]
 
 
@@ -190,29 +200,29 @@ def _fewest(st: CycleState, w: Workload, model: str, removed: Removed) -> Remove
 def vacate(st: CycleState, v: Workload) -> None:
     """What-if removal of running `v`: its GPUs free, its quota uncharged."""
     assert v.placement is not None
-    st.uncharge(v)
-    st.state.give_back(v.placement)
+    st.quota.uncharge(v)
+    st.cap.state.give_back(v.placement)
 
 
 def unvacate(st: CycleState, v: Workload) -> None:
     """Undo :func:`vacate`."""
     assert v.placement is not None
-    st.state.retake(v.placement)
-    st.recharge(v)
+    st.cap.state.retake(v.placement)
+    st.quota.recharge(v)
 
 
-def issue(st: CycleState, w: Workload, removed: Removed) -> None:
-    """Record the preemptions of `removed` for `w` (terminating ones are only counted)."""
+def issue(st: CycleState, w: Workload, removed: Removed) -> dict[str, object]:
+    """Record the preemptions of `removed` for `w` (terminating ones are only counted);
+    returns the facts for its pending reason."""
     grace = st.cfg.preemption_grace_s
     issued = 0
     for v, reason in removed:
-        st.victims.add(v.id)
         if reason == "terminating":
+            st.decided.take_victim(v.id, None)
             continue
-        assert v.placement is not None
-        key = (v.queue, resource_of(v, v.placement.gpu_model))
-        st.victim_charge[key] = st.victim_charge.get(key, 0.0) + charge_of(v)
-        st.preemptions.append(
+        st.quota.mark_victim(v)
+        st.decided.take_victim(
+            v.id,
             Preemption(
                 workload_id=v.id,
                 preemptor_id=w.id,
@@ -220,10 +230,10 @@ def issue(st: CycleState, w: Workload, removed: Removed) -> None:
                 grace_s=grace,
                 work_lost_gpu_s=victim_cost(st, v)[0],
                 message=_message(v, w, reason, grace),
-            )
+            ),
         )
         issued += 1
-    st.last_preempt_details = {
+    return {
         "victims": [v.id for v, _ in removed],
         "issued": issued,
         "grace_s": grace,
@@ -239,15 +249,15 @@ def claim(st: CycleState, w: Workload, gpus: Mapping[str, tuple[int, ...]]) -> N
     they have (see ``SchedulerConfig.nominal_first``).
     """
     for name, indices in gpus.items():
-        state = st.state.by_name[name]
-        index = st.state.index_of(state)
+        state = st.cap.state.by_name[name]
+        index = st.cap.state.index_of(state)
         free_now = tuple(i for i in indices if i in state.free)
         if index is None or not free_now:
             continue
         whole = len(free_now) == len(indices)
         cpu, mem = (w.cpu_per_node, w.mem_per_node) if whole else (0.0, 0)
         index.take_exact(state, free_now, cpu, mem)
-    st.claims[w.id] = tuple(gpus)
+    st.decided.claim(w.id, tuple(gpus))
 
 
 def _message(v: Workload, w: Workload, reason: str, grace: float) -> str:

@@ -15,52 +15,61 @@ from tensoryard.scheduler.accounting import resource_of
 from tensoryard.scheduler.admission import check_quota, commit
 from tensoryard.scheduler.capacity import NodeState
 from tensoryard.scheduler.cycle_state import CycleState
+from tensoryard.scheduler.entry import Entry, Held
 from tensoryard.scheduler.model import Workload
 from tensoryard.scheduler.placement import models_for, place
 from tensoryard.scheduler.state import INF
 
-__all__ = ["backfill_pass", "may_backfill", "try_reserve"]
+__all__ = ["apply", "backfill_pass", "may_backfill", "try_reserve"]
 
 _Timed = tuple[float, int, int, NodeState]
 
 
 def may_backfill(st: CycleState, w: Workload, model: str) -> bool:
     """`w` may use GPUs held on `model`: its estimate ends before the reserved start."""
-    if st.state.held[model].total_free <= 0 and w.gpus_per_node > 0:
+    if st.cap.state.held[model].total_free <= 0 and w.gpus_per_node > 0:
         return False
-    until = st.backfill_until.get(model)
+    until = st.decided.backfill_until.get(model)
     if until is None or w.runtime_estimate_s is None:
         return False
     return st.now + w.runtime_estimate_s <= until
 
 
-def try_reserve(st: CycleState, w: Workload, model: str) -> bool:
-    """Hold the nodes that free up first for `w` (head of line); others may only backfill."""
-    if len(st.reservations) >= st.cfg.max_reservations:
+def try_reserve(st: CycleState, entry: Entry, model: str) -> bool:
+    """Choose the nodes that free up first to hold for the entry's workload (head of line;
+    others may only backfill them); :func:`apply` holds them."""
+    w = entry.workload
+    if len(st.decided.reservations) >= st.cfg.max_reservations:
         return False
-    open_index = st.state.open[model]
+    open_index = st.cap.state.open[model]
     g = w.gpus_per_node
     timed = [
-        (st.state.free_at(s, g, w.cpu_per_node), -len(s.free), s.ix, s)
+        (st.cap.state.free_at(s, g, w.cpu_per_node), -len(s.free), s.ix, s)
         for s in open_index.nodes.values()
     ]
     chosen = _choose_reserved(timed, w)
     if not chosen:
         return False
-    start = max(t for t, *_ in chosen)
-    states = [s for *_, s in chosen]
-    st.state.hold(model, states)
-    known = start if start != INF else -INF
-    st.backfill_until[model] = min(st.backfill_until.get(model, INF), known)
-    st.reservations[w.id] = tuple(s.name for s in states)
-    st.last_reserve_details = {
+    entry.hold(Held(model, [s for *_, s in chosen], max(t for t, *_ in chosen)))
+    return True
+
+
+def apply(st: CycleState, entry: Entry) -> None:
+    """Hold the nodes the entry carries; its outcome says "reserved", with when."""
+    w, held = entry.workload, entry.held
+    assert held is not None
+    st.cap.state.hold(held.model, held.nodes)
+    start = held.start
+    names = tuple(s.name for s in held.nodes)
+    st.decided.reserve(w.id, held.model, names, start if start != INF else -INF)
+    details = {
         "nodes": w.nodes,
         "gpus_per_node": w.gpus_per_node,
-        "model": model or None,
-        "held_nodes": [s.name for s in states],
+        "model": held.model or None,
+        "held_nodes": list(names),
         "eta": None if start == INF else start,
     }
-    return True
+    entry.conclude("reserved", st.decided.with_reclaim(w, details, st.cfg.reclaim_min_run_s))
 
 
 def _choose_reserved(timed: list[_Timed], w: Workload) -> list[_Timed]:
@@ -93,28 +102,27 @@ def backfill_pass(st: CycleState) -> None:
     """
     windows = {
         m: until
-        for m, until in st.backfill_until.items()
-        if until > st.now and st.state.held[m].total_free > 0
+        for m, until in st.decided.backfill_until.items()
+        if until > st.now and st.cap.state.held[m].total_free > 0
     }
     if not windows:
         return
     latest = max(windows.values()) - st.now
-    depth = max(1, st.cfg.backfill_depth // max(1, len(st.lines)))
-    for line in st.lines.values():
+    depth = max(1, st.cfg.backfill_depth // max(1, len(st.queues.lines)))
+    for line in st.queues.lines.values():
         for w in islice(line.items, line.cursor, line.cursor + depth):
             estimate = w.runtime_estimate_s
             if estimate is None or estimate > latest or w.gpus_per_node == 0:
                 continue
-            if _backfill_one(st, w, windows):
-                st.late_admitted.add(w.id)
-            if not any(st.state.held[m].total_free > 0 for m in windows):
+            _backfill_one(st, w, windows)
+            if not any(st.cap.state.held[m].total_free > 0 for m in windows):
                 return
 
 
 def _backfill_one(st: CycleState, w: Workload, windows: Mapping[str, float]) -> bool:
     assert w.runtime_estimate_s is not None
     for model in models_for(st, w):
-        held = st.state.held.get(model)
+        held = st.cap.state.held.get(model)
         if model not in windows or held is None or held.total_free < w.gpus_per_node:
             continue
         if st.now + w.runtime_estimate_s > windows[model]:
@@ -123,6 +131,6 @@ def _backfill_one(st: CycleState, w: Workload, windows: Mapping[str, float]) -> 
             continue
         nodes = place(st, held, w, model, cache=f"held:{model}")
         if nodes is not None:
-            commit(st, w, model, nodes)
+            commit(st, w, model, nodes, late=True)
             return True
     return False

@@ -11,7 +11,6 @@ attempts that ran at least ``reclaim_min_run_s``.
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterator
 from operator import itemgetter
 
@@ -50,20 +49,20 @@ def _service_preemptible(st: CycleState, v: Workload) -> bool:
 def may_preempt(st: CycleState, w: Workload, model: str) -> bool:
     """Cheap test: could any rule give `w` a victim on `model`?"""
     cfg = st.cfg
-    if st.leaving.get(model):
+    if st.running.leaving.get(model):
         return True
-    if cfg.preempt_lower_priority and st.q_min_prio.get(w.queue, w.priority) < w.priority:
+    if cfg.preempt_lower_priority and st.running.min_priority.get(w.queue, w.priority) < w.priority:
         return True
-    if cfg.preempt_by_service and st.q_max_level.get(w.queue, 0) > st.pending_level(w):
+    if cfg.preempt_by_service and st.running.max_level.get(w.queue, 0) > st.pending_level(w):
         return True
-    if service_of_borrowers_left(st) and st.max_level > st.pending_level(w):
+    if service_of_borrowers_left(st) and st.running.top_level > st.pending_level(w):
         return True
     return cfg.reclaim and within_nominal_after(st, w, model or None)
 
 
 def victim_reason(st: CycleState, w: Workload, v: Workload, within_nominal: bool) -> str | None:
     """The rule that lets `w` preempt `v`, or None."""
-    if v.id in st.victims or not v.preemptible or v.placement is None:
+    if v.id in st.decided.victims or not v.preemptible or v.placement is None:
         return None
     cfg = st.cfg
     if v.queue == w.queue:
@@ -82,22 +81,20 @@ def victim_reason(st: CycleState, w: Workload, v: Workload, within_nominal: bool
         and v.priority == w.priority
         and _service_preemptible(st, v)
         and st.level(v) > st.pending_level(w)
-        and st.tree.has_queue(v.queue)
-        and st.tree.same_tree(w.queue, v.queue)
+        and st.quota.tree.has_queue(v.queue)
+        and st.quota.tree.same_tree(w.queue, v.queue)
         and borrows_running(st, v.queue, resource, keep=charge_of(v))
     ):
         return "borrowed-service"
     if (
         cfg.reclaim
         and within_nominal
-        and st.tree.has_queue(v.queue)
-        and st.tree.same_tree(w.queue, v.queue)
+        and st.quota.tree.has_queue(v.queue)
+        and st.quota.tree.same_tree(w.queue, v.queue)
         and borrows_running(st, v.queue, resource)
     ):
         if v.start_time is not None and st.now - v.start_time < cfg.reclaim_min_run_s:
-            at = v.start_time + cfg.reclaim_min_run_s
-            if at < st.reclaim_at.get(w.id, math.inf):
-                st.reclaim_at[w.id] = at
+            st.decided.note_reclaim_at(w.id, v.start_time + cfg.reclaim_min_run_s)
             return None
         return "reclaim"
     return None
@@ -131,9 +128,9 @@ def victim_queues(st: CycleState, w: Workload, model: str, within: bool) -> list
     level = st.pending_level(w)
     resource = resource_of(w, model or None)
     if service and not reclaim:
-        st.borrowed_tries += 1
-    for queue in st.tree.tree_queues(w.queue):
-        if queue == w.queue or not (reclaim or st.q_max_level.get(queue, 0) > level):
+        st.budgets.spend_borrowed_try()
+    for queue in st.quota.tree.tree_queues(w.queue):
+        if queue == w.queue or not (reclaim or st.running.max_level.get(queue, 0) > level):
             continue
         if borrows_running(st, queue, resource):
             queues.append(queue)
@@ -145,16 +142,11 @@ def service_of_borrowers_left(st: CycleState) -> bool:
     other queues' victims)."""
     return (
         st.cfg.service_preemption_of_borrowers
-        and st.max_level > 0
-        and st.borrowed_tries < st.cfg.borrowed_service_tries
+        and st.running.top_level > 0
+        and st.budgets.borrowed_try_left()
     )
 
 
 def _pool(st: CycleState, model: str, queue: str) -> list[tuple[Cost, Workload]]:
     """A queue's running workloads on `model`, cheapest victim first (built on first use)."""
-    key = (model, queue)
-    pool = st.pools.get(key)
-    if pool is None:
-        pool = sorted(((victim_cost(st, v), v) for v in st.by_queue.get(key, [])), key=_FIRST)
-        st.pools[key] = pool
-    return pool
+    return st.running.pool(model, queue, lambda v: victim_cost(st, v))
