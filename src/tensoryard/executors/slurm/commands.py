@@ -134,7 +134,11 @@ class SlurmCommands:
         return self.run("sacct", ["-X", "-n", "-P", "-D", "-j", ids, "-o", "JobIDRaw,ExitCode"])
 
     def sacctmgr_names(self, entity: str) -> set[str]:
-        text = self.run("sacctmgr", ["--noheader", "--parsable2", "show", entity, "format=name"])
+        # an account's name is the field "account" (format=name prints empty lines for it)
+        field = "account" if entity == "account" else "name"
+        text = self.run(
+            "sacctmgr", ["--noheader", "--parsable2", "show", entity, f"format={field}"]
+        )
         return {line.strip() for line in text.splitlines() if line.strip()}
 
 
