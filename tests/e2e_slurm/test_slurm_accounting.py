@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tensoryard.executors.base import AttemptPhase, AttemptStatus
 from tensoryard.executors.slurm.cluster import SlurmCluster as ClusterView
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import TeamMapping
-from tensoryard.executors.slurm.executor import SlurmExecutor
+from tensoryard.executors.slurm.executor import SlurmExecutor, SlurmHandle
 from tests.e2e.conftest import tyard
 from tests.e2e_slurm.conftest import SlurmCluster, wait_until
 from tests.e2e_slurm.test_slurm_executor import config_for, request, sleeper, wait_finished
@@ -56,14 +57,14 @@ def test_jobs_that_left_squeue_end_as_slurmdbd_recorded_them(
     # its end could only be guessed
     killed = executor.launch(request(tmp_path, "acct-killed", sleeper(tmp_path, 120)))
     handles = {"ok": ok, "fail": fail, "cancel": cancel, "killed": killed}
-    for name in ("cancel", "killed"):
-        wait_until(
-            lambda n=name: executor.poll(handles[n]).phase is AttemptPhase.RUNNING,
-            90,
-            f"{name} to run",
-        )
+
+    def runs(handle: dict[str, Any]) -> bool:
+        return executor.poll(handle).phase is AttemptPhase.RUNNING
+
+    for running in (cancel, killed):
+        wait_until(partial(runs, running), 90, "it to run")
     executor.cancel(cancel, grace_s=1)
-    slurm.run("scancel", "--full", "--signal=KILL", str(killed["slurm_job_id"]))
+    slurm.run("scancel", str(killed["slurm_job_id"]))
     for handle in handles.values():
         wait_finished(executor, handle, timeout=90)
     # MinJobAge=2 and slurmctld's purge (once a minute): then only slurmdbd knows them
@@ -109,17 +110,11 @@ def test_a_job_slurm_requeued_keeps_its_runs_in_accounting(
     status = wait_finished(executor, handle, timeout=60)
     assert status.phase is AttemptPhase.FAILED and "was requeued by Slurm" in status.reason
     wait_until(lambda: not slurm.jobs_named("tyard.acct-requeue"), 150, "it to leave squeue")
-    accounted = SlurmExecutor(config_for(slurm)).accounted(_handle(handle))
+    accounted = SlurmExecutor(config_for(slurm)).accounted(SlurmHandle.from_dict(handle))
     assert accounted is not None
     assert (accounted.state, accounted.requeues) == ("CANCELLED", 1)
     runs = slurm.run("sacct", "-X", "-n", "-P", "-D", "-j", str(job_id), "-o", "State")
     assert [r.split()[0] for r in runs.splitlines()] == ["REQUEUED", "CANCELLED"]
-
-
-def _handle(data: dict[str, Any]) -> Any:
-    from tensoryard.executors.slurm.executor import SlurmHandle
-
-    return SlurmHandle.from_dict(data)
 
 
 @pytest.mark.parametrize(
