@@ -5,6 +5,7 @@ QOS mapping is checked against the real accounts before anything is submitted.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from functools import partial
@@ -13,13 +14,14 @@ from typing import Any
 
 import pytest
 
+from tensoryard.client import Client
 from tensoryard.errors import ConfigError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus
 from tensoryard.executors.slurm.cluster import SlurmCluster as ClusterView
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import TeamMapping
 from tensoryard.executors.slurm.executor import SlurmExecutor, SlurmHandle
-from tests.e2e.conftest import tyard
+from tests.e2e.conftest import ServerProcess, free_port, tyard, wait_for
 from tests.e2e_slurm.conftest import SlurmCluster, wait_until
 from tests.e2e_slurm.test_slurm_executor import config_for, request, sleeper, wait_finished
 
@@ -176,3 +178,70 @@ def test_tyard_server_refuses_an_unknown_account_with_exit_and_message(
         "(known: nlp, root, vision)" in out.stderr
     ), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_tyard_describe_shows_what_slurm_accounted_for_each_attempt(
+    slurm_accounting: SlurmCluster, tmp_path: Path
+) -> None:
+    """Through the control plane: a job that exits 3 once and then succeeds; `tyard describe`
+    lists both attempts with sacct's state, exit code and elapsed time beside tensoryard's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    teams = {"*": {"partition": "debug", "account": "vision", "qos": "high"}}
+    config = slurm_accounting.config_file(tmp_path / "slurm.yaml", teams=teams)
+    server = ServerProcess(
+        home=home,
+        port=free_port(),
+        extra_args=["--executor", "slurm", "--slurm-config", str(config)],
+    )
+    marker = tmp_path / "failed-once"
+    body = (
+        "import pathlib, sys\n"
+        f"m = pathlib.Path({str(marker)!r})\n"
+        "if not m.exists():\n"
+        "    m.write_text('x'); sys.exit(3)\n"
+        "print('second time lucky')\n"
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "acct-describe",
+                "launcher": "python",
+                "command": [script(tmp_path, "once.py", body)],
+                "workdir": str(tmp_path),
+                "resources": {"cpu": 1, "memory": "64Mi"},
+                "restart": {"max_restarts": 1, "backoff": 0},
+            }
+        )
+    )
+    try:
+        client = server.start()
+        env = {"TYARD_SERVER": server.url, "TYARD_HOME": str(home)}
+        out = tyard("submit", str(spec), "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        job_id = int(json.loads(out.stdout.strip().splitlines()[-1])["id"])
+        job = wait_for(client, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
+        assert job["state"] == "SUCCEEDED", job["reason"]
+        described = tyard("describe", str(job_id), "--json", env=env)
+        assert described.returncode == 0, described.stderr
+        first, second = json.loads(described.stdout)["attempts_detail"]
+        ids = [int(r["slurm_job_id"]) for r in submitted_records(client, job_id)]
+        truth = [sacct_line(slurm_accounting, i) for i in ids]
+        assert [t["state"] for t in truth] == ["FAILED", "COMPLETED"]
+        assert first["state"] == "failed" and first["exit_code"] == 3
+        assert f"Slurm accounting: job {ids[0]} FAILED, exit 3:0" in first["reason"]
+        assert f"Slurm accounting: job {ids[1]} COMPLETED, exit 0:0" in second["reason"]
+        assert "account vision, QOS high" in second["reason"]
+        human = tyard("describe", str(job_id), env={**env, "COLUMNS": "250"})
+        assert "Slurm accounting: job" in human.stdout.replace("\n", " ")
+    finally:
+        server.stop()
+
+
+def submitted_records(client: Client, job_id: int) -> list[dict[str, Any]]:
+    run_dir = Path(client.job(job_id)["run_dir"])
+    return [
+        json.loads((run_dir / f"attempt-{a['number']}" / "slurm-job.json").read_text())
+        for a in sorted(client.attempts(job_id), key=lambda a: int(a["number"]))
+    ]

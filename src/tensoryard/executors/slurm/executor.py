@@ -282,7 +282,15 @@ class SlurmExecutor:
             if job.state != "CONFIGURING" and len(h.layout.existing_rank_logs()) >= h.world_size:
                 return AttemptStatus(AttemptPhase.RUNNING, admitted_at=job.start_time)
             return AttemptStatus(AttemptPhase.STARTING, admitted_at=job.start_time)
-        return self._outcome(h, job, cancel)
+        status = self._outcome(h, job, cancel)
+        if job is not None and status.finished:
+            # ended and still in squeue: slurmdbd's facts (elapsed time, requeues) join the
+            # reason when it has the end already (slurmctld sends it at once; one short retry)
+            accounted = self.accounted(h) or self.accounted(h, wait_s=0.25)
+            if accounted is not None and accounted.job_id == job.job_id:
+                reason = "; ".join(p for p in (status.reason, accounted.facts()) if p)
+                status = replace(status, reason=reason)
+        return status
 
     # -- accounting (sacct) -------------------------------------------------------------------
 
@@ -300,15 +308,18 @@ class SlurmExecutor:
             self._accounting = accounting_configured(storage)
         return self._accounting
 
-    def accounted(self, h: SlurmHandle) -> AccountedJob | None:
+    def accounted(self, h: SlurmHandle, *, wait_s: float = 0.0) -> AccountedJob | None:
         """The attempt's Slurm job as slurmdbd recorded its end (None: accounting is off, sacct
-        failed, or it has no ended record yet: slurmctld sends them to slurmdbd shortly after)."""
+        failed, or it has no ended record yet: slurmctld sends them to slurmdbd shortly after).
+        wait_s: sleep this long first (a retry)."""
         slurm_id = h.slurm_job_id or _recorded_id(h)
         if not slurm_id or not self.accounting():
             return None
         found = self._accounted.get(slurm_id)
         if found is not None:
             return found
+        if wait_s > 0:
+            time.sleep(wait_s)
         try:
             records = parse_sacct(self.commands.sacct([slurm_id]))
             record = records.get(slurm_id)
