@@ -332,7 +332,8 @@ class SlurmExecutor:
         except ExecutorError as exc:
             log.warning("slurm: sacct for job %s failed: %s", slurm_id, exc)
             return None
-        self._accounted[slurm_id] = record
+        if record.qos:  # slurmdbd fills the QOS in a moment after the end: keep complete ones
+            self._accounted[slurm_id] = record
         return record
 
     def _accounted_outcome(
