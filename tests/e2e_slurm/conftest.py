@@ -27,6 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-testenv"
 PORT_BASES = (27120, 27130, 27140)  # slurmctld, then one port per slurmd
 RENDEZVOUS_PORTS = (27160, 27179)  # torchrun's master ports (this machine is every node)
+# the cluster with accounting: slurmctld and the slurmds, then slurmdbd and MariaDB
+ACCOUNTING_PORT_BASES = (47200, 47220, 47240)
+ACCOUNTS = ("nlp", "vision")
+QOS = ("high",)
 
 
 def _unavailable(message: str) -> NoReturn:
@@ -140,12 +144,18 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     env = {**os.environ, "TYARD_SLURM_PORT_BASE": str(base)}
     rest_port = free_loopback_port() if _rest_installed() else None
     rest = ["--rest", str(rest_port)] if rest_port else []
+    yield from _cluster_up(directory, env, rest, rest_port)
+
+
+def _cluster_up(
+    directory: Path, env: dict[str, str], options: list[str], rest_port: int | None
+) -> Iterator[SlurmCluster]:
     up = subprocess.run(
-        [SCRIPT, "up", "--dir", directory, "--nodes", "2", *rest],
+        [SCRIPT, "up", "--dir", directory, "--nodes", "2", *options],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     try:
         if up.returncode != 0:
@@ -155,6 +165,34 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         subprocess.run(
             [SCRIPT, "down", "--dir", directory], env=env, capture_output=True, timeout=120
         )
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A second cluster, with accounting: a private MariaDB and slurmdbd (sacct, sacctmgr),
+    the accounts nlp and vision and the QOS high; finished jobs leave squeue after 2 s (and
+    slurmctld's purge, which runs once a minute). Started once per test session (MariaDB and
+    slurmdbd add several seconds to the cold start)."""
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        _unavailable("Slurm is not installed: run `scripts/slurm-testenv install`")
+    if shutil.which("mariadb-install-db") is None or not (
+        shutil.which("slurmdbd") or Path("/usr/sbin/slurmdbd").exists()
+    ):
+        _unavailable(
+            "slurmdbd or MariaDB is not installed: run `scripts/slurm-testenv install` "
+            "(slurmdbd, mariadb-server)"
+        )
+    base = next(
+        (b for b in ACCOUNTING_PORT_BASES if _ports_free(b, 3) and _ports_free(b + 10, 2)), None
+    )
+    if base is None:
+        _unavailable(f"no free ports at {ACCOUNTING_PORT_BASES} (another test cluster runs?)")
+    directory = tmp_path_factory.mktemp("slurm-accounting")
+    env = {**os.environ, "TYARD_SLURM_PORT_BASE": str(base), "TYARD_SLURM_MIN_JOB_AGE": "2"}
+    options = [
+        "--accounting", str(base + 10), "--accounts", ",".join(ACCOUNTS), "--qos", ",".join(QOS)
+    ]  # fmt: skip
+    yield from _cluster_up(directory, env, options, None)
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:

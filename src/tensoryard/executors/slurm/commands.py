@@ -19,7 +19,7 @@ __all__ = ["SlurmCommands"]
 
 
 class SlurmCommands:
-    """Runs sbatch, squeue, scancel, sinfo, scontrol and sacctmgr for one cluster."""
+    """Runs sbatch, squeue, scancel, sinfo, scontrol, sacct and sacctmgr for one cluster."""
 
     def __init__(self, config: SlurmConfig) -> None:
         self.config = config
@@ -124,8 +124,21 @@ class SlurmCommands:
                 return value.strip()
         return ""
 
+    def sacct(self, job_ids: Sequence[int]) -> dict[str, Any]:
+        """`sacct --json -j IDS`: every run of those jobs (-j: from the epoch, not today)."""
+        return self.run_json("sacct", ["-j", ",".join(str(j) for j in job_ids)])
+
+    def sacct_exit_pairs(self, job_ids: Sequence[int]) -> str:
+        """sacct's parsable text, "ID|exit:signal" per run of each job (-D: every run)."""
+        ids = ",".join(str(j) for j in job_ids)
+        return self.run("sacct", ["-X", "-n", "-P", "-D", "-j", ids, "-o", "JobIDRaw,ExitCode"])
+
     def sacctmgr_names(self, entity: str) -> set[str]:
-        text = self.run("sacctmgr", ["--noheader", "--parsable2", "show", entity, "format=name"])
+        # an account's name is the field "account" (format=name prints empty lines for it)
+        field = "account" if entity == "account" else "name"
+        text = self.run(
+            "sacctmgr", ["--noheader", "--parsable2", "show", entity, f"format={field}"]
+        )
         return {line.strip() for line in text.splitlines() if line.strip()}
 
 

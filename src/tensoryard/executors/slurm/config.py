@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 from tensoryard.errors import ConfigError
 
-__all__ = ["SlurmAdmission", "SlurmConfig", "TeamMapping", "load_slurm_config"]
+__all__ = ["SlurmAccounting", "SlurmAdmission", "SlurmConfig", "TeamMapping", "load_slurm_config"]
 
 SlurmAdmission = Literal["tensoryard", "slurm"]
+SlurmAccounting = Literal["auto", "sacct", "off"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,10 @@ class SlurmConfig:
     """How long one listing of nodes and partitions serves checks and the scheduler."""
     extra_sbatch_args: tuple[str, ...] = ()
     """Passed to every sbatch as they are (e.g. "--constraint=h100"); sbatch mode only."""
+    accounting: SlurmAccounting = "auto"
+    """Where the end of a job that has left squeue is read: "auto" (from `sacct --json` when
+    `scontrol show config` says AccountingStorageType is not accounting_storage/none), "sacct"
+    (always from sacct), "off" (never: the batch script's files in the attempt directory)."""
     rest_url: str | None = None
     """slurmrestd's address (e.g. "http://slurm-head:6820"): jobs are submitted, listed and
     cancelled through Slurm's REST API instead of sbatch/squeue/scancel. None: sbatch mode."""
@@ -121,6 +126,15 @@ def slurm_config_from(data: Mapping[str, Any], base: SlurmConfig | None = None) 
         elif key == "admission":
             if value not in ("tensoryard", "slurm"):
                 raise ConfigError(f"slurm config: admission {value!r}: use 'tensoryard' or 'slurm'")
+            values[key] = value
+        elif key == "accounting":
+            if value is False:  # YAML reads a bare `off` as false
+                value = "off"
+            if value not in ("auto", "sacct", "off"):
+                raise ConfigError(
+                    f"slurm config: accounting {value!r}: use 'auto' (sacct when the cluster "
+                    "keeps accounting), 'sacct' or 'off'"
+                )
             values[key] = value
         elif key == "rendezvous_ports":
             try:

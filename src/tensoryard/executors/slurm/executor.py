@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,12 @@ from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
 from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW, allowed_env
 from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
+from tensoryard.executors.slurm.accounting import (
+    AccountedJob,
+    accounting_configured,
+    parse_exit_pairs,
+    parse_sacct,
+)
 from tensoryard.executors.slurm.cluster import SlurmCluster
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
@@ -50,6 +57,8 @@ from tensoryard.executors.slurm.status import (
 )
 
 __all__ = ["SlurmExecutor", "SlurmHandle"]
+
+log = logging.getLogger(__name__)
 
 _HANDLE_VERSION = 1
 _SUBMITTED = "slurm-job.json"
@@ -132,6 +141,8 @@ class SlurmExecutor:
         self._queue_at = -1e18
         self._key_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        self._accounting: bool | None = None  # None: not detected yet
+        self._accounted: dict[int, AccountedJob] = {}  # ended jobs as slurmdbd recorded them
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -257,6 +268,10 @@ class SlurmExecutor:
             if job is not None and _ran_and_pending(h, job):
                 return self._requeued(h, job)
         cancel = read_json(h.layout.cancel)
+        if job is None:
+            accounted = self.accounted(h)
+            if accounted is not None:
+                return self._accounted_outcome(h, accounted, cancel)
         if job is not None and job.state == "COMPLETING" and (h.layout.dir / _EXIT).exists():
             return self._outcome(h, None, cancel)  # the batch script ended: its record tells
         if job is not None and job.alive:
@@ -267,7 +282,85 @@ class SlurmExecutor:
             if job.state != "CONFIGURING" and len(h.layout.existing_rank_logs()) >= h.world_size:
                 return AttemptStatus(AttemptPhase.RUNNING, admitted_at=job.start_time)
             return AttemptStatus(AttemptPhase.STARTING, admitted_at=job.start_time)
-        return self._outcome(h, job, cancel)
+        status = self._outcome(h, job, cancel)
+        if job is not None and status.finished:
+            # ended and still in squeue: slurmdbd's facts (elapsed time, requeues) join the
+            # reason when it has the end already (slurmctld sends it at once; one short retry)
+            accounted = self.accounted(h) or self.accounted(h, wait_s=0.25)
+            if accounted is not None and accounted.job_id == job.job_id:
+                reason = "; ".join(p for p in (status.reason, accounted.facts()) if p)
+                status = replace(status, reason=reason)
+        return status
+
+    # -- accounting (sacct) -------------------------------------------------------------------
+
+    def accounting(self) -> bool:
+        """Whether ended jobs are read from sacct: the `accounting` setting, and with "auto"
+        the cluster's AccountingStorageType (asked once; asked again after a failure)."""
+        if self.config.accounting != "auto":
+            return self.config.accounting == "sacct"
+        if self._accounting is None:
+            try:
+                storage = self.commands.config_value("AccountingStorageType")
+            except ExecutorError as exc:
+                log.info("slurm: cannot tell whether the cluster keeps accounting: %s", exc)
+                return False
+            self._accounting = accounting_configured(storage)
+        return self._accounting
+
+    def accounted(self, h: SlurmHandle, *, wait_s: float = 0.0) -> AccountedJob | None:
+        """The attempt's Slurm job as slurmdbd recorded its end (None: accounting is off, sacct
+        failed, or it has no ended record yet: slurmctld sends them to slurmdbd shortly after).
+        wait_s: sleep this long first (a retry)."""
+        slurm_id = h.slurm_job_id or _recorded_id(h)
+        if not slurm_id or not self.accounting():
+            return None
+        found = self._accounted.get(slurm_id)
+        if found is not None:
+            return found
+        if wait_s > 0:
+            time.sleep(wait_s)
+        try:
+            records = parse_sacct(self.commands.sacct([slurm_id]))
+            record = records.get(slurm_id)
+            if record is None or not record.ended:
+                return None
+            if record.exit_suspect:  # 22.05's JSON prints exit codes as 0 (module docstring)
+                pairs = parse_exit_pairs(self.commands.sacct_exit_pairs([slurm_id]))
+                if slurm_id in pairs:
+                    record = record.with_exit_status(pairs[slurm_id])
+        except ExecutorError as exc:
+            log.warning("slurm: sacct for job %s failed: %s", slurm_id, exc)
+            return None
+        if record.qos:  # slurmdbd fills the QOS in a moment after the end: keep complete ones
+            self._accounted[slurm_id] = record
+        return record
+
+    def _accounted_outcome(
+        self, h: SlurmHandle, acct: AccountedJob, cancel: dict[str, Any] | None
+    ) -> AttemptStatus:
+        """The end of a job that has left squeue, from slurmdbd's record (its state, exit
+        code, elapsed time and requeues), with the batch script's files for the ranks."""
+        job = SlurmJob(
+            job_id=acct.job_id,
+            name=acct.name,
+            state=acct.state,
+            reason=acct.reason,
+            exit_code=acct.exit_status,
+            nodes=acct.nodes,
+            comment="",
+            partition=acct.partition,
+            start_time=acct.start_time,
+            end_time=acct.end_time,
+        )
+        status = self._outcome(h, job, cancel)
+        if status.phase is AttemptPhase.SUCCEEDED and acct.state != "COMPLETED":
+            # the batch script's record says 0 but Slurm ended the job otherwise
+            status = _slurm_ended(job, status.failed_ranks, h)
+        if status.exit_code is None and acct.exit_code is not None and acct.state != "CANCELLED":
+            status = replace(status, exit_code=acct.exit_code)
+        reason = "; ".join(part for part in (status.reason, acct.facts()) if part)
+        return replace(status, reason=reason)
 
     def _requeued(self, h: SlurmHandle, job: SlurmJob) -> AttemptStatus:
         """A job that ran and is pending again: Slurm requeued it (node failure, preemption,
@@ -367,6 +460,15 @@ def _ran_and_pending(h: SlurmHandle, job: SlurmJob) -> bool:
     if not job.pending or job.state == "CONFIGURING":
         return False
     return (h.layout.dir / f"slurm-started.{job.job_id}.json").exists()
+
+
+def _recorded_id(h: SlurmHandle) -> int:
+    """The Slurm job id the executor recorded after sbatch (a handle from prepare has none)."""
+    record = read_json_safe(h.layout.dir / _SUBMITTED)
+    if record is not None and record.get("attempt_key") == h.attempt_key:
+        return int(record.get("slurm_job_id") or 0)
+    started = _started_ids(h.layout.dir)
+    return started[-1] if started else 0
 
 
 def _pick(jobs: list[SlurmJob], slurm_id: int) -> SlurmJob | None:
