@@ -68,6 +68,7 @@ class PendingView(Mapping[str, PendingInfo]):
         self._unvisited_reason = unvisited_reason
         self._where: dict[str, tuple[str, int]] | None = None
         self._etas: dict[str, float | None] | None = None
+        self._eta_walk: Iterator[tuple[str, float | None]] = iter(())
         self._workloads: dict[str, Workload] | None = None
         self._by_queue_releases: dict[str, tuple[list[float], list[float]]] | None = None
         self._memo: dict[str, Outcome] = {}
@@ -142,9 +143,18 @@ class PendingView(Mapping[str, PendingInfo]):
     # --- estimates -------------------------------------------------------------------------
 
     def _eta(self, key: str) -> float | None:
+        """Estimates are cumulative along the waiting order, so they are computed in that
+        order only as far as the one asked for (the head's cost little in a deep backlog)."""
         if self._etas is None:
-            self._etas = self._estimate_all()
-        return self._etas.get(key)
+            self._etas = {}
+            self._eta_walk = self._estimate_all()
+        etas = self._etas
+        while key not in etas:
+            found = next(self._eta_walk, None)
+            if found is None:
+                break
+            etas[found[0]] = found[1]
+        return etas.get(key)
 
     def _ordered_waiting(self) -> list[Workload]:
         """Pending workloads in this cycle's order: visited first, then each queue's rest."""
@@ -173,31 +183,36 @@ class PendingView(Mapping[str, PendingInfo]):
             (open_ix.total_free if open_ix else 0) + (held_ix.total_free if held_ix else 0)
         )
 
-    def _estimate_all(self) -> dict[str, float | None]:
+    def _estimate_all(self) -> Iterator[tuple[str, float | None]]:
+        """(workload id, estimated start) for every waiting workload, in the waiting order."""
         releases = self._releases()
         demand: dict[str, float] = {}
         queue_demand: dict[str, float] = {}
-        etas: dict[str, float | None] = {}
         for w in self._ordered_waiting():
+            if w.gpus_per_node == 0 and w.id not in self._outcomes:
+                # CPU work the cycle never reached waits for "capacity" (or can never run):
+                # no estimate, and no need to build its reason to know that
+                yield w.id, None
+                continue
             outcome = self._outcome(w.id)
             if outcome.code == "reserved":
-                eta = outcome.details.get("eta")
-                etas[w.id] = float(eta) if isinstance(eta, int | float) else None
+                at = outcome.details.get("eta")
+                eta = float(at) if isinstance(at, int | float) else None
                 model = str(outcome.details.get("model") or "")
                 demand[model] = demand.get(model, 0.0) + w.total_gpus  # it goes first
             elif outcome.code == "preempting":
                 grace = outcome.details.get("grace_s", 0.0)
-                etas[w.id] = self._now + (float(grace) if isinstance(grace, int | float) else 0.0)
+                eta = self._now + (float(grace) if isinstance(grace, int | float) else 0.0)
             elif outcome.code == "capacity" and w.gpus_per_node > 0:
                 model = str(outcome.details.get("model") or w.gpu_model or "")
                 demand[model] = demand.get(model, 0.0) + w.total_gpus
                 missing = demand[model] - self._free_now(model)
-                etas[w.id] = _time_released(releases.get(model), max(missing, 1.0), self._now)
+                eta = _time_released(releases.get(model), max(missing, 1.0), self._now)
             elif outcome.code == "quota":
-                etas[w.id] = self._quota_eta(w, outcome, queue_demand)
+                eta = self._quota_eta(w, outcome, queue_demand)
             else:
-                etas[w.id] = None
-        return etas
+                eta = None
+            yield w.id, eta
 
     def _quota_eta(
         self, w: Workload, outcome: Outcome, queue_demand: dict[str, float]

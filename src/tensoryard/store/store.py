@@ -939,6 +939,7 @@ class Store(
         *,
         known: Mapping[int, JobRecord] | None = None,
         unfinished: bool = False,
+        skip_stamps: Collection[datetime] = (),
     ) -> tuple[list[JobRecord], datetime]:
         """Jobs written at or after ``since`` (every unfinished job when None), and the time
         to pass next (the store's now at the start of the read; overlap it by a few seconds:
@@ -947,7 +948,9 @@ class Store(
         ``known`` (job id -> the record the caller holds) skips rows whose ``changed_at`` the
         caller has already seen: only their ids and stamps are read, not their specs. ``unfinished``
         looks at the stamps of every unfinished job instead of the recent ones (a cheap full
-        check that nothing was missed)."""
+        check that nothing was missed). ``skip_stamps`` (not with ``unfinished``): stamps of
+        writes the caller made itself and already holds (``set_pending_info`` returns its
+        stamp), so the rows a busy writer just stamped are not read back every time."""
         with self._tx("read changed jobs", write=False) as s:
             now = self._now()
             open_states = Job.state.not_in([x.value for x in TERMINAL_STATES])
@@ -956,6 +959,8 @@ class Store(
                 return [_rows.job_record(j) for j in s.scalars(query)], now
             recent = Job.changed_at >= _in.as_utc(since) if since is not None else open_states
             where = (open_states | recent) if unfinished else recent
+            if skip_stamps and not unfinished:
+                where = where & Job.changed_at.not_in([_in.as_utc(t) for t in skip_stamps])
             stamps = s.execute(select(Job.id, Job.changed_at).where(where)).all()
             seen = known or {}
             ids = [i for i, stamp in stamps if i not in seen or seen[i].changed_at != stamp]

@@ -130,3 +130,30 @@ def test_the_exit_watch_names_the_job_whose_process_ended() -> None:
     # a process that is gone already is not watched (its end is seen by the next poll)
     watch.add(proc.pid, 0.0, 43)
     assert watch.watching() == 0
+
+
+def test_the_loop_does_not_read_back_the_reasons_it_just_wrote(world: World) -> None:
+    """A deep backlog's reasons are rewritten hundreds a cycle; the refresh's query leaves out
+    the rows the loop stamped itself (it holds them), and still reads anyone else's change."""
+    ids = [world.submit(f"j{i}") for i in range(3)]
+    index = world.controller._jobs
+    index.refresh()  # the index holds them, PENDING (no scheduling pass ran)
+    since = index._since
+    assert since is not None
+    written, stamp = world.store.set_pending_info([(i, "waiting for a test", None) for i in ids])
+    assert sorted(written) == sorted(ids)
+    for job_id in written:
+        index.note_pending_info(job_id, "waiting for a test", None, stamp)
+    assert index._own_stamps == {stamp}
+    # the store's query: without the stamps every row written comes back, with them none
+    everything, _ = world.store.jobs_changed_since(since, known={})
+    assert sorted(j.id for j in everything) == sorted(ids)
+    skipped, _ = world.store.jobs_changed_since(since, known={}, skip_stamps={stamp})
+    assert skipped == []
+    # another writer's change is read (its stamp is its own)
+    world.clock.t += 0.001  # (one equal to the loop's to the microsecond waits for the full check)
+    world.store.request_cancel(ids[0])
+    changed, _ = world.store.jobs_changed_since(since, known={}, skip_stamps=index._own_stamps)
+    assert [j.id for j in changed] == [ids[0]]
+    index.refresh()
+    assert ids[0] in index.cancel_requested

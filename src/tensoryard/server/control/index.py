@@ -55,6 +55,11 @@ class JobIndex:
         self.on_finished: list[Callable[[int], None]] = []
         self._since: datetime | None = None
         self._last_full_check = 0.0
+        # stamps of the pending reasons this loop wrote (and holds), within the overlap: the
+        # refresh does not read those rows back (a deep backlog rewrites hundreds a cycle); a
+        # change by another writer stamped at the very same microsecond is read at the next
+        # full check (_FULL_CHECK_EVERY_S), which does not skip
+        self._own_stamps: set[datetime] = set()
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -87,6 +92,7 @@ class JobIndex:
             by_id.clear()
         self.cancel_requested.clear()
         self._since = None
+        self._own_stamps = set()
         self.triggers.dirty = True
 
     def refresh(self) -> bool:
@@ -95,7 +101,11 @@ class JobIndex:
         full = since is not None and self._clock() - self._last_full_check >= _FULL_CHECK_EVERY_S
         if full:
             self._last_full_check = self._clock()
-        changed, now = self._store.jobs_changed_since(since, known=self.jobs, unfinished=full)
+        if since is not None:
+            self._own_stamps = {t for t in self._own_stamps if t >= since}
+        changed, now = self._store.jobs_changed_since(
+            since, known=self.jobs, unfinished=full, skip_stamps=self._own_stamps
+        )
         for job in changed:
             old = self.get(job.id)
             if (
@@ -140,6 +150,7 @@ class JobIndex:
             self._insert(
                 dataclasses.replace(job, pending_reason=reason, pending_eta=eta, changed_at=stamp)
             )
+            self._own_stamps.add(stamp)
 
     def try_transition(self, job: JobRecord, to: JobState, reason: str, **fields: object) -> bool:
         """Move a job (compare-and-set on its state); False when it moved meanwhile."""
