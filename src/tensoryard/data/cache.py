@@ -774,9 +774,18 @@ class FileCache:
             return False
 
     def _raise_if_bad(self, f: RemoteFile) -> None:
+        """Raise the error of a shard that failed verification twice on this node. The mark
+        lasts ``metadata_max_age_s``: a job started later tries the (perhaps re-uploaded)
+        shard again."""
+        bad = self._bad_path(f)
         try:
-            message = self._bad_path(f).read_text()
+            age = time.time() - bad.stat().st_mtime
+            message = bad.read_text()
         except FileNotFoundError:
+            return
+        if age > self.config.metadata_max_age_s:
+            with contextlib.suppress(FileNotFoundError):
+                bad.unlink()
             return
         raise DataError(message)
 
@@ -816,6 +825,9 @@ class FileCache:
         touched: list[tuple[RemoteFile, _Partial]] = []
         for f, spans in wanted:
             if self.present(f):
+                # Complete: this process's handles on its partial file go (closed when no
+                # thread holds them any more).
+                self._states.pop(f.local_name, None)
                 continue
             self._raise_if_bad(f)
             st = self._state(f)
@@ -941,6 +953,7 @@ class FileCache:
                     os.replace(part, self.path(f))
                     with contextlib.suppress(FileNotFoundError):
                         self._map_path(f).unlink()
+                    self._states.pop(f.local_name, None)
                     return
                 self.stats.checksum_mismatches += 1
                 log.warning("checksum mismatch for %s, downloading it again", f.key)

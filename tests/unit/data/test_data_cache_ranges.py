@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -195,3 +196,28 @@ def test_range_settings_are_checked(tmp_path: Path) -> None:
         CacheConfig(cache_dir=tmp_path, range_bytes=-1).validate(10)
     with pytest.raises(DataError, match="prefetch_get_bytes"):
         CacheConfig(cache_dir=tmp_path, range_bytes=4096, prefetch_get_bytes=1024).validate(10)
+
+
+def test_a_bad_shard_mark_expires_so_a_later_job_tries_again(dataset: Path, tmp_path: Path) -> None:
+    class Corrupt(_Recording):
+        def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+            super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
+
+    node = tmp_path / "node"
+    name = shard_file_name(5)
+    n = len(_shard_bytes(dataset, 5))
+    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0) as a:
+        a.partial_path(5, name)
+        with pytest.raises(DataError, match="fails verification twice"):
+            a.ensure_ranges(5, [(0, n)])
+    marks = list((node / ".ranges").glob("*.bad"))
+    assert len(marks) == 1
+    old = time.time() - 301  # older than metadata_max_age_s (300 s)
+    os.utime(marks[0], (old, old))
+    with _cache(dataset, node, _Recording(dataset.as_uri()), prefetch_shards=0) as b:
+        b.partial_path(5, name)
+        b.ensure_ranges(5, [(0, n)])
+        f = b._file(5, name)
+        assert b.files.path(f).read_bytes() == _shard_bytes(dataset, 5)
+        assert f.local_name not in b.files._states  # handles of a complete shard are dropped
+    assert not marks[0].exists()
