@@ -113,6 +113,10 @@ class Preemption:
     message: str
 
 
+# A pending job's run-time estimate follows the estimator's learning at most this late.
+ESTIMATES_REFRESH_S = 5.0
+
+
 class LazyPending(Mapping[int, PendingInfo]):
     """Job id -> PendingInfo over the core's lazy view: each reason is rendered when read,
     so a pass over a deep backlog pays only for the reasons its caller writes."""
@@ -167,6 +171,8 @@ class CorePolicy:
         # pending job id -> (what its Workload was built from, the Workload): a deep backlog
         # is converted once, not on every pass (the row's updated_at changes with any edit)
         self._workloads: dict[int, tuple[tuple[object, ...], Workload]] = {}
+        self._estimates_seen: tuple[int, int] = (0, -1)  # the estimator state they used
+        self._estimates_at = -1e18
 
     # --- memory across cycles and restarts -----------------------------------------------
 
@@ -261,6 +267,17 @@ class CorePolicy:
         """The pending jobs as Workloads, rebuilt only for jobs whose row, attained service,
         reclaim status or nodes to avoid changed, or after the estimator learned."""
         estimates = (id(self.estimator), self.estimator.version)
+        if (
+            estimates != self._estimates_seen
+            and 0 <= view.now - self._estimates_at < ESTIMATES_REFRESH_S
+            and self._estimates_seen[0] == estimates[0]
+        ):
+            # One finished job changes the estimate of every job of its team: rebuilding a
+            # deep backlog's Workloads for it would delay the pass that fills the slot it
+            # freed. The new estimates come in at most ESTIMATES_REFRESH_S later.
+            estimates = self._estimates_seen
+        else:
+            self._estimates_seen, self._estimates_at = estimates, view.now
         cache, fresh = self._workloads, {}
         out = []
         for job in view.pending:

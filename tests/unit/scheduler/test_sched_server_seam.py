@@ -6,7 +6,12 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from tensoryard.server.scheduling import ClusterView, CorePolicy, NodeCapacity
+from tensoryard.server.scheduling import (
+    ESTIMATES_REFRESH_S,
+    ClusterView,
+    CorePolicy,
+    NodeCapacity,
+)
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.states import JobState
 from tensoryard.store import JobRecord, TeamRecord
@@ -152,11 +157,16 @@ def test_pending_workloads_are_converted_once_until_something_they_depend_on_cha
         policy.observe_completion(
             team="nlp", user="ada", job_name="sft-llama-9", gpus=8, run_s=3600.0
         )
-    third = policy._pending_workloads(replace(view, pending=(moved,)))
+    # ... not at once (a pass that fills a freed slot must not rebuild a deep backlog for
+    # it), but within ESTIMATES_REFRESH_S
+    same = policy._pending_workloads(replace(view, pending=(moved,)))
+    assert same[0] is second[0]
+    later = replace(view, pending=(moved,), now=view.now + ESTIMATES_REFRESH_S)
+    third = policy._pending_workloads(later)
     assert third[0] is not second[0]
     assert third[0].runtime_estimate_s == 3600.0
     # attained service from an earlier attempt: rebuilt with it
-    fourth = policy._pending_workloads(replace(view, pending=(moved,), attained_s={2: 60.0}))
+    fourth = policy._pending_workloads(replace(later, attained_s={2: 60.0}))
     assert fourth[0].attained_service_s == 60.0
     # jobs that left the backlog are forgotten
     policy._pending_workloads(replace(view, pending=()))

@@ -157,3 +157,34 @@ def test_the_loop_does_not_read_back_the_reasons_it_just_wrote(world: World) -> 
     assert [j.id for j in changed] == [ids[0]]
     index.refresh()
     assert ids[0] in index.cancel_requested
+
+
+def test_a_deep_backlogs_reasons_are_read_in_turns(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above _ALL_REASONS_BELOW pending jobs a pass reads the reasons of the jobs it visited
+    or that changed and the next turn of the backlog, so each is written within a few passes
+    and no single pass renders them all."""
+    from tensoryard.server.control import schedule
+
+    monkeypatch.setattr(schedule, "_ALL_REASONS_BELOW", 10)
+    ids = [world.submit(f"j{i}", resources={"cpu": 3}) for i in range(25)]
+    written: list[int] = []
+    real = world.controller._pending.decided
+
+    def counting(job: Any, reason: str, eta_s: float | None) -> None:
+        written.append(job.id)
+        real(job, reason, eta_s)
+
+    world.controller._pending.decided = counting  # type: ignore[method-assign]
+    world.cycle(1)  # every job is new: each one's first reason is read
+    waiting = [i for i in ids if world.state(i) is JobState.PENDING]
+    assert len(waiting) == 24 and sorted(written) == sorted(waiting)
+    assert all(world.store.get_job(i).pending_reason for i in waiting)
+    turns = []
+    for _ in range(3):  # passes every reschedule_interval_s: a turn of 10 (+ the visited)
+        written.clear()
+        world.cycle(1, advance=31.0)
+        assert 0 < len(written) < 24  # (the last turn of a round is shorter)
+        turns.append(set(written))
+    assert set().union(*turns) == set(waiting)  # all read again within three turns

@@ -32,9 +32,9 @@ __all__ = ["Scheduling"]
 log = logging.getLogger("tensoryard.controller")
 
 _STATE_SAVE_EVERY_S = 30.0
-# Below this many pending jobs every pass reads every reason; above, see _note_reasons.
-_ALL_REASONS_BELOW = 2000
-_ALL_REASONS_EVERY_S = 10.0
+# Up to this many pending jobs every pass reads every reason; above, this many in turn (and
+# the ones visited or changed): see _note_reasons.
+_ALL_REASONS_BELOW = 1000
 
 
 class Scheduling:
@@ -72,7 +72,7 @@ class Scheduling:
         self._wake_at: float | None = None  # the last pass's Decisions.wake_at
         self._node_shape: tuple[tuple[str, bool, str], ...] = ()  # nodes at the last check
         self._last_state_save = 0.0
-        self._all_reasons_at = 0.0  # when every pending job's reason was last read
+        self._reasons_cursor = 0  # where the next turn of a deep backlog's reasons starts
         self._reasons_read: dict[int, datetime] = {}  # job -> its updated_at when read
         self._unread: tuple[list[JobRecord], Decisions, float] | None = None  # see note_reasons
 
@@ -174,21 +174,28 @@ class Scheduling:
             self._note_reasons(pending, decisions, now)
 
     def _note_reasons(self, pending: list[JobRecord], decisions: Decisions, now: float) -> None:
-        """A small backlog's reasons are all read every pass;
-        a deep one's (each reason is a rendered sentence) only for the jobs this pass visited
-        or that changed since their reason was last read, and all of them every
-        `_ALL_REASONS_EVERY_S` (an unvisited job's reason only restates its place in line)."""
-        everyone = (
-            len(pending) <= _ALL_REASONS_BELOW or now - self._all_reasons_at >= _ALL_REASONS_EVERY_S
-        )
-        if everyone:
-            self._all_reasons_at = now
-            chosen = pending
+        """A small backlog's reasons are all read every pass. A deep one's (each reason is a
+        rendered sentence) are read for the jobs this pass visited or that changed since
+        their reason was last read, plus the next `_ALL_REASONS_BELOW` of the backlog in
+        turn, so every reason is read again within a few passes without one pass paying for
+        all of them (an unvisited job's reason only restates its place in line)."""
+        if len(pending) <= _ALL_REASONS_BELOW:
+            chosen, fresh = pending, {}
         else:
             visited = set(getattr(decisions.pending, "visited", ()))
-            read = self._reasons_read
-            chosen = [j for j in pending if j.id in visited or read.get(j.id) != j.updated_at]
-        fresh = {} if everyone else self._reasons_read
+            read = fresh = self._reasons_read
+            start = self._reasons_cursor % len(pending)
+            if start == 0:  # a new round: forget the jobs that left the backlog
+                waiting = {j.id for j in pending}
+                read = fresh = {k: v for k, v in read.items() if k in waiting}
+            turn = pending[start : start + _ALL_REASONS_BELOW]
+            self._reasons_cursor = start + len(turn)
+            in_turn = {j.id for j in turn}
+            chosen = turn + [
+                j
+                for j in pending
+                if j.id not in in_turn and (j.id in visited or read.get(j.id) != j.updated_at)
+            ]
         for job in chosen:
             info = decisions.pending.get(job.id)
             if info is not None:
