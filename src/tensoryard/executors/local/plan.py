@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tensoryard import envvars
-from tensoryard.agent.gpus import cuda_visible_devices
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import LaunchRequest
 from tensoryard.executors.local.gang import gang_argv
+from tensoryard.executors.local.gpus import cuda_visible_devices
 from tensoryard.executors.local.layout import AttemptLayout
 from tensoryard.executors.local.netns import NetnsNodes
 from tensoryard.runtime.stacks import STACKS_ENV
