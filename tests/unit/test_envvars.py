@@ -22,17 +22,7 @@ NAME = re.compile(r"^TYARD_[A-Z0-9_]*$")
 # Files owned by another change in flight; their TYARD_ names are converted by the lead.
 NOT_YET_CONVERTED = frozenset(
     {
-        "server/control/launch.py",  # converted by the lead
-        "executors/local/gang.py",  # converted by the lead
-        "executors/local/plan.py",  # converted by the lead
-        "executors/local/procs.py",  # converted by the lead
-        "executors/local/rank.py",  # converted by the lead
-        "executors/slurm/executor.py",  # converted by the lead
         "data/cache.py",  # converted by the lead
-        "images/builder.py",  # converted by the lead
-        "images/matrix.py",  # converted by the lead
-        "images/preflight.py",  # converted by the lead
-        "images/refs.py",  # converted by the lead
     }
 )
 

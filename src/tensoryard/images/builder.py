@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensoryard import __version__
+from tensoryard import __version__, envvars
 from tensoryard.errors import TensoryardError
 from tensoryard.images.elf import prune_unlinked
 from tensoryard.images.matrix import LAYERS, ImageEntry
@@ -95,7 +95,7 @@ class BuildResult:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("TYARD_IMAGES_CACHE")
+    env = os.environ.get(envvars.IMAGES_CACHE.name)
     return Path(env) if env else Path.home() / ".cache" / "tensoryard" / "images"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from tensoryard import envvars
 from tensoryard.errors import ConfigError
 from tensoryard.images.compat import Combination, incompatibilities
 
@@ -195,7 +196,7 @@ def load_matrix(path: Path | str = DEFAULT_MATRIX) -> Matrix:
     return parse_matrix(data, str(path))
 
 
-MATRIX_ENV = "TYARD_IMAGE_MATRIX"
+MATRIX_ENV = envvars.IMAGE_MATRIX.name
 
 
 @cache

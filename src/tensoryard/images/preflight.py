@@ -13,7 +13,8 @@ and a message naming each difference and the fix, written to the pod's terminati
 the next one would find the same image.
 
 Otherwise it replaces itself with the command (``python -m tensoryard.images.preflight --
-torchrun ...``). Imports: the standard library only.
+torchrun ...``). Imports: the standard library and ``tensoryard.envvars`` (itself
+standard library only).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
+from tensoryard import envvars
+
 __all__ = ["CONFIG_EXIT_CODE", "EXPECT_ENV", "main", "mismatches", "observe"]
 
-EXPECT_ENV = "TYARD_IMAGE_EXPECT"
+EXPECT_ENV = envvars.IMAGE_EXPECT.name
 # sysexits.h EX_CONFIG: the job's configuration is wrong; running it again cannot help.
 CONFIG_EXIT_CODE = 78
 TERMINATION_LOG = "/dev/termination-log"

@@ -19,7 +19,7 @@ import difflib
 import os
 import re
 
-from tensoryard import __version__
+from tensoryard import __version__, envvars
 from tensoryard.errors import TensoryardError
 from tensoryard.images.matrix import Matrix, default_matrix
 
@@ -158,9 +158,11 @@ def image_ref_for(name: str, *, registry: str | None = None, version: str = __ve
 
     REGISTRY is ``registry``, else ``$TYARD_IMAGE_REGISTRY``, else ``localhost/tensoryard`` (the
     name images get when imported into a node's containerd without a registry)."""
-    prefix = (registry or os.environ.get("TYARD_IMAGE_REGISTRY") or DEFAULT_REGISTRY).rstrip("/")
+    prefix = (registry or os.environ.get(envvars.IMAGE_REGISTRY.name) or DEFAULT_REGISTRY).rstrip(
+        "/"
+    )
     ref = f"{prefix}/{name}:{version}"
-    validate_image_ref(ref, field="TYARD_IMAGE_REGISTRY" if registry is None else "registry")
+    validate_image_ref(ref, field=envvars.IMAGE_REGISTRY.name if registry is None else "registry")
     return ref
 
 

@@ -1,16 +1,13 @@
-"""Machine inventory through NVML (faked: there are no GPUs here) and GPU assignment."""
+"""Machine inventory through NVML (faked: there are no GPUs here)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 import pytest
 
 from tensoryard.agent.fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml
-from tensoryard.agent.gpus import cuda_visible_devices
 from tensoryard.agent.inventory import collect_inventory, gpu_model
-from tensoryard.errors import ExecutorError
 
 
 def test_without_nvml_the_machine_has_cpu_slots_and_memory_but_no_gpus() -> None:
@@ -106,29 +103,3 @@ def test_a_gpu_without_ecc_support_is_still_healthy() -> None:
 )
 def test_gpu_models_are_shortened_for_scheduling(name: str, model: str) -> None:
     assert gpu_model(name) == model
-
-
-@pytest.mark.parametrize(
-    ("placement", "gpus", "expected"),
-    [
-        ({}, 0, ""),
-        ({"node": [1, 0]}, 2, "0,1"),
-        ({}, 4, None),
-        ({"node": [7]}, 1, "7"),
-    ],
-    ids=[
-        "a cpu job sees no gpu",
-        "a gpu job sees its placed gpus in order",
-        "a gpu job without a placement leaves the variable alone",
-        "a single gpu job sees its one gpu",
-    ],
-)
-def test_cuda_visible_devices_follow_the_placement(
-    placement: dict[str, Sequence[int]], gpus: int, expected: str | None
-) -> None:
-    assert cuda_visible_devices(placement, gpus) == expected
-
-
-def test_a_placement_with_too_few_gpus_is_an_error() -> None:
-    with pytest.raises(ExecutorError, match="the job asks for 2 per node"):
-        cuda_visible_devices({"node": [0]}, 2)

@@ -33,6 +33,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from tensoryard import envvars
+
 __all__ = ["gang_argv", "main"]
 
 _TERM_GRACE_S = 10.0
@@ -45,13 +47,13 @@ def gang_argv(python: str, plan: dict[str, Any]) -> list[str]:
 
 def _node_env(plan: dict[str, Any], node: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
-    env["TYARD_NODE"] = str(node["name"])
-    env["TYARD_GANG"] = "1"  # the rank wrapper numbers in-place restarts by round (rank.py)
-    url = env.get("TYARD_SERVER_URL")
+    env[envvars.NODE.name] = str(node["name"])
+    env[envvars.GANG.name] = "1"  # the rank wrapper numbers in-place restarts by round (rank.py)
+    url = env.get(envvars.SERVER_URL.name)
     if url:
         for local in ("//127.0.0.1:", "//localhost:", "//[::1]:"):
             url = url.replace(local, f"//{plan['host_ip']}:")
-        env["TYARD_SERVER_URL"] = url
+        env[envvars.SERVER_URL.name] = url
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
         env.setdefault(var, "eth0")
     return env

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensoryard.agent.gpus import cuda_visible_devices
+from tensoryard import envvars
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import LaunchRequest
 from tensoryard.executors.local.gang import gang_argv
+from tensoryard.executors.local.gpus import cuda_visible_devices
 from tensoryard.executors.local.layout import AttemptLayout
 from tensoryard.executors.local.netns import NetnsNodes
-from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
 from tensoryard.runtime.stacks import STACKS_ENV
 
 __all__ = [
@@ -252,11 +252,11 @@ def _job_env(request: LaunchRequest, base: Mapping[str, str], attempt_key: str) 
     """The allowed base environment, then spec.env, then the TYARD_* contract vars, then
     our own markers."""
     env = {**base, **request.spec.env, **request.env}
-    env.setdefault("TYARD_JOB_ID", str(request.job_id))
-    env.setdefault("TYARD_ATTEMPT", str(request.attempt))
-    env.setdefault("TYARD_RUN_DIR", str(request.run_dir))
+    env.setdefault(envvars.JOB_ID.name, str(request.job_id))
+    env.setdefault(envvars.ATTEMPT.name, str(request.attempt))
+    env.setdefault(envvars.RUN_DIR.name, str(request.run_dir))
     env.setdefault("PYTHONUNBUFFERED", "1")  # rank logs are tailed live
-    env[ATTEMPT_KEY_ENV] = attempt_key
+    env[envvars.ATTEMPT_KEY.name] = attempt_key
     devices = cuda_visible_devices(request.placement, request.spec.resources.gpus_per_node)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from tensoryard import envvars
+
 __all__ = [
     "ATTEMPT_KEY_ENV",
     "become_subreaper",
@@ -28,7 +30,7 @@ __all__ = [
     "signal_groups",
 ]
 
-ATTEMPT_KEY_ENV = "TYARD_ATTEMPT_KEY"
+ATTEMPT_KEY_ENV = envvars.ATTEMPT_KEY.name
 _CREATE_TIME_TOLERANCE_S = 0.05
 _PR_SET_CHILD_SUBREAPER = 36
 

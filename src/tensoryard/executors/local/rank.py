@@ -18,7 +18,9 @@ plane), TORCHELASTIC_RESTART_COUNT is k > 0: the child then runs as attempt laun
 new attempt of the job, and its log gets a line that marks the restart. On a multi-node gang
 (TYARD_GANG=1) k is the restart round, counted from this rank's starts (see _spawn_round).
 
-Standard library only and run by file path, so it works whatever the job's environment is.
+Run by file path with the job's Python, so it works whatever the job's environment is: it
+imports the standard library and ``tensoryard.envvars`` only (itself standard library only),
+the latter from the tensoryard tree it sits in when run as a script.
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+
+if not __package__:  # run by file path (torchrun, srun): the contract of this very tree
+    _src = str(Path(__file__).resolve().parents[3])
+    sys.path.insert(0, _src)
+    try:
+        from tensoryard import envvars
+    finally:
+        sys.path.remove(_src)  # only for this import: the rest resolves as the job's would
+else:
+    from tensoryard import envvars
 
 _sigterm_at: float | None = None
 
@@ -108,7 +120,7 @@ def _record(code: int, log: Path | None = None) -> dict[str, object]:
         "ended_at": time.time(),
         "sigterm_at": _sigterm_at,
         "error": error,
-        "node": os.environ.get("TYARD_NODE", ""),  # network-namespace nodes (gang.py)
+        "node": os.environ.get(envvars.NODE.name, ""),  # network-namespace nodes (gang.py)
     }
 
 
@@ -125,7 +137,7 @@ def _end_like(code: int) -> None:
     os._exit(code)
 
 
-DONE_ENV = "TYARD_RANK_DONE_FILE"
+DONE_ENV = envvars.RANK_DONE_FILE.name
 # Signals a process may die of in torch's C++ teardown after Python finished its work (torch
 # 2.13, gloo: "terminate called without an active exception" -> SIGABRT, seen once in CI).
 _TEARDOWN_SIGNALS = (signal.SIGABRT, signal.SIGSEGV)
@@ -139,7 +151,9 @@ def _spawn_round(attempt_dir: Path, env: dict[str, str]) -> int:
     round without counting), so it differs between nodes. Every round starts every local rank
     of every node once, so the number of earlier starts is the round on every node alike. Each
     start claims the next free marker file (O_EXCL: exactly one start gets each number)."""
-    node = "".join(c if c.isalnum() or c in "-_." else "_" for c in env.get("TYARD_NODE", "node"))
+    node = "".join(
+        c if c.isalnum() or c in "-_." else "_" for c in env.get(envvars.NODE.name, "node")
+    )
     folder = attempt_dir / "rounds" / f"{node}-{env.get('LOCAL_RANK', '0')}"
     folder.mkdir(parents=True, exist_ok=True)
     for round_ in range(100_000):
@@ -155,15 +169,19 @@ def _child_env(env: dict[str, str], attempt_dir: Path | None = None) -> dict[str
     """The child's environment: numbered as the next attempt after an in-place restart."""
     try:
         restarts = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
-        launch = int(env.get("TYARD_ATTEMPT") or 0)
+        launch = int(env.get(envvars.ATTEMPT.name) or 0)
     except ValueError:
         return env
-    if env.get("TYARD_GANG") == "1" and attempt_dir is not None:
+    if env.get(envvars.GANG.name) == "1" and attempt_dir is not None:
         restarts = _spawn_round(attempt_dir, env)
-        env = {**env, "TYARD_RESTART_ROUND": str(restarts)}  # the runtime's store prefix
+        env = {**env, envvars.RESTART_ROUND.name: str(restarts)}  # the runtime's store prefix
     if restarts <= 0 or launch <= 0:
         return env
-    return {**env, "TYARD_ATTEMPT": str(launch + restarts), "TYARD_LAUNCH_ATTEMPT": str(launch)}
+    return {
+        **env,
+        envvars.ATTEMPT.name: str(launch + restarts),
+        envvars.LAUNCH_ATTEMPT.name: str(launch),
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -180,12 +198,12 @@ def main(argv: list[str]) -> None:
     done = attempt_dir / f"rank-{rank}.done"
     done.unlink(missing_ok=True)  # an in-place restart reuses the directory
     env[DONE_ENV] = str(done)  # the runtime writes it once training ended cleanly
-    if "TYARD_LAUNCH_ATTEMPT" in env:
+    if envvars.LAUNCH_ATTEMPT.name in env:
         print(
             f"tensoryard: workers restarted in place by torchrun (restart "
-            f"{env.get('TYARD_RESTART_ROUND') or env.get('TORCHELASTIC_RESTART_COUNT')}): "
+            f"{env.get(envvars.RESTART_ROUND.name) or env.get('TORCHELASTIC_RESTART_COUNT')}): "
             f"rank {rank} runs as attempt "
-            f"{env['TYARD_ATTEMPT']}",
+            f"{env[envvars.ATTEMPT.name]}",
             flush=True,
         )
     try:

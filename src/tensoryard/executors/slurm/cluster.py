@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tensoryard.errors import ConfigError, ExecutorError, FieldIssue, SpecError
+from tensoryard.executors.capacity import NodeCapacity
 from tensoryard.executors.slurm.commands import SlurmCommands
 from tensoryard.executors.slurm.config import SlurmConfig, TeamMapping
-from tensoryard.server.scheduling import NodeCapacity
 from tensoryard.spec.job import JobSpec
 
 if TYPE_CHECKING:

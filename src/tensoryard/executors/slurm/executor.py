@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tensoryard import envvars
 from tensoryard.errors import ExecutorError
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, LaunchRequest
 from tensoryard.executors.local.layout import AttemptLayout, read_json, write_json_atomic
 from tensoryard.executors.local.plan import DEFAULT_ENV_ALLOW, allowed_env
-from tensoryard.executors.local.procs import ATTEMPT_KEY_ENV
 from tensoryard.executors.slurm.accounting import (
     AccountedJob,
     accounting_configured,
@@ -230,11 +230,11 @@ class SlurmExecutor:
             self.base_env if self.base_env is not None else allowed_env(os.environ, self.env_allow)
         )
         env = {**base, **request.spec.env, **request.env}
-        env.setdefault("TYARD_JOB_ID", str(request.job_id))
-        env.setdefault("TYARD_ATTEMPT", str(request.attempt))
-        env.setdefault("TYARD_RUN_DIR", str(request.run_dir))
+        env.setdefault(envvars.JOB_ID.name, str(request.job_id))
+        env.setdefault(envvars.ATTEMPT.name, str(request.attempt))
+        env.setdefault(envvars.RUN_DIR.name, str(request.run_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")  # rank logs are tailed live
-        env[ATTEMPT_KEY_ENV] = key
+        env[envvars.ATTEMPT_KEY.name] = key
         env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it from the job's GRES
         return env
 

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tensoryard import envvars
 from tensoryard.errors import Conflict, ExecutorError, FencedOut, NotFound
 from tensoryard.executors.base import AttemptPhase, Executor, LaunchRequest
 from tensoryard.observability.nccl import nccl_debug_env
@@ -151,18 +152,18 @@ class Launcher:
             )
             spec = spec.model_copy(update={"command": command})
         env = {
-            "TYARD_JOB_ID": str(job.id),
-            "TYARD_ATTEMPT": str(number),
-            "TYARD_RUN_DIR": str(run_dir),
-            "TYARD_CHECKPOINT_DIR": str(ckpt_dir),
-            "TYARD_CHECKPOINT_INTERVAL": str(self._checkpoint_interval(job, spec, number)),
-            "TYARD_CHECKPOINT_ASYNC": "1" if spec.checkpoint.async_save else "0",
-            "TYARD_CHECKPOINT_LAYOUT": spec.checkpoint.layout,
+            envvars.JOB_ID.name: str(job.id),
+            envvars.ATTEMPT.name: str(number),
+            envvars.RUN_DIR.name: str(run_dir),
+            envvars.CHECKPOINT_DIR.name: str(ckpt_dir),
+            envvars.CHECKPOINT_INTERVAL.name: str(self._checkpoint_interval(job, spec, number)),
+            envvars.CHECKPOINT_ASYNC.name: "1" if spec.checkpoint.async_save else "0",
+            envvars.CHECKPOINT_LAYOUT.name: spec.checkpoint.layout,
             # 0: the runtime deletes nothing; the control plane applies the job's retention
             # policy when a checkpoint is reported (registry/pruning.py)
-            "TYARD_CHECKPOINT_KEEP": "0",
-            "TYARD_SERVER_URL": self._config.report_url,
-            "TYARD_JOB_TOKEN": derive_job_token(self._job_key, key),
+            envvars.CHECKPOINT_KEEP.name: "0",
+            envvars.SERVER_URL.name: self._config.report_url,
+            envvars.JOB_TOKEN.name: derive_job_token(self._job_key, key),
         }
         # NCCL debug log per rank and PyTorch's flight recorder (dumped on a collective
         # timeout) into the run dir, where the node agent tails them; spec.env overrides.
@@ -173,7 +174,7 @@ class Launcher:
             env[MEGATRON_SAVE_ENV] = str(ckpt_dir)  # the executor follows it (docs/goodput.md)
         in_place = in_place_restarts(spec, restarts=job.restarts)
         if in_place:  # the runtime numbers a restarted worker launch + k (docs/contracts.md)
-            env["TYARD_IN_PLACE_RESTARTS"] = str(in_place)
+            env[envvars.IN_PLACE_RESTARTS.name] = str(in_place)
         return LaunchRequest(
             job_id=str(job.id),
             attempt=number,
@@ -226,7 +227,7 @@ class Launcher:
                 self._launch_failed(job, attempt, f"launch of attempt {attempt.number}: {exc}")
                 return
             self._store.issue_job_token(
-                job.id, request.env["TYARD_JOB_TOKEN"], attempt=attempt.number
+                job.id, request.env[envvars.JOB_TOKEN.name], attempt=attempt.number
             )
             Path(job.run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
             (Path(job.run_dir) / "nccl").mkdir(exist_ok=True, mode=0o700)  # NCCL makes no dirs
