@@ -53,6 +53,7 @@ from typing import Any, Protocol, TypeVar
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
+from tensoryard import envvars
 from tensoryard.data.format import (
     INDEX_NAME,
     MANIFEST_NAME,
@@ -159,16 +160,13 @@ class CacheConfig:
         ``TYARD_DATA_CACHE_BYTES`` (default 64 GiB)."""
         env = os.environ if env is None else env
         default_dir = Path.home() / ".cache" / "tensoryard" / "shards"
-        raw = env.get("TYARD_DATA_CACHE_BYTES", str(64 << 30))
+        size_name, dir_name = envvars.DATA_CACHE_BYTES.name, envvars.DATA_CACHE_DIR.name
+        raw = env.get(size_name, str(64 << 30))
         try:
             max_bytes = int(raw)
         except ValueError as exc:
-            raise DataError(
-                f"TYARD_DATA_CACHE_BYTES={raw!r} is not an integer (fix: a byte count)"
-            ) from exc
-        return cls(
-            cache_dir=Path(env.get("TYARD_DATA_CACHE_DIR", default_dir)), max_bytes=max_bytes
-        )
+            raise DataError(f"{size_name}={raw!r} is not an integer (fix: a byte count)") from exc
+        return cls(cache_dir=Path(env.get(dir_name, default_dir)), max_bytes=max_bytes)
 
     def validate(self, largest_file: int) -> None:
         """Raise DataError when the config cannot work for files up to ``largest_file``."""
