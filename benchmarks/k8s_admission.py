@@ -662,7 +662,8 @@ def main() -> None:
         or Path(__file__).resolve().parent / "results" / f"{NAME}_{args.nodes}x{args.jobs}.json"
     )
     if args.row_from_json:
-        write_row(json.loads(args.json.read_text()))
+        stored = json.loads(args.json.read_text())
+        write_row(stored) if "kueue" in stored else write_limit_row(stored)
         return
     unknown = set(args.order.split(",")) - {"tensoryard", "kueue", "limit"}
     if unknown or not args.order:
@@ -708,13 +709,21 @@ def main() -> None:
     prov = provenance("k8s_admission.py")
     if args.kubeconfig:  # the command names no path of this machine
         prov["command"] = prov["command"].replace(str(args.kubeconfig), "KUBECONFIG")
-    if "tensoryard" not in arms or "kueue" not in arms:  # its numbers, no RESULTS line
+    if "tensoryard" not in arms or "kueue" not in arms:  # no tensoryard/Kueue ratio
+        result = {
+            **prov,
+            "nodes": args.nodes,
+            "jobs": args.jobs,
+            "teams": args.teams,
+            "order": args.order,
+            **arms,
+            **limit,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({**prov, "nodes": args.nodes, "jobs": args.jobs, **arms, **limit}, indent=2)
-            + "\n"
-        )
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"arms {args.order}: no tensoryard/Kueue ratio; {limit}; numbers in {args.json}")
+        if "tensoryard" in arms and "limit" in arms and not args.no_results_line:
+            write_limit_row(result)
         return
     ty, kq = arms["tensoryard"], arms["kueue"]
     # over the whole burst only when both drained it (an arm cut off at --timeout did less
@@ -812,6 +821,45 @@ def write_row(result: dict[str, Any]) -> None:
         text,
         f"admissions/s >= {GOAL_RATIO}x Kueue (burst and first wave), allocation no worse",
         "yes" if result["met"] else "no",
+        date=result["date"][:10],
+    )
+
+
+LIMIT_GOAL = 0.95  # issue 32: tensoryard's admissions/s as a share of the zero-cost engine's
+
+
+def write_limit_row(result: dict[str, Any]) -> None:
+    """The row of a run with tensoryard and the limit only (no Kueue arm): how close the
+    control loop comes to an admission engine that costs nothing, on the same launch path."""
+    ty, lim = result["tensoryard"], result["limit"]
+    share = result.get("tensoryard_of_limit_admissions_per_s")
+    words = str(result["command"]).split()
+
+    def option(name: str) -> str:  # a JSON written before it kept these: its command has them
+        return words[words.index(name) + 1] if name in words[:-1] else "?"
+
+    teams, order = result.get("teams", option("--teams")), result.get("order", option("--order"))
+    text = (
+        f"{result['jobs']} jobs, {teams} teams, {result['nodes']}x8 fake GPUs, "
+        f"arms in order {order} (no Kueue arm): admissions/s "
+        f"tensoryard {ty['admissions_per_s']} vs limit {lim['admissions_per_s']} (tensoryard "
+        f"{share} of the limit); all done after {ty['makespan_s']} vs {lim['makespan_s']} s "
+        f"(limit/tensoryard makespan {result.get('limit_over_tensoryard_makespan')}); "
+        f"submit->pods bound p50/p99 {ty['submit_to_bound_p50_s']}/{ty['submit_to_bound_p99_s']}"
+        f" s vs {lim['submit_to_bound_p50_s']}/{lim['submit_to_bound_p99_s']} s; first wave "
+        f"{ty['first_wave_admissions_per_s']} vs {lim['first_wave_admissions_per_s']} jobs/s; "
+        f"preempted attempts {ty['restarted_attempts']} vs {lim['restarted_attempts']}; GPU "
+        f"allocation while jobs waited {ty['gpu_allocation_while_waiting']} vs "
+        f"{lim['gpu_allocation_while_waiting']}; load average at the end "
+        f"{result.get('load_average', '?')}"
+    )
+    met = share is not None and share >= LIMIT_GOAL
+    write_results_line(
+        f"{NAME} vs limit ({result['nodes']}x{result['jobs']})",
+        result["command"],
+        text,
+        f"tensoryard >= {LIMIT_GOAL} of the zero-cost admission engine's admissions/s",
+        "yes" if met else f"no ({share})",
         date=result["date"][:10],
     )
 

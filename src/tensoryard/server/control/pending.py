@@ -63,7 +63,10 @@ class PendingReasons:
             del self._to_write[job_id]
         if not batch:
             return
-        written, stamp = self._store.set_pending_info([(i, r, eta) for i, (r, eta) in batch])
+        # in transactions of 100 rows: an API write (a submit) waits for one of them at most
+        written, stamp = self._store.set_pending_info(
+            [(i, r, eta) for i, (r, eta) in batch], chunk=100
+        )
         info = dict(batch)
         for job_id in written:
             reason, eta = info[job_id]
