@@ -58,3 +58,29 @@ def test_lists_and_events_are_taken_as_json_without_client_models() -> None:
     from kubernetes import client
 
     assert raw_watch().get_return_type(client.CoreV1Api().list_namespaced_pod) is None
+
+
+def test_a_change_names_its_job_to_the_control_loop() -> None:
+    """The executor listens to its pod and JobSet caches: each event names the job (label
+    tensoryard.io/job-id) so the loop reconciles just it; a relist names no job (all)."""
+    from tensoryard.executors.kubernetes.executor import KubernetesExecutor
+
+    listing = {"items": [], "metadata": {"resourceVersion": "1"}}
+    kube = SimpleNamespace(timeout=(1, 1), plain=lambda x: x)
+    pods = WatchCache(kube, "pods", lambda **kw: listing, index=by_key)  # type: ignore[arg-type]
+    owners = WatchCache(kube, "jobsets", lambda **kw: listing)  # type: ignore[arg-type]
+    executor = KubernetesExecutor.__new__(KubernetesExecutor)  # no cluster: only the seam
+    executor._changed, executor._pod_cache, executor._owner_cache = None, pods, owners
+    told: list[int | None] = []
+    assert executor.report_changes(told.append) is True
+    assert executor.report_changes(told.append) is True  # listening once per cache
+    assert len(pods.listeners) == len(owners.listeners) == 1
+    labelled = pod("j7-0", "k7", 2)
+    labelled["metadata"]["labels"]["tensoryard.io/job-id"] = "7"
+    pods._apply("MODIFIED", labelled)
+    owners._apply("ADDED", {"metadata": {"name": "js", "resourceVersion": "3",
+                                         "labels": {"tensoryard.io/job-id": "9"}}})  # fmt: skip
+    pods._apply("MODIFIED", pod("stray", None, 4))
+    pods._relist()
+    assert told == [7, 9, None, None]
+    assert executor.reports_starts

@@ -334,19 +334,18 @@ class KubernetesExecutor:
         return self._pod_cache is not None and self._owner_cache is not None
 
     def _listen(self, *caches: WatchCache | None) -> None:
-        changed = self._changed
-        if changed is None:
+        """Have each cache tell `_tell_job` about its changes (once per cache)."""
+        if self._changed is None:
             return
         for cache in caches:
-            if cache is None or any(getattr(f, "_tyard", False) for f in cache.listeners):
-                continue
+            if cache is not None and self._tell_job not in cache.listeners:
+                cache.listeners.append(self._tell_job)
 
-            def listener(kind: str, obj: Obj, changed: JobChanged = changed) -> None:
-                job = str((get(obj, "metadata", "labels") or {}).get(LABEL_JOB_ID, ""))
-                changed(int(job) if job.isdigit() else None)
-
-            listener._tyard = True  # type: ignore[attr-defined]
-            cache.listeners.append(listener)
+    def _tell_job(self, kind: str, obj: Obj) -> None:
+        """A watched object changed: name its job (None after a relist, or without a label)."""
+        if self._changed is not None:
+            job = str((get(obj, "metadata", "labels") or {}).get(LABEL_JOB_ID, ""))
+            self._changed(int(job) if job.isdigit() else None)
 
     def close(self) -> None:
         for cache in (self._pod_cache, self._owner_cache, self._node_cache):
