@@ -66,6 +66,10 @@ _EXIT = "slurm-exit.json"
 _STARTED_GLOB = "slurm-started.*.json"
 
 
+# An attempt whose Slurm job ended waits this long at most for slurmdbd's record of the end.
+ACCOUNTING_WAIT_S = 10.0
+
+
 @dataclass(frozen=True)
 class SlurmHandle:
     """What the control plane stores for a Slurm attempt (as a JSON-able dict)."""
@@ -143,6 +147,7 @@ class SlurmExecutor:
         self._locks_lock = threading.Lock()
         self._accounting: bool | None = None  # None: not detected yet
         self._accounted: dict[int, AccountedJob] = {}  # ended jobs as slurmdbd recorded them
+        self._end_seen: dict[int, float] = {}  # Slurm job -> when its end was first seen
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -285,8 +290,16 @@ class SlurmExecutor:
         status = self._outcome(h, job, cancel)
         if job is not None and status.finished:
             # ended and still in squeue: slurmdbd's facts (elapsed time, requeues) join the
-            # reason when it has the end already (slurmctld sends it at once; one short retry)
-            accounted = self.accounted(h) or self.accounted(h, wait_s=0.25)
+            # reason. slurmctld sends the end to slurmdbd at once, but a loaded slurmdbd may
+            # take a moment: the attempt is reported unfinished for up to ACCOUNTING_WAIT_S
+            # (later polls look again; no poll sleeps), then ends without them.
+            accounted = self.accounted(h)
+            if accounted is None and self.accounting():
+                first = self._end_seen.setdefault(job.job_id, time.monotonic())
+                if time.monotonic() - first < ACCOUNTING_WAIT_S:
+                    up = len(h.layout.existing_rank_logs()) >= h.world_size
+                    return AttemptStatus(AttemptPhase.RUNNING if up else AttemptPhase.STARTING)
+            self._end_seen.pop(job.job_id, None)
             if accounted is not None and accounted.job_id == job.job_id:
                 reason = "; ".join(p for p in (status.reason, accounted.facts()) if p)
                 status = replace(status, reason=reason)
