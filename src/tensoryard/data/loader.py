@@ -399,9 +399,7 @@ class TokenLoader:
         return self.locate(firsts) if firsts else None
 
     def _block_sizes(self) -> Iterator[int]:
-        # The first block is one batch: from a cold remote cache the first batch waits only
-        # for its own samples' ranges, not for those of the batches after it.
-        size = 1
+        size = min(4, self.config.plan_batches)
         while True:
             yield size
             size = min(size * 2, self.config.plan_batches)
