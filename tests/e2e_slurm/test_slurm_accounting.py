@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -227,7 +228,14 @@ def test_tyard_describe_shows_what_slurm_accounted_for_each_attempt(
         assert described.returncode == 0, described.stderr
         first, second = json.loads(described.stdout)["attempts_detail"]
         ids = [int(r["slurm_job_id"]) for r in submitted_records(client, job_id)]
-        truth = [sacct_line(slurm_accounting, i) for i in ids]
+        # sacct's own record of an end may show the QOS as "Unknown" for a moment, as the
+        # JSON does (slurmdbd fills it in after the end): read it once it is complete
+        deadline = time.monotonic() + 30
+        while True:
+            truth = [sacct_line(slurm_accounting, i) for i in ids]
+            if all(t["qos"] != "Unknown" for t in truth) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert [t["state"] for t in truth] == ["FAILED", "COMPLETED"]
         assert first["state"] == "failed" and first["exit_code"] == 3
         assert f"Slurm accounting: job {ids[0]} FAILED, exit 3:0" in first["reason"]
