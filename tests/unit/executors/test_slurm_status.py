@@ -130,3 +130,22 @@ def test_config_file_settings_are_checked_and_name_the_setting() -> None:
         slurm_config_from({"admission": "kueue"})
     with pytest.raises(ConfigError, match="rendezvous_ports"):
         slurm_config_from({"rendezvous_ports": [5, 1]})
+
+
+def test_the_rank_that_ended_first_is_named_as_the_cause(tmp_path: Path) -> None:
+    """Rank 1 killed by SIGKILL ends first; rank 0 then exits 1 when its peer's connection
+    drops. The reason names rank 1 although rank 0 is the lower number; a rank stopped by
+    SIGTERM after the failure is not a failed one."""
+    from tensoryard.executors.local.layout import AttemptLayout
+    from tensoryard.executors.slurm.executor import _failed_ranks
+
+    layout = AttemptLayout(tmp_path)
+    records = {
+        0: {"exit_code": 1, "ended_at": 1000.75, "sigterm_at": None},
+        1: {"exit_code": -9, "ended_at": 1000.25, "sigterm_at": None},
+        2: {"exit_code": -15, "ended_at": 1000.5, "sigterm_at": 1000.4},
+        3: {"exit_code": 0, "ended_at": 1001.0, "sigterm_at": None},
+    }
+    for rank, record in records.items():
+        layout.rank_exit(rank).write_text(json.dumps(record), encoding="utf-8")
+    assert _failed_ranks(layout, 4) == (1, 0)

@@ -540,13 +540,18 @@ def _failed(
 
 def _failed_ranks(layout: AttemptLayout, world: int) -> tuple[int, ...]:
     """Ranks whose own exit record says they failed, not stopped (SIGTERM after another's
-    failure) ones."""
-    out = []
+    failure) ones; the first to end first, as the root cause (a rank killed by a signal
+    ends before the peers that then lose their connection to it)."""
+    ended: list[tuple[float, int]] = []
     for rank in range(world):
         rec = read_json_safe(layout.rank_exit(rank))
         if rec and int(rec.get("exit_code", 0)) != 0 and not rec.get("sigterm_at"):
-            out.append(rank)
-    return tuple(out)
+            try:
+                at = float(rec.get("ended_at") or 0.0)
+            except (TypeError, ValueError):
+                at = 0.0
+            ended.append((at, rank))
+    return tuple(rank for _, rank in sorted(ended))
 
 
 def read_json_safe(path: Path) -> dict[str, Any] | None:
