@@ -14,8 +14,15 @@ dataset from a local directory (page cache) as the reference.
 Then a 1,000-rank start against HDFS: 125 nodes x 8 ranks open the dataset (manifest, index,
 listing), once with the node-wide metadata cache and once with every rank fetching its own.
 
-Peers' remote modes (litdata, mosaicml-streaming) are not run here: neither reads HDFS, and
-their S3 modes were not set up against moto in this run (see docs/data.md).
+Peers' remote modes run against the same moto server in the same run: the same tokens are
+converted to litdata's and mosaicml-streaming's formats (``_data_worker.py convert``, 8 chunks /
+shards like ours), uploaded to the bucket, and read by ``ranks`` processes with ``workers``
+DataLoader workers each (``_data_cold_peer.py``, in light venvs from ``_data_peers.py``), each
+library with one node-local cache directory shared by the ranks, as it documents. Their "bytes
+fetched" is what their cache directory holds after the epoch (neither reports its downloads;
+neither deletes chunks under its default cache limit at this size), and their GET counts are
+not known. Neither reads HDFS or a JuiceFS S3 gateway differently from S3, so they run on S3
+only.
 """
 
 from __future__ import annotations
@@ -97,11 +104,13 @@ def backends(work: Path) -> Iterator[dict[str, str]]:
 
 
 def make_dataset(out: Path, megabytes: int, shard_mb: int) -> Path:
+    """The prepared dataset at ``out``; the same tokens raw at ``out``.u16 (for the peers)."""
     from tensoryard.data import write_token_dataset
 
     tokens = megabytes * (1 << 20) // 2
     rng = np.random.default_rng(0)
     data = rng.integers(0, 50304, size=tokens, dtype=np.uint16)
+    data.tofile(out.with_suffix(".u16"))
     write_token_dataset(
         out, [data], vocab_size=50304, eos_id=None, shard_tokens=shard_mb * (1 << 20) // 2
     )
@@ -214,6 +223,130 @@ def run_arm(
     }
 
 
+PEER_RANK = HERE / "_data_cold_peer.py"
+PEER_WORKER = HERE / "_data_worker.py"
+PEERS = ("litdata", "streaming")
+
+
+def _client(env: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=env["MOTO_ENDPOINT"],
+        aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+
+
+def prepare_peers(
+    dataset: Path, work: Path, env: dict[str, str], cfg: dict[str, Any]
+) -> dict[str, Any]:
+    """Convert the same tokens for each peer and upload them to moto: name -> (python,
+    s3 URL, bytes uploaded), or an error string when the peer cannot be set up."""
+    sys.path.insert(0, str(HERE))
+    import _data_peers
+
+    corpus = dataset.with_suffix(".u16")
+    shards = max(1, cfg["megabytes"] // cfg["shard_mb"])
+    client = _client(env)
+    out: dict[str, Any] = {}
+    for name in PEERS:
+        try:
+            python = _data_peers.ensure_cold_venv(name)
+            local = work / f"peer-{name}"
+            argv = [str(PEER_WORKER), "convert", name, str(corpus), str(local)]
+            subprocess.run(
+                [str(python), *argv, "--shards", str(shards)],
+                check=True,
+                capture_output=True,
+                timeout=cfg["timeout_s"],
+            )
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            err = getattr(exc, "stderr", b"") or b""
+            out[name] = f"{type(exc).__name__}: {exc} {err.decode(errors='replace')[-500:]}"
+            continue
+        files = [p for p in local.rglob("*") if p.is_file()]
+        for f in files:
+            client.upload_file(str(f), BUCKET, f"peers/{name}/{f.relative_to(local)}")
+        out[name] = (python, f"s3://{BUCKET}/peers/{name}", sum(f.stat().st_size for f in files))
+    return out
+
+
+def _peer_port() -> int:
+    for port in range(47150, 47200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 47150-47199 for the peers' process group")
+
+
+def run_peer_arm(
+    name: str,
+    python: Path,
+    remote: str,
+    needed: int,
+    work: Path,
+    cfg: dict[str, Any],
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """`ranks` processes of peer `name` reading one epoch from `remote` through one node cache."""
+    cache = work / "cache"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    penv = os.environ | CREDS
+    penv |= {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": env["MOTO_ENDPOINT"],
+        "S3_ENDPOINT_URL": env["MOTO_ENDPOINT"],
+    }
+    shape = [str(cfg["ranks"]), str(cfg["workers"]), str(_peer_port())]
+    procs = [
+        subprocess.Popen(
+            [str(python), str(PEER_RANK), name, remote, str(cache), str(r), *shape],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=penv,
+            cwd=work,
+        )
+        for r in range(cfg["ranks"])
+    ]
+    ranks = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=cfg["timeout_s"])
+            if proc.returncode != 0:
+                return {"error": f"rank failed: {err.decode(errors='replace')[-1500:]}"}
+            ranks.append(json.loads(out.decode().strip().splitlines()[-1]))
+    except subprocess.TimeoutExpired:
+        return {"error": f"no epoch within {cfg['timeout_s']}s"}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    got = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+    tokens = sum(r["tokens"] for r in ranks)
+    wall = max(r["seconds"] for r in ranks)
+    return {
+        "tokens_per_s": tokens / wall,
+        "tokens": tokens,
+        "wall_s": wall,
+        "first_batch_s_max": max(r["first_batch_s"] for r in ranks),
+        "first_batch_s_median": statistics.median(r["first_batch_s"] for r in ranks),
+        "bytes_fetched": got,
+        "bytes_needed": needed,
+        "fetched_over_needed": got / needed,
+        "file_reads": None,
+        "peak_rss_mb_rank_max": max(r["peak_rss_mb"] for r in ranks),
+        "peak_rss_mb_worker_max": max(r["peak_rss_worker_mb"] for r in ranks),
+    }
+
+
 def thousand_ranks(url: str, work: Path, nodes: int, per_node: int) -> dict[str, Any]:
     """`nodes` x `per_node` ranks open the dataset; metadata fetches with and without the
     node-wide metadata cache."""
@@ -247,12 +380,36 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
         arms: dict[str, Any] = {}
         with backends(work) as env:
             urls = upload(dataset, env)
+            peers = prepare_peers(dataset, work, env, cfg)
             arms["local (page cache)"] = run_arm(str(dataset), {}, work / "arm-local", cfg, dataset)
             for name, (url, options) in urls.items():
                 if progress is not None:
                     progress(name)
                 arms[name] = run_arm(url, options, work / f"arm-{len(arms)}", cfg, dataset)
+            for name, got in peers.items():
+                if progress is not None:
+                    progress(f"{name} (s3)")
+                arm = f"{name} (s3, moto)"
+                if isinstance(got, str):
+                    arms[arm] = {"error": got}
+                    continue
+                python, remote, needed = got
+                arms[arm] = run_peer_arm(
+                    name, python, remote, needed, work / f"arm-{len(arms)}", cfg, env
+                )
             index = thousand_ranks(urls["hdfs (hdfs-native)"][0], work, cfg["nodes"], 8)
-        return {"arms": arms, "thousand_rank_start": index, "config": cfg}
+        return {"arms": arms, "thousand_rank_start": index, "config": cfg, "goal": goal(arms)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def goal(arms: dict[str, Any]) -> dict[str, Any]:
+    """The issue's cold goal on S3: tensoryard's tokens/s over the best peer's (>= 2x)."""
+    peers = {
+        k: a["tokens_per_s"] for k, a in arms.items() if k.startswith(PEERS) and "tokens_per_s" in a
+    }
+    ours = arms.get("s3 (moto)", {}).get("tokens_per_s")
+    if not peers or ours is None:
+        return {"best_peer": None, "ratio": None}
+    best = max(peers, key=lambda k: peers[k])
+    return {"best_peer": best, "ratio": ours / peers[best]}

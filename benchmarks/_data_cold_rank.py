@@ -44,6 +44,20 @@ class CountingStore:
         with open(Path(self.stats_dir) / f"{os.getpid()}.log", "a") as log:
             log.write(f"{key} {got}\n")
 
+    def download_range(
+        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
+    ) -> None:
+        got = 0
+
+        def counting(chunk: bytes) -> None:
+            nonlocal got
+            got += len(chunk)
+            sink(chunk)
+
+        self.inner.download_range(key, start, stop, counting, chunk_bytes)  # type: ignore[attr-defined]
+        with open(Path(self.stats_dir) / f"{os.getpid()}.log", "a") as log:
+            log.write(f"{key} {got}\n")
+
 
 def main() -> None:
     url, options, cache_dir, stats_dir = sys.argv[1:5]

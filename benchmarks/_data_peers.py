@@ -157,3 +157,59 @@ def ensure_venv(name: str, base_python: str | None = None) -> Path:
         _write_stub(peer)
     stamp.write_text(peer.fingerprint)
     return peer.python
+
+
+# Light venvs for the cold-start arms (`data_loader.py --cold`): the peer's own packages only,
+# torch and numpy come from the interpreter running the benchmark through a .pth file placed
+# after the venv's own site-packages (so a pin installed here, e.g. streaming's tokenizers,
+# wins). No second multi-GB torch on disk; the peer's S3 client (boto3) comes from there too.
+COLD: dict[str, list[str]] = {
+    "litdata": ["litdata==0.2.76", "lightning-utilities"],
+    "streaming": [
+        "mosaicml-streaming==0.13.0",
+        "Brotli",
+        "python-snappy",
+        "xxhash<4",
+        "zstd",
+        "catalogue",
+        "cramjam",
+        # streaming imports transformers (<5), which checks these two at import
+        "transformers<5",
+        "tokenizers>=0.22,<0.23",
+        "huggingface-hub>=0.34,<1.0",
+    ],
+}
+
+
+def ensure_cold_venv(name: str) -> Path:
+    """Create (or reuse) the light venv of peer ``name`` for the cold arms; its python."""
+    import sysconfig
+
+    root = VENVS / f"{name}-cold"
+    python = root / "bin" / "python"
+    stamp = root / ".tensoryard-stamp"
+    fingerprint = hashlib.sha256(json.dumps([COLD[name], STUB_VERSION]).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == fingerprint and python.exists():
+        return python
+    VENVS.mkdir(parents=True, exist_ok=True)
+    log = VENVS / f"{name}-cold.log"
+    log.write_text("")
+    base = str(getattr(sys, "_base_executable", sys.executable))
+    _run([base, "-m", "venv", "--clear", str(root)], log)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "zz-benchmark-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", *COLD[name]], log)
+    if name == "streaming":
+        stub = Path(site) / "torchvision"
+        (stub / "transforms").mkdir(parents=True, exist_ok=True)
+        (stub / "__init__.py").write_text(_STUB_INIT + "__version__ = '0.0.0+tensoryard.stub'\n")
+        (stub / "datasets.py").write_text(_STUB_DATASETS)
+        (stub / "transforms" / "__init__.py").write_text("")
+        (stub / "transforms" / "functional.py").write_text(_STUB_FUNCTIONAL)
+    stamp.write_text(fingerprint)
+    return python

@@ -4,7 +4,8 @@ hdfs-native runs its I/O on a process-wide runtime whose threads do not survive 
 DataLoader worker forked after its rank opened HDFS would hang on its first read. Such a
 process starts this helper (a fresh interpreter) once and asks it for files over a pipe.
 
-Protocol: one path per line on stdin; for each, frames on stdout of an 8-byte signed
+Protocol: one request per line on stdin, a path or ``path<TAB>start<TAB>stop`` (bytes
+``[start, stop)`` of the file); for each, frames on stdout of an 8-byte signed
 little-endian length then that many bytes. ``n > 0``: data; ``0``: end of file; ``-n``: an
 error, whose n bytes are ``<kind> <message>`` (kind: missing, denied, io).
 """
@@ -36,11 +37,18 @@ def serve(root: str, inp: BinaryIO, out: BinaryIO) -> None:
 
     fs, _ = fsspec.core.url_to_fs(root)
     for raw in inp:
-        path = raw.decode().rstrip("\n")
+        path, *span = raw.decode().rstrip("\n").split("\t")
         try:
             with fs.open(path, "rb") as src:
-                while chunk := src.read(CHUNK):
-                    _frame(out, chunk)
+                if span:
+                    start, left = int(span[0]), int(span[1]) - int(span[0])
+                    src.seek(start)
+                    while left > 0 and (chunk := src.read(min(CHUNK, left))):
+                        _frame(out, chunk)
+                        left -= len(chunk)
+                else:
+                    while chunk := src.read(CHUNK):
+                        _frame(out, chunk)
             out.write(_HEADER.pack(0))
         except FileNotFoundError as exc:
             _error(out, "missing", str(exc).splitlines()[0] if str(exc) else path)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -47,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
@@ -83,6 +84,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _LOCK_DIR = ".locks"
+_RANGES_DIR = ".ranges"
+_PART = ".part"
 _META_DIR = ".meta"
 _BUDGET_LOCK = "_budget.lock"
 _TMP_MARK = ".tmp-"
@@ -140,6 +143,13 @@ class CacheConfig:
     """How long a rank waits for another rank's download of the same file."""
     chunk_bytes: int = 8 * _MiB
     """Read size while streaming a download to disk."""
+    range_bytes: int = 1 * _MiB
+    """Unit in which token shards are fetched and tracked when the store reads byte ranges
+    (S3, HDFS, WebHDFS, fsspec): a read waits only for the units that hold its samples plus
+    the shard's first and last 4 KiB (its fingerprint). 0: whole files only."""
+    prefetch_get_bytes: int = 16 * _MiB
+    """Largest request of a prefetch: consecutive missing units of a shard are fetched in one
+    ranged GET of up to this many bytes."""
     metadata_max_age_s: float = 300.0
     """A manifest fetched by another process of the node less than this long ago is reused
     instead of fetched again (0: every process fetches its own)."""
@@ -165,6 +175,11 @@ class CacheConfig:
                 f"cache budget max_bytes={self.max_bytes} is smaller than two of the largest "
                 f"shard ({largest_file} bytes) (fix: raise it to at least {2 * largest_file})"
             )
+        if self.range_bytes < 0 or self.prefetch_get_bytes < self.range_bytes:
+            raise DataError(
+                f"cache config: range_bytes={self.range_bytes} must be >= 0 (0: whole files) and "
+                f"prefetch_get_bytes={self.prefetch_get_bytes} at least range_bytes"
+            )
         if self.prefetch_shards < 0 or self.download_threads < 1 or self.retries < 0:
             raise DataError(
                 "cache config: prefetch_shards and retries must be >= 0, download_threads >= 1"
@@ -185,6 +200,8 @@ class CacheStats:
     skipped_prefetches: int = 0
     metadata_fetches: int = 0
     """Metadata files (manifest, index, listing) this process fetched from the backend."""
+    range_gets: int = 0
+    """Ranged requests (one per run of consecutive units) this process made."""
     evicted: deque[str] = field(default_factory=lambda: deque(maxlen=256))
     """The most recently evicted file names (bounded)."""
 
@@ -258,7 +275,7 @@ class S3Store:
         read_timeout_s: float,
     ) -> Any:
         try:
-            import boto3
+            import boto3  # noqa: F401  (the clear error below when it is missing)
             from botocore.config import Config
             from botocore.exceptions import ProfileNotFound
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -273,7 +290,7 @@ class S3Store:
             read_timeout=read_timeout_s,
         )
         try:
-            session = boto3.session.Session(profile_name=profile_name, region_name=region_name)
+            session = _boto3_session(profile_name, region_name)
         except ProfileNotFound as exc:
             raise DataError(f"AWS profile {profile_name!r} not found (fix: AWS_PROFILE)") from exc
         return session.client("s3", endpoint_url=endpoint_url, config=config)
@@ -308,6 +325,20 @@ class S3Store:
         except Exception as exc:
             raise self._translate(exc, key) from exc
 
+    def download_range(
+        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
+    ) -> None:
+        """Stream bytes ``[start, stop)`` of the object into ``sink`` (one ranged GET)."""
+        try:
+            client = self._client_here()
+            body = client.get_object(
+                Bucket=self.bucket, Key=_join(self.prefix, key), Range=f"bytes={start}-{stop - 1}"
+            )["Body"]
+            for chunk in body.iter_chunks(chunk_bytes):
+                sink(chunk)
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+
     def _translate(self, exc: Exception, key: str) -> Exception:
         from botocore import exceptions as bex
 
@@ -332,6 +363,30 @@ class S3Store:
         if isinstance(exc, bex.BotoCoreError):
             return DataError(f"cannot read {url}: {exc}")
         return exc
+
+
+@functools.cache
+def _botocore_loader() -> Any:
+    """The botocore data loader shared by every S3 client of the process and its forks.
+
+    The loader caches the parsed service models and endpoint rules; a client built with a
+    fresh loader parses them again, which costs a DataLoader worker seconds of CPU while the
+    node's other ranks and workers start too. A fork of a rank that built a client inherits
+    the parsed models. Credentials are not shared: each session resolves its own."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
+
+
+def _boto3_session(profile_name: str | None, region_name: str | None) -> Any:
+    import boto3
+    import botocore.session
+
+    core = botocore.session.Session()
+    core.register_component("data_loader", _botocore_loader())
+    return boto3.session.Session(
+        botocore_session=core, profile_name=profile_name, region_name=region_name
+    )
 
 
 _S3_TRANSIENT = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling"}
@@ -378,10 +433,33 @@ class FsspecStore:
         return _join(self._display_root, key)
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        self._read(key, 0, None, sink, chunk_bytes)
+
+    def download_range(
+        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
+    ) -> None:
+        """Stream bytes ``[start, stop)`` of the file into ``sink``."""
+        self._read(key, start, stop, sink, chunk_bytes)
+
+    def _read(
+        self,
+        key: str,
+        start: int,
+        stop: int | None,
+        sink: Callable[[bytes], None],
+        chunk_bytes: int,
+    ) -> None:
         try:
             with self._fs.open(_join(self._root, key), "rb") as src:
-                while chunk := src.read(chunk_bytes):
+                if start:
+                    src.seek(start)
+                left = -1 if stop is None else stop - start
+                while left != 0:
+                    chunk = src.read(chunk_bytes if left < 0 else min(chunk_bytes, left))
+                    if not chunk:
+                        break
                     sink(chunk)
+                    left = left - len(chunk) if left > 0 else left
         except FileNotFoundError as exc:
             raise DataError(
                 f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
@@ -457,6 +535,14 @@ class HdfsStore(FsspecStore):
         with self._helper_lock:
             self._download_via_helper(key, sink)
 
+    def download_range(
+        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
+    ) -> None:
+        """Stream bytes ``[start, stop)`` of the file into ``sink`` (through the helper)."""
+        self._probe()
+        with self._helper_lock:
+            self._download_via_helper(key, sink, f"\t{start}\t{stop}")
+
     def _helper_here(self) -> subprocess.Popen[bytes]:
         helper = self._helper
         if helper is None or helper.poll() is not None or helper.pid_owner != os.getpid():  # type: ignore[attr-defined]
@@ -469,11 +555,11 @@ class HdfsStore(FsspecStore):
             self._helper = helper
         return helper
 
-    def _download_via_helper(self, key: str, sink: Callable[[bytes], None]) -> None:
+    def _download_via_helper(self, key: str, sink: Callable[[bytes], None], span: str = "") -> None:
         helper = self._helper_here()
         assert helper.stdin is not None and helper.stdout is not None
         try:
-            helper.stdin.write(f"{_join(self._root, key)}\n".encode())
+            helper.stdin.write(f"{_join(self._root, key)}{span}\n".encode())
             helper.stdin.flush()
             while True:
                 header = helper.stdout.read(8)
@@ -517,6 +603,7 @@ def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> R
 
 
 NextUse = Callable[[], Mapping[str, int]]
+_T = TypeVar("_T")
 
 
 class FileCache:
@@ -540,6 +627,11 @@ class FileCache:
         self.stats = CacheStats()
         self.next_use = next_use
         self._sleep = sleep
+        self._states: dict[str, _Partial] = {}
+        self._states_pid = os.getpid()
+        self._states_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         self.dir = Path(config.cache_dir)
         self._locks = self.dir / _LOCK_DIR
         try:
@@ -615,6 +707,289 @@ class FileCache:
                 tmp.unlink()
         return dest
 
+    # -- ranged reads -------------------------------------------------------------------------
+
+    @property
+    def ranged(self) -> bool:
+        """Whether token shards are fetched in ranges (the store reads byte ranges)."""
+        return self.config.range_bytes > 0 and callable(getattr(self.store, "download_range", None))
+
+    def part_path(self, f: RemoteFile) -> Path:
+        """Where the partial copy of ``f`` lives while its ranges arrive."""
+        return self.dir / f"{f.local_name}{_PART}"
+
+    def _map_path(self, f: RemoteFile) -> Path:
+        return self.dir / _RANGES_DIR / f"{f.local_name}.map"
+
+    def _bad_path(self, f: RemoteFile) -> Path:
+        return self.dir / _RANGES_DIR / f"{f.local_name}.bad"
+
+    def _units(self, f: RemoteFile) -> int:
+        return max(1, -(-f.nbytes // self.config.range_bytes))
+
+    def open_partial(self, f: RemoteFile, *, demand: bool = True) -> Path | None:
+        """``f``'s complete file if present, else its partial file: full size, sparse, with
+        a map of which ``range_bytes`` units have arrived (created under the byte budget).
+        Bytes of a partial file are valid only after `ensure_ranges` returned for them.
+        A prefetch (``demand=False``) gets None instead of evicting something needed sooner."""
+        self._raise_if_bad(f)
+        final = self.path(f)
+        if self.present(f):
+            if demand:
+                self.stats.hits += 1
+            return final
+        part = self.part_path(f)
+        if self._partial_ready(f):
+            return part
+        lock = FileLock(str(self._locks / f"{f.local_name}.lock"), timeout=self._lock_wait())
+        try:
+            with lock:
+                if self.present(f):
+                    return final
+                if self._partial_ready(f):
+                    return part
+                self._remove_stale_tmp(f)
+                tmp = self._reserve(f, demand)
+                if tmp is None:
+                    self.stats.skipped_prefetches += 1
+                    return None
+                map_path = self._map_path(f)
+                map_path.parent.mkdir(exist_ok=True)
+                map_tmp = map_path.with_name(f"{map_path.name}{_TMP_MARK}{os.getpid()}")
+                map_tmp.write_bytes(bytes(self._units(f)))
+                os.replace(map_tmp, map_path)
+                os.replace(tmp, part)
+        except LockTimeout as exc:
+            raise self._lock_timeout_error(f) from exc
+        return part
+
+    def _partial_ready(self, f: RemoteFile) -> bool:
+        try:
+            return self.part_path(f).stat().st_size == f.nbytes and self._map_path(
+                f
+            ).stat().st_size == self._units(f)
+        except FileNotFoundError:
+            return False
+
+    def _raise_if_bad(self, f: RemoteFile) -> None:
+        """Raise the error of a shard that failed verification twice on this node. The mark
+        lasts ``metadata_max_age_s``: a job started later tries the (perhaps re-uploaded)
+        shard again."""
+        bad = self._bad_path(f)
+        try:
+            age = time.time() - bad.stat().st_mtime
+            message = bad.read_text()
+        except FileNotFoundError:
+            return
+        if age > self.config.metadata_max_age_s:
+            with contextlib.suppress(FileNotFoundError):
+                bad.unlink()
+            return
+        raise DataError(message)
+
+    def _state(self, f: RemoteFile) -> _Partial | None:
+        """This process's handles on ``f``'s partial file; None once ``f`` is complete."""
+        if self._states_pid != os.getpid():
+            self._states, self._states_pid = {}, os.getpid()
+        st = self._states.get(f.local_name)
+        if st is not None:
+            return st
+        with self._states_lock:
+            st = self._states.get(f.local_name)
+            if st is None:
+                if self.open_partial(f) != self.part_path(f):
+                    return None
+                try:
+                    st = _Partial(self.part_path(f), self._map_path(f), self._units(f))
+                except FileNotFoundError:  # completed (renamed) between the two calls
+                    return None
+                self._states[f.local_name] = st
+            return st
+
+    def ensure_ranges(self, f: RemoteFile, spans: Sequence[tuple[int, int]]) -> None:
+        """Block until bytes ``[start, stop)`` of every span are in ``f``'s local copy."""
+        self.ensure_many([(f, spans)])
+
+    def ensure_many(self, wanted: Sequence[tuple[RemoteFile, Sequence[tuple[int, int]]]]) -> None:
+        """Block until bytes ``[start, stop)`` of every span of every file are local.
+
+        Missing units are fetched now, all files at once: runs of consecutive units in one
+        request each, the requests in parallel. A unit another thread or process is fetching
+        is waited for, never fetched twice. A file's content hash is verified once its last
+        unit arrives."""
+        size = self.config.range_bytes
+        longest = max(1, self.config.prefetch_get_bytes // size)
+        jobs: list[tuple[RemoteFile, _Partial, int, int]] = []
+        touched: list[tuple[RemoteFile, _Partial]] = []
+        for f, spans in wanted:
+            if self.present(f):
+                # Complete: this process's handles on its partial file go (closed when no
+                # thread holds them any more).
+                self._states.pop(f.local_name, None)
+                continue
+            self._raise_if_bad(f)
+            st = self._state(f)
+            if st is None:
+                continue
+            units = {k for a, b in spans if b > a for k in range(a // size, (b - 1) // size + 1)}
+            missing = [k for k in sorted(units) if not st.done(k)]
+            if missing:
+                jobs += [(f, st, k, n) for k, n in _runs(missing, longest)]
+                touched.append((f, st))
+        if len(jobs) == 1:
+            self._fetch_run(*jobs[0], blocking=True)
+        elif jobs:
+            pool = self._demand_pool()
+            futures = [pool.submit(self._fetch_run, *job, True) for job in jobs]
+            for fut in futures:
+                fut.result()
+        for f, st in touched:
+            self._maybe_complete(f, st)
+            self._raise_if_bad(f)
+
+    def prefetch_ranges(self, f: RemoteFile) -> None:
+        """Fetch every missing unit of ``f`` in file order, in requests of up to
+        ``prefetch_get_bytes``; units another process is fetching are left to it."""
+        if self.present(f) or self.open_partial(f, demand=False) is None:
+            return
+        st = self._state(f)
+        if st is None:
+            return
+        per_get = max(1, self.config.prefetch_get_bytes // self.config.range_bytes)
+        missing = [k for k in range(st.units) if not st.done(k)]
+        for k, n in _runs(missing, per_get):
+            if not self._fetch_run(f, st, k, n, blocking=False):
+                for j in range(k, k + n):  # contended: unit by unit, skipping taken ones
+                    self._fetch_run(f, st, j, 1, blocking=False)
+        self._maybe_complete(f, st)
+
+    def _demand_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(8, thread_name_prefix="tyard-range")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def _fetch_run(self, f: RemoteFile, st: _Partial, k: int, n: int, blocking: bool) -> bool:
+        """Fetch units ``[k, k + n)`` unless done; False when ``blocking`` is off and another
+        thread or process holds one of them."""
+        units = range(k, k + n)
+        with st.cond:
+            while any(j in st.claimed for j in units):
+                if not blocking:
+                    return False
+                st.cond.wait()
+            st.claimed.update(units)
+        try:
+            if not self._lock_units(f, st, k, n, blocking):
+                return False
+            try:
+                todo = [j for j in units if not st.done(j)]
+                for start, count in _runs(todo, n):
+                    fetch = functools.partial(self._download_units, f, st, start, count)
+                    self._with_retries(f, fetch)
+            finally:
+                fcntl.lockf(st.map_fd, fcntl.LOCK_UN, n, k, os.SEEK_SET)
+        finally:
+            with st.cond:
+                st.claimed.difference_update(units)
+                st.cond.notify_all()
+        return True
+
+    def _lock_units(self, f: RemoteFile, st: _Partial, k: int, n: int, blocking: bool) -> bool:
+        """Lock map bytes [k, k + n) against other processes (polling, so that the lock
+        timeout holds)."""
+        deadline = time.monotonic() + self._lock_wait()
+        pause = 0.001
+        while True:
+            try:
+                fcntl.lockf(st.map_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, n, k, os.SEEK_SET)
+                return True
+            except OSError:
+                if not blocking:
+                    return False
+            if time.monotonic() > deadline:
+                raise self._lock_timeout_error(f)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def _download_units(self, f: RemoteFile, st: _Partial, k: int, n: int) -> None:
+        size = self.config.range_bytes
+        start, stop = k * size, min(f.nbytes, (k + n) * size)
+        pos = start
+
+        def sink(chunk: bytes) -> None:
+            nonlocal pos
+            if pos + len(chunk) > stop:
+                raise TransientError(f"{self.store.url(f.key)}: range longer than asked")
+            os.pwrite(st.part_fd, chunk, pos)
+            pos += len(chunk)
+
+        self.store.download_range(f.key, start, stop, sink, self.config.chunk_bytes)  # type: ignore[attr-defined]
+        if pos != stop:
+            raise TransientError(f"{self.store.url(f.key)}: range [{start}, {stop}) ended at {pos}")
+        os.pwrite(st.map_fd, b"\x01" * n, k)
+        st.mark(k, n)
+        self.stats.downloads += 1
+        self.stats.range_gets += 1
+        self.stats.bytes_downloaded += stop - start
+
+    def _maybe_complete(self, f: RemoteFile, st: _Partial) -> None:
+        """Once every unit is in: verify the whole shard's hash and move it into place. A
+        mismatch is downloaded once more as a whole; a second one marks the file bad for every
+        process of the node (their next read raises a DataError naming it)."""
+        if not st.all_done():
+            return
+        lock = FileLock(str(self._locks / f"{f.local_name}.lock"), timeout=self._lock_wait())
+        try:
+            with lock:
+                part = self.part_path(f)
+                if self.present(f) or not part.exists() or self._bad_path(f).exists():
+                    return
+                got = _hash_file(f, part)
+                if got == f.hexdigest:
+                    os.fsync(st.part_fd)
+                    os.replace(part, self.path(f))
+                    with contextlib.suppress(FileNotFoundError):
+                        self._map_path(f).unlink()
+                    self._states.pop(f.local_name, None)
+                    return
+                self.stats.checksum_mismatches += 1
+                log.warning("checksum mismatch for %s, downloading it again", f.key)
+                tmp = self.dir / f"{f.local_name}{_TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                tmp.touch()
+                try:
+                    again = self._download_with_retries(f, tmp)
+                    if again == f.hexdigest and tmp.stat().st_size == f.nbytes:
+                        os.replace(tmp, self.path(f))
+                        part.unlink()
+                        return
+                    self.stats.checksum_mismatches += 1
+                    size = tmp.stat().st_size
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+                message = (
+                    f"{self.store.url(f.key)} fails verification twice: the manifest says "
+                    f"{f.algorithm}:{f.hexdigest} ({f.nbytes} bytes), the ranged download is "
+                    f"{f.algorithm}:{got} and a whole download {f.algorithm}:{again} ({size} "
+                    "bytes) (fix: the remote copy is corrupt or the manifest belongs to another "
+                    "version of the dataset; re-upload the prepared directory)"
+                )
+                self._bad_path(f).write_text(message)
+                part.unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    self._map_path(f).unlink()
+                raise DataError(message)
+        except LockTimeout as exc:
+            raise self._lock_timeout_error(f) from exc
+
+    def _lock_timeout_error(self, f: RemoteFile) -> DataError:
+        return DataError(
+            f"waited {self.config.lock_timeout_s:.0f}s for another process to download "
+            f"{self.store.url(f.key)} into {self.dir} (fix: raise lock_timeout_s or look "
+            "for a hung process on this node)"
+        )
+
     def _lock_wait(self) -> float:
         return self.config.lock_timeout_s
 
@@ -644,10 +1019,13 @@ class FileCache:
         )
 
     def _download_with_retries(self, f: RemoteFile, tmp: Path) -> str:
+        return self._with_retries(f, lambda: self._download_once(f, tmp))
+
+    def _with_retries(self, f: RemoteFile, attempt_once: Callable[[], _T]) -> _T:
         delay = self.config.backoff_s
         for attempt in range(self.config.retries + 1):
             try:
-                return self._download_once(f, tmp)
+                return attempt_once()
             except TransientError as exc:
                 if attempt == self.config.retries:
                     raise DataError(
@@ -692,19 +1070,22 @@ class FileCache:
             own = ranks.get(f.local_name, _NEVER)
             victims = sorted(
                 (name for name in files if _TMP_MARK not in name),
-                key=lambda name: ranks.get(name, _NEVER),
+                key=lambda name: ranks.get(name.removesuffix(_PART), _NEVER),
                 reverse=True,
             )
             for name in victims:
                 if used + f.nbytes <= self.config.max_bytes:
                     break
-                rank = ranks.get(name, _NEVER)
+                rank = ranks.get(name.removesuffix(_PART), _NEVER)
                 if rank < 0 or (not demand and rank <= own):
                     # Belady: never evict a file in use, and do not let a prefetch push out
                     # something needed sooner than itself.
                     break
                 with contextlib.suppress(FileNotFoundError):
                     (self.dir / name).unlink()
+                if name.endswith(_PART):
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.dir / _RANGES_DIR / f"{name.removesuffix(_PART)}.map").unlink()
                 used -= files[name]
                 self.stats.evictions += 1
                 self.stats.evicted.append(name)
@@ -742,6 +1123,64 @@ class FileCache:
             return False
         probe.release()
         return True
+
+
+class _Partial:
+    """One process's handles on a partial file and its unit map (one byte per unit, 1 when
+    the unit's bytes are in). Other processes' progress is read from the map on demand."""
+
+    def __init__(self, part: Path, map_path: Path, units: int) -> None:
+        self.map_fd = os.open(map_path, os.O_RDWR)
+        try:
+            self.part_fd = os.open(part, os.O_RDWR)
+        except BaseException:
+            os.close(self.map_fd)
+            raise
+        self.units = units
+        self.known = bytearray(units)
+        self.claimed: set[int] = set()
+        self.cond = threading.Condition()
+
+    def done(self, k: int) -> bool:
+        if self.known[k]:
+            return True
+        if os.pread(self.map_fd, 1, k) == b"\x01":
+            self.known[k] = 1
+            return True
+        return False
+
+    def mark(self, k: int, n: int) -> None:
+        self.known[k : k + n] = b"\x01" * n
+
+    def all_done(self) -> bool:
+        if all(self.known):
+            return True
+        self.known[:] = os.pread(self.map_fd, self.units, 0).ljust(self.units, b"\0")
+        return all(self.known)
+
+    def __del__(self) -> None:
+        for fd in (self.map_fd, self.part_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _runs(units: Sequence[int], longest: int) -> list[tuple[int, int]]:
+    """Sorted unit numbers as (first, count) runs of consecutive units, at most `longest`."""
+    out: list[tuple[int, int]] = []
+    for k in units:
+        if out and out[-1][0] + out[-1][1] == k and out[-1][1] < longest:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((k, 1))
+    return out
+
+
+def _hash_file(f: RemoteFile, path: Path) -> str:
+    h = _hasher(f.algorithm, len(f.hexdigest) // 2)
+    with open(path, "rb") as src:
+        while chunk := src.read(8 * _MiB):
+            h.update(chunk)
+    return str(h.hexdigest())
 
 
 def _hasher(algorithm: str, digest_size: int) -> Any:
@@ -804,6 +1243,7 @@ class ShardCache:
         self._inflight: dict[int, Future[Path | None]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
+        self._demand_seen = False
 
     def _this_process(self) -> None:
         """After a fork (DataLoader workers), start with fresh threads and locks: the parent's
@@ -857,6 +1297,9 @@ class ShardCache:
             pending = self._inflight.get(index) if mapped else None
         try:
             got = pending.result() if pending is not None else None
+            if got is None and mapped and self.files.ranged and f.nbytes > 0:
+                # Whole file wanted: its missing ranges, then the verified file.
+                self.files.ensure_ranges(f, [(0, f.nbytes)])
             local = got if got is not None else self.files.fetch(f, demand=True)
         except BaseException:
             if mapped:
@@ -865,6 +1308,46 @@ class ShardCache:
         assert local is not None  # a demand fetch always returns a path
         self._top_up()
         return local
+
+    def partial_path(self, index: int, name: str) -> Path:
+        """Like `shard_path` for a token file, without waiting for its bytes: the complete
+        file or its partial copy, whose bytes are valid once `ensure_ranges` returned for
+        them. Pins the shard like `shard_path` (``release`` unpins)."""
+        self._this_process()
+        f = self._file(index, name)
+        if name != shard_file_name(index) or not self.files.ranged or f.nbytes == 0:
+            return self.shard_path(index, name)
+        with self._mutex:
+            self._pinned[index] += 1
+            pos = self._next_position(index)
+            if pos is not None:
+                # The cursor stays on this shard: its missing ranges are the first to prefetch.
+                self._cursor = pos
+        try:
+            local = self.files.open_partial(f, demand=True)
+        except BaseException:
+            self.release(index)
+            raise
+        assert local is not None  # a demand open always returns a path
+        self._top_up()
+        return local
+
+    def ensure_ranges(self, index: int, spans: Sequence[tuple[int, int]]) -> None:
+        """Block until bytes ``[start, stop)`` of each span of shard ``index``'s token file
+        are local (fetched now in ``range_bytes`` units if missing)."""
+        self.ensure_many({index: spans})
+
+    def ensure_many(self, wanted: Mapping[int, Sequence[tuple[int, int]]]) -> None:
+        """`ensure_ranges` for several shards at once (their missing ranges in parallel).
+        Prefetching starts after the first such read of this process, so the first batch does
+        not queue behind it."""
+        self._this_process()
+        self.files.ensure_many(
+            [(self._file(i, shard_file_name(i)), spans) for i, spans in wanted.items()]
+        )
+        if not self._demand_seen:
+            self._demand_seen = True
+            self._top_up()
 
     def hint(self, upcoming: Sequence[int]) -> None:
         """The shards the loader reads next, in order: start fetching the first few.
@@ -989,6 +1472,9 @@ class ShardCache:
         """Start downloads of the next ``prefetch_shards`` announced shards not yet local."""
         if self._closed or self.config.prefetch_shards == 0 or self._entries is None:
             return
+        ranged = self.files.ranged
+        if ranged and not self._demand_seen:
+            return
         with self._mutex:
             ahead = self._upcoming[self._cursor :]
             window = list(dict.fromkeys(ahead[: 8 * self.config.prefetch_shards]))
@@ -1003,9 +1489,16 @@ class ShardCache:
                     self._pool = ThreadPoolExecutor(
                         self.config.download_threads, thread_name_prefix="tyard-shard-cache"
                     )
-                future = self._pool.submit(self.files.fetch, f, demand=False)
+                if ranged:
+                    future = self._pool.submit(self._prefetch_ranges, f)
+                else:
+                    future = self._pool.submit(self.files.fetch, f, demand=False)
                 self._inflight[idx] = future
             future.add_done_callback(functools.partial(self._forget, idx))
+
+    def _prefetch_ranges(self, f: RemoteFile) -> Path | None:
+        self.files.prefetch_ranges(f)
+        return None
 
     def _forget(self, index: int, future: Future[Path | None]) -> None:
         with self._mutex:

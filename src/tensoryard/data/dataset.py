@@ -78,6 +78,9 @@ class TokenDataset:
         self._starts = self.index.starts.astype(np.int64)
         self.dtype: np.dtype[Any] = self.manifest.np_dtype
         self._itemsize = self.dtype.itemsize
+        # A source that fetches shards in byte ranges (the remote-shard cache): reads wait
+        # only for the ranges they touch.
+        self._ranged = callable(getattr(source, "ensure_many", None))
         self._maps: OrderedDict[int, tuple[mmap.mmap | None, np.ndarray]] = OrderedDict()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._checked = bytearray(self.manifest.num_shards)
@@ -169,8 +172,40 @@ class TokenDataset:
             shard += 1
         return dst
 
+    def _ensure_windows(self, shard: np.ndarray, local: np.ndarray, stop: np.ndarray) -> None:
+        """Have a ranged source fetch tokens [local, stop) of each window's shard, and the
+        bytes the first open of a shard checks, all in one call (fetched in parallel)."""
+        isz = self._itemsize
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for sh in distinct(shard):
+            sel = shard == sh
+            spans = zip((local[sel] * isz).tolist(), (stop[sel] * isz).tolist(), strict=True)
+            wanted[sh] = list(spans)
+            if not self._checked[sh]:
+                wanted[sh] += self._check_spans(sh)
+        self.source.ensure_many(wanted)  # type: ignore[attr-defined]
+
+    def _check_spans(self, i: int) -> list[tuple[int, int]]:
+        """Byte spans of shard i that `_check_shard` reads."""
+        if self.check == "size":
+            return []
+        n = int(self._starts[i + 1] - self._starts[i]) * self._itemsize
+        if self.check == "full":
+            return [(0, n)]
+        return [(0, min(n, QUICK_BYTES)), (max(n - QUICK_BYTES, QUICK_BYTES), n)]
+
+    def _token_path(self, i: int) -> Path:
+        """Path of shard i's token file; from a ranged source possibly partial (reads call
+        `ensure_ranges` first)."""
+        if self._ranged:
+            return self.source.partial_path(i, shard_file_name(i))  # type: ignore[attr-defined,no-any-return]
+        return self.source.shard_path(i, shard_file_name(i))
+
     def _copy(self, shard: int, local: int, out: np.ndarray) -> None:
         """Copy tokens [local, local + len(out)) of one shard into `out` (contiguous)."""
+        if self._ranged and len(out):
+            isz = self._itemsize
+            self.source.ensure_many({shard: [(local * isz, (local + len(out)) * isz)]})  # type: ignore[attr-defined]
         if self.io == "mmap":
             out[:] = self.shard_array(shard)[local : local + len(out)]
             return
@@ -206,7 +241,10 @@ class TokenDataset:
     ) -> None:
         """`gather` of windows already located: `(shard, local) = self.locate(token_starts)`."""
         length = out.shape[1]
-        inside = local + length <= self._starts[shard + 1] - self._starts[shard]
+        sizes = self._starts[shard + 1] - self._starts[shard]
+        inside = local + length <= sizes
+        if self._ranged and len(shard):
+            self._ensure_windows(shard, local, np.minimum(local + length, sizes))
         if self.io == "pread":
             self._pread_windows(shard, local, inside, out, rows)
             return
@@ -353,7 +391,7 @@ class TokenDataset:
             old, old_fd = self._fds.popitem(last=False)
             os.close(old_fd)
             self.source.release(old)
-        path = self.source.shard_path(i, shard_file_name(i))
+        path = self._token_path(i)
         try:
             fd = self._open_checked_size(path, int(self._starts[i + 1] - self._starts[i]))
         except DataError:
@@ -376,14 +414,16 @@ class TokenDataset:
             raise IndexError(f"shard {i} outside [0, {self.num_shards})")
         while len(self._maps) >= self.max_open_shards:
             self._evict()
-        name = shard_file_name(i)
-        path = self.source.shard_path(i, name)
+        path = self._token_path(i)
         want_tokens = int(self._starts[i + 1] - self._starts[i])
         try:
             mm, arr = self._map(path, want_tokens)
             if not self._checked[i]:
-                with open(path, "rb") as f:
-                    self._check_shard(i, path, f.fileno())
+                fd = _open_shard_file(path)
+                try:
+                    self._check_shard(i, path, fd)
+                finally:
+                    os.close(fd)
                 self._checked[i] = 1
         except DataError:
             self.source.release(i)  # not kept mapped: the source may evict it again
@@ -393,10 +433,7 @@ class TokenDataset:
 
     def _open_checked_size(self, path: Path, want_tokens: int) -> int:
         """An fd of `path` after checking its size against the index."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise DataError(f"{path}: cannot open shard ({exc.strerror})") from exc
+        fd = _open_shard_file(path)
         size = os.fstat(fd).st_size
         if size != want_tokens * self._itemsize:
             os.close(fd)
@@ -420,6 +457,8 @@ class TokenDataset:
     def _check_shard(self, i: int, path: Path, fd: int) -> None:
         if self.check == "size":
             return
+        if self._ranged:  # the bytes the check reads: all, or the fingerprint's head and tail
+            self.source.ensure_many({i: self._check_spans(i)})  # type: ignore[attr-defined]
         if self.check == "full":
             got_full = digest_file(path)
             want_full = read_shard_entries(self._meta_dir, self.manifest)[i].tokens_hash
@@ -548,3 +587,17 @@ def _row_views(out: np.ndarray, rows: np.ndarray) -> list[Any]:
     if every_row and (n < 2 or bool((rows[1:] > rows[:-1]).all())):
         return list(out)
     return [out[r] for r in rows.tolist()]
+
+
+def _open_shard_file(path: Path) -> int:
+    """A read-only fd of a shard file. A ranged source's partial file (``*.part``) may have
+    been completed, verified and renamed to its final name since the source named it."""
+    try:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if path.suffix != ".part":
+                raise
+            return os.open(path.with_suffix(""), os.O_RDONLY)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot open shard ({exc.strerror})") from exc

@@ -399,7 +399,9 @@ class TokenLoader:
         return self.locate(firsts) if firsts else None
 
     def _block_sizes(self) -> Iterator[int]:
-        size = min(4, self.config.plan_batches)
+        # The first block is one batch: from a cold remote cache the first batch waits only
+        # for its own samples' ranges, not for those of the batches after it.
+        size = 1
         while True:
             yield size
             size = min(size * 2, self.config.plan_batches)

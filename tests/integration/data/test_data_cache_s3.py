@@ -280,7 +280,9 @@ def test_shards_are_downloaded_ahead_in_the_announced_order_within_the_window(
     proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path
 ) -> None:
     order = [5, 2, 7, 1, 9, 0]
-    with _cache(proxy, tmp_path / "c", prefetch_shards=3, download_threads=1) as cache:
+    # Whole-file mode (range_bytes=0): prefetch starts on the hint alone.
+    cfg = {"prefetch_shards": 3, "download_threads": 1, "range_bytes": 0}
+    with _cache(proxy, tmp_path / "c", **cfg) as cache:
         cache.metadata_path("manifest.json")
         cache.hint(order)
         _wait_for(lambda: len(proxy.shard_gets()) == 3)
@@ -416,17 +418,54 @@ def test_eviction_picks_the_shard_needed_furthest_in_the_future(
         assert present == sorted(shard_file_name(i) for i in reads if i != victim)
 
 
+@pytest.mark.parametrize("range_bytes", [0, 1024], ids=["whole files", "ranges"])
 def test_a_prefetch_never_evicts_a_shard_needed_sooner_than_itself(
-    proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path
+    proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path, range_bytes: int
 ) -> None:
     shard_bytes = SHARD_TOKENS * 2
     cfg = {"prefetch_shards": 4, "download_threads": 1, "max_bytes": 2 * shard_bytes + 100}
-    with _cache(proxy, tmp_path / "c", **cfg) as cache:
+    with _cache(proxy, tmp_path / "c", range_bytes=range_bytes, **cfg) as cache:
         cache.metadata_path("manifest.json")
         cache.hint([0, 1, 2, 3])
+        if range_bytes:  # ranged prefetch starts after the first read
+            cache.partial_path(0, shard_file_name(0))
+            cache.ensure_ranges(0, [(0, 1)])
         _wait_for(lambda: cache.stats.skipped_prefetches >= 1)
         assert cache.stats.evictions == 0
-        assert sorted(proxy.shard_gets()) == [shard_file_name(0), shard_file_name(1)]
+        assert sorted(set(proxy.shard_gets())) == [shard_file_name(0), shard_file_name(1)]
+
+
+def test_ranged_prefetch_follows_the_announced_order_after_the_first_read(
+    proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path
+) -> None:
+    order = [5, 2, 7, 1, 9, 0]
+    shard_bytes = SHARD_TOKENS * 2
+    cfg = {"prefetch_shards": 3, "download_threads": 1, "range_bytes": 1024}
+    with _cache(proxy, tmp_path / "c", **cfg) as cache:
+        cache.metadata_path("manifest.json")
+        cache.hint(order)
+        time.sleep(0.2)
+        assert proxy.shard_gets() == []  # the first read goes first
+        path = cache.partial_path(5, shard_file_name(5))
+        cache.ensure_ranges(5, [(3000, 3100)])
+        assert path.read_bytes()[3000:3100] == _tok_bytes(dataset, 5)[3000:3100]
+        # Then the rest of shard 5 (two requests: before and after the unit read), 2 and 7,
+        # each in one request of up to prefetch_get_bytes (16 MiB).
+        want = [shard_file_name(i) for i in (5, 5, 5, 2, 7)]
+        _wait_for(lambda: len(proxy.shard_gets()) == len(want))
+        time.sleep(0.2)  # nothing beyond the window may follow
+        assert proxy.shard_gets() == want
+        f = cache._file(5, shard_file_name(5))
+        _wait_for(lambda: cache.files.present(f))
+        assert cache.files.path(f).read_bytes() == _tok_bytes(dataset, 5)
+        assert (
+            cache.stats.bytes_downloaded
+            - sum(
+                (Path(cache.meta_dir) / n).stat().st_size
+                for n in ("manifest.json", "index.bin", "shards.json")
+            )
+            == 3 * shard_bytes
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -167,6 +167,9 @@ def _prefetch_in_child(cache: ShardCache, index: int) -> None:
     import time
 
     cache.hint([index])
+    # Ranged prefetch starts after the process's first read: read one byte of the shard; the
+    # rest of it can only come from a working prefetch thread.
+    cache.ensure_ranges(index, [(0, 1)])
     f = cache._file(index, shard_file_name(index))
     deadline = time.monotonic() + 20
     while not cache.files.present(f):  # only a working prefetch thread can bring it
@@ -181,9 +184,13 @@ def test_a_forked_dataloader_worker_gets_its_own_download_threads(
 ) -> None:
     import multiprocessing
 
-    with _cache(dataset, tmp_path, prefetch_shards=2) as cache:
+    # Units of 512 bytes: a shard is several of them, so the child's one-byte read leaves
+    # the rest of the shard to its prefetch threads.
+    ranges = {"range_bytes": 512, "prefetch_get_bytes": 1024}
+    with _cache(dataset, tmp_path, prefetch_shards=2, **ranges) as cache:
         cache.metadata_path("manifest.json")
-        cache.hint([0, 1])  # the parent's pool threads exist when the worker forks
+        cache.hint([0, 1])
+        cache.ensure_ranges(0, [(0, 1)])  # the parent's pool threads exist when it forks
         child = multiprocessing.get_context("fork").Process(
             target=_prefetch_in_child, args=(cache, 4)
         )

@@ -1,0 +1,223 @@
+"""Ranged reads of the shard cache over file:// (a real fsspec store, no services)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensoryard.data import build_loader, prepare
+from tensoryard.data.cache import CacheConfig, FsspecStore, ShardCache
+from tensoryard.data.format import shard_file_name
+from tensoryard.errors import DataError
+
+SHARD_TOKENS = 16384
+UNIT = 1024
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ranged-prepared")
+    rnd = random.Random(3)
+    src = root / "docs.jsonl"
+    with src.open("w") as f:
+        for _ in range(200):
+            text = "".join(rnd.choice("abcd ") for _ in range(rnd.randint(200, 800)))
+            f.write(json.dumps({"text": text}) + "\n")
+    prepare([src], "byte", root / "ds", shard_tokens=SHARD_TOKENS)
+    return root / "ds"
+
+
+class _Recording(FsspecStore):
+    """The real file:// store, recording each request and optionally altering range bytes."""
+
+    def __init__(self, root: str, alter: Callable[[bytes], bytes] | None = None) -> None:
+        super().__init__(root)
+        self.calls: list[tuple[str, int, int]] = []
+        self.alter = alter
+
+    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        self.calls.append((key, 0, -1))
+        super().download(key, sink, chunk_bytes)
+
+    def download_range(
+        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
+    ) -> None:
+        self.calls.append((key, start, stop))
+        alter = self.alter
+        super().download_range(
+            key, start, stop, (lambda b: sink(alter(b))) if alter else sink, chunk_bytes
+        )
+
+
+def _cache(dataset: Path, cache_dir: Path, store: Any = None, **config: Any) -> ShardCache:
+    cfg = CacheConfig(cache_dir=cache_dir, range_bytes=UNIT, prefetch_get_bytes=4 * UNIT, **config)
+    return ShardCache(dataset.as_uri(), cfg, store=store)
+
+
+def _shard_bytes(dataset: Path, i: int) -> bytes:
+    return (dataset / shard_file_name(i)).read_bytes()
+
+
+def test_a_read_waits_only_for_the_units_it_touches(dataset: Path, tmp_path: Path) -> None:
+    store = _Recording(dataset.as_uri())
+    with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
+        name = shard_file_name(1)
+        path = cache.partial_path(1, name)
+        cache.ensure_ranges(1, [(5000, 5100), (9 * UNIT - 10, 9 * UNIT + 10)])
+        want = _shard_bytes(dataset, 1)
+        got = path.read_bytes()
+        assert got[5000:5100] == want[5000:5100]
+        assert got[9 * UNIT - 10 : 9 * UNIT + 10] == want[9 * UNIT - 10 : 9 * UNIT + 10]
+        shard_calls = [c for c in store.calls if c[0] == name]
+        # unit 4 (5000..5100) alone, units 8 and 9 together: two requests, three units
+        assert sorted(shard_calls) == [(name, 4 * UNIT, 5 * UNIT), (name, 8 * UNIT, 10 * UNIT)]
+        assert sum(b - a for _, a, b in shard_calls) == 3 * UNIT < len(want)
+        assert cache.stats.range_gets == 2
+        assert path.name.endswith(".part")
+
+
+def test_ranks_on_a_node_fetch_each_unit_once(dataset: Path, tmp_path: Path) -> None:
+    stores = [_Recording(dataset.as_uri()) for _ in range(3)]
+    caches = [_cache(dataset, tmp_path / "node", s, prefetch_shards=0) for s in stores]
+    name = shard_file_name(0)
+    for k, cache in enumerate(caches):
+        cache.partial_path(0, name)
+        cache.ensure_ranges(0, [(k * UNIT, (k + 3) * UNIT)])  # overlapping spans
+    fetched = [(a, b) for s in stores for key, a, b in s.calls if key == name]
+    covered = sorted(u for a, b in fetched for u in range(a // UNIT, -(-b // UNIT)))
+    assert covered == list(range(5))  # units 0..4, each once across the three ranks
+    for cache in caches:
+        cache.close()
+
+
+def test_a_shard_is_verified_and_moved_into_place_when_its_last_unit_arrives(
+    dataset: Path, tmp_path: Path
+) -> None:
+    with _cache(dataset, tmp_path / "c", prefetch_shards=0) as cache:
+        name = shard_file_name(2)
+        part = cache.partial_path(2, name)
+        n = len(_shard_bytes(dataset, 2))
+        cache.ensure_ranges(2, [(0, n // 2)])
+        assert part.exists()
+        cache.ensure_ranges(2, [(n // 2, n)])
+        assert not part.exists()
+        final = cache.files.path(cache._file(2, name))
+        assert final.read_bytes() == _shard_bytes(dataset, 2)
+        # A reader holding the partial path finds the final file (the dataset's open does).
+        assert cache.shard_path(2, name) == final
+
+
+def test_prefetch_fetches_the_rest_of_the_announced_shards_in_large_requests(
+    dataset: Path, tmp_path: Path
+) -> None:
+    store = _Recording(dataset.as_uri())
+    with _cache(dataset, tmp_path / "c", store, prefetch_shards=2) as cache:
+        cache.metadata_path("manifest.json")
+        cache.hint([0, 1])
+        assert not [c for c in store.calls if c[0].endswith(".tok")]  # nothing before a read
+        cache.partial_path(0, shard_file_name(0))
+        cache.ensure_ranges(0, [(0, 10)])
+        files = [cache._file(i, shard_file_name(i)) for i in (0, 1)]
+        deadline = time.monotonic() + 30
+        while not all(cache.files.present(f) for f in files):  # only prefetch brings them
+            assert time.monotonic() < deadline, "prefetch did not complete the shards"
+            time.sleep(0.01)
+        sizes = [b - a for key, a, b in store.calls if key.endswith(".tok")]
+        assert max(sizes) == 4 * UNIT  # prefetch_get_bytes
+        assert sum(sizes) == sum(len(_shard_bytes(dataset, i)) for i in (0, 1))
+
+
+def _flip(b: bytes) -> bytes:
+    return bytes([b[0] ^ 0xFF]) + b[1:] if b else b
+
+
+def test_a_corrupt_ranged_shard_is_fetched_once_more_as_a_whole(
+    dataset: Path, tmp_path: Path
+) -> None:
+    store = _Recording(dataset.as_uri(), alter=_flip)  # ranges corrupt, whole file fine
+    with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
+        name = shard_file_name(3)
+        cache.partial_path(3, name)
+        cache.ensure_ranges(3, [(0, len(_shard_bytes(dataset, 3)))])
+        assert cache.stats.checksum_mismatches == 1
+        assert (name, 0, -1) in store.calls
+        assert cache.files.path(cache._file(3, name)).read_bytes() == _shard_bytes(dataset, 3)
+
+
+def test_a_shard_corrupt_twice_fails_every_reader_naming_it(dataset: Path, tmp_path: Path) -> None:
+    class Corrupt(_Recording):
+        def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+            super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
+
+    node = tmp_path / "node"
+    name = shard_file_name(4)
+    n = len(_shard_bytes(dataset, 4))
+    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0) as a:
+        a.partial_path(4, name)
+        with pytest.raises(DataError, match=rf"{name} fails verification twice.*re-upload"):
+            a.ensure_ranges(4, [(0, n)])
+        assert a.stats.checksum_mismatches == 2
+    # Another rank of the node reading that shard gets the same error, not bad bytes.
+    b = _cache(dataset, node, _Recording(dataset.as_uri()), prefetch_shards=0)
+    with pytest.raises(DataError, match=rf"{name} fails verification twice"):
+        b.partial_path(4, name)
+    b.close()
+
+
+def test_the_loader_reads_the_same_batches_through_ranged_reads(
+    dataset: Path, tmp_path: Path
+) -> None:
+    store = _Recording(dataset.as_uri())
+    cache = _cache(dataset, tmp_path / "c", store, prefetch_shards=0)
+    cached = build_loader(dataset.as_uri(), seq_len=64, global_batch=4, sources=[cache])
+    local = build_loader(dataset, seq_len=64, global_batch=4)
+    for _, (a, b) in zip(range(3), zip(cached, local, strict=False), strict=False):
+        np.testing.assert_array_equal(a, b)
+    total = sum(
+        (dataset / shard_file_name(i)).stat().st_size for i in range(local.datasets[0].num_shards)
+    )
+    # three batches of random samples need a few units, not the dataset
+    ranged = sum(b - a for key, a, b in store.calls if key.endswith(".tok"))
+    assert 0 < ranged < total
+    cached.close()
+    cache.close()
+
+
+def test_range_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="range_bytes"):
+        CacheConfig(cache_dir=tmp_path, range_bytes=-1).validate(10)
+    with pytest.raises(DataError, match="prefetch_get_bytes"):
+        CacheConfig(cache_dir=tmp_path, range_bytes=4096, prefetch_get_bytes=1024).validate(10)
+
+
+def test_a_bad_shard_mark_expires_so_a_later_job_tries_again(dataset: Path, tmp_path: Path) -> None:
+    class Corrupt(_Recording):
+        def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+            super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
+
+    node = tmp_path / "node"
+    name = shard_file_name(5)
+    n = len(_shard_bytes(dataset, 5))
+    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0) as a:
+        a.partial_path(5, name)
+        with pytest.raises(DataError, match="fails verification twice"):
+            a.ensure_ranges(5, [(0, n)])
+    marks = list((node / ".ranges").glob("*.bad"))
+    assert len(marks) == 1
+    old = time.time() - 301  # older than metadata_max_age_s (300 s)
+    os.utime(marks[0], (old, old))
+    with _cache(dataset, node, _Recording(dataset.as_uri()), prefetch_shards=0) as b:
+        b.partial_path(5, name)
+        b.ensure_ranges(5, [(0, n)])
+        f = b._file(5, name)
+        assert b.files.path(f).read_bytes() == _shard_bytes(dataset, 5)
+        assert f.local_name not in b.files._states  # handles of a complete shard are dropped
+    assert not marks[0].exists()
