@@ -833,9 +833,12 @@ class FileCache:
                 continue
             units = {k for a, b in spans if b > a for k in range(a // size, (b - 1) // size + 1)}
             missing = [k for k in sorted(units) if not st.done(k)]
-            if missing:
-                jobs += [(f, st, k, n) for k, n in _runs(missing, longest)]
-                touched.append((f, st))
+            jobs += [(f, st, k, n) for k, n in _runs(missing, longest)]
+            # Also when nothing is missing here: another process may have fetched the last
+            # unit and not yet moved the file into place. Completing it now (under the file's
+            # lock, a no-op once the other got there) keeps a caller from finding the file
+            # absent and downloading it whole a second time.
+            touched.append((f, st))
         if len(jobs) == 1:
             self._fetch_run(*jobs[0], blocking=True)
         elif jobs:

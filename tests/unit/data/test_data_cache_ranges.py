@@ -221,3 +221,30 @@ def test_a_bad_shard_mark_expires_so_a_later_job_tries_again(dataset: Path, tmp_
         assert b.files.path(f).read_bytes() == _shard_bytes(dataset, 5)
         assert f.local_name not in b.files._states  # handles of a complete shard are dropped
     assert not marks[0].exists()
+
+
+def test_a_shard_whose_last_unit_another_process_fetched_is_not_downloaded_again_whole(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window that cost CI a second download: one process has every unit of a shard in
+    the shared partial file but has not yet moved it into place when another asks for the
+    whole shard. The second completes it from the units already there; nothing is fetched."""
+    from tensoryard.data.cache import FileCache
+
+    name = shard_file_name(2)
+    first_store = _Recording(dataset.as_uri())
+    with _cache(dataset, tmp_path / "node", first_store, prefetch_shards=0) as first:
+        first.partial_path(2, name)
+        # The first process is stopped between its last unit and the rename.
+        monkeypatch.setattr(FileCache, "_maybe_complete", lambda self, f, st: None)
+        first.ensure_ranges(2, [(0, len(_shard_bytes(dataset, 2)))])
+        monkeypatch.undo()
+        assert len(list((tmp_path / "node").rglob("*.part"))) == 1  # all units in, not moved
+        second_store = _Recording(dataset.as_uri())
+        with _cache(dataset, tmp_path / "node", second_store, prefetch_shards=0) as second:
+            got = second.shard_path(2, name).read_bytes()
+            assert got == _shard_bytes(dataset, 2)
+            assert [c for c in second_store.calls if c[0] == name] == []
+            assert second.stats.downloads - second.stats.metadata_fetches == 0
+            second.release(2)
+        first.release(2)
