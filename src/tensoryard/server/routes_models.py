@@ -20,7 +20,7 @@ from tensoryard.api.access import Action, Principal
 from tensoryard.api.guard import INT32, Guard
 from tensoryard.errors import FieldIssue, SpecError
 from tensoryard.registry.service import ModelRegistry
-from tensoryard.server.schemas import RedactedSpec
+from tensoryard.server.schemas import FromRecord, RedactedSpec
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.store import ModelRecord, ModelVersionRecord
 
@@ -36,7 +36,7 @@ VersionNo = Annotated[int, Path(ge=1, le=INT32, description="Version number.")]
 DIGEST = r"^[0-9a-f]{64}$"
 
 
-class VersionOut(BaseModel):
+class VersionOut(FromRecord, record=ModelVersionRecord):
     team: str
     model: str
     version: int
@@ -66,7 +66,7 @@ class VersionOut(BaseModel):
         return cls(**{**v.__dict__, "aliases": list(v.aliases)})
 
 
-class ModelOut(BaseModel):
+class ModelOut(FromRecord, record=ModelRecord):
     team: str
     name: str
     description: str

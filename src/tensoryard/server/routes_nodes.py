@@ -20,7 +20,9 @@ from tensoryard.api.guard import Guard
 from tensoryard.api.node_telemetry import HeartbeatIn, NodeTelemetryOut, TelemetryBook
 from tensoryard.errors import ExecutorError, FieldIssue, NotFound, SpecError
 from tensoryard.observability.health import decide, describe
+from tensoryard.server.schemas import FromRecord
 from tensoryard.store import Store
+from tensoryard.store.records import NodeEventRecord, NodeRecord
 
 __all__ = ["NODE_PATTERN", "add_node_routes"]
 
@@ -28,9 +30,7 @@ NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 NodeName = Annotated[str, Path(pattern=NODE_PATTERN, description="Node name.")]
 
 
-class NodeOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
+class NodeOut(FromRecord, record=NodeRecord, added=("schedulable", "condition")):
     name: str
     state: str = Field(description="ready | cordoned (no new placements) | draining")
     reason: str
@@ -52,9 +52,7 @@ class NodeOut(BaseModel):
     )
 
 
-class NodeEventOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
+class NodeEventOut(FromRecord, record=NodeEventRecord):
     id: int
     node: str
     ts: datetime

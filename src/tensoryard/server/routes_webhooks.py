@@ -12,21 +12,19 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from tensoryard.api.access import Action, Principal
 from tensoryard.api.guard import INT32, Guard
-from tensoryard.server.schemas import RedactedSpec
-from tensoryard.store import Store
+from tensoryard.server.schemas import FromRecord, RedactedSpec
+from tensoryard.store import Store, WebhookDeliveryRecord
 
 __all__ = ["DeliveryOut", "add_webhook_routes"]
 
 DeliveryId = Annotated[int, Path(ge=1, le=INT32, description="Delivery row id.")]
 
 
-class DeliveryOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
+class DeliveryOut(FromRecord, record=WebhookDeliveryRecord, internal=("claimed_by",)):
     id: int
     delivery_id: str = Field(description="The X-Tyard-Delivery header (same on every attempt).")
     event_id: str = Field(description="Shared by the deliveries of one event to several hooks.")

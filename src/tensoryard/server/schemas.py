@@ -5,10 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, Field
 
+from tensoryard.server.projection import FromRecord
 from tensoryard.spec.job import NAME_PATTERN
 from tensoryard.spec.redact import REDACTED, redact_spec
+from tensoryard.store import CheckpointRemovalRecord
+from tensoryard.store.records import (
+    AttemptRecord,
+    CheckpointRecord,
+    EventRecord,
+    JobRecord,
+    MetricRecord,
+    PipelineRecord,
+    StepRecord,
+    TeamRecord,
+)
 
 __all__ = [
     "REDACTED",
@@ -19,6 +31,7 @@ __all__ = [
     "CheckpointRemovalOut",
     "ErrorOut",
     "EventOut",
+    "FromRecord",
     "JobListOut",
     "JobOut",
     "MetricOut",
@@ -92,13 +105,7 @@ class BatchSubmitOut(BaseModel):
     ids: list[int]
 
 
-class FromRecord(BaseModel):
-    """Built from a store record with `model_validate(record)` (attributes, not a dict)."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-
-class JobOut(FromRecord):
+class JobOut(FromRecord, record=JobRecord, internal=("run_time_s", "changed_at")):
     id: int
     name: str
     team: str
@@ -130,7 +137,19 @@ class JobListOut(BaseModel):
     total: int
 
 
-class AttemptOut(FromRecord):
+class AttemptOut(
+    FromRecord,
+    record=AttemptRecord,
+    internal=(
+        "job_id",
+        "handle",
+        "attempt_key",
+        "running_at",
+        "checkpoint_save_s",
+        "checkpoint_restore_s",
+        "admitted_at",
+    ),
+):
     number: int
     state: str
     started_at: datetime
@@ -147,7 +166,7 @@ class AttemptOut(FromRecord):
     )
 
 
-class EventOut(FromRecord):
+class EventOut(FromRecord, record=EventRecord, internal=("job_id",)):
     id: int
     ts: datetime
     kind: str
@@ -159,7 +178,7 @@ class EventOut(FromRecord):
     )
 
 
-class MetricOut(FromRecord):
+class MetricOut(FromRecord, record=MetricRecord, internal=("job_id",)):
     attempt: int
     step: int
     ts: float
@@ -167,7 +186,7 @@ class MetricOut(FromRecord):
     values: dict[str, float]
 
 
-class CheckpointOut(FromRecord):
+class CheckpointOut(FromRecord, record=CheckpointRecord, internal=("job_id",), added=("metrics",)):
     attempt: int
     step: int
     path: str
@@ -181,7 +200,7 @@ class CheckpointOut(FromRecord):
     )
 
 
-class CheckpointRemovalOut(FromRecord):
+class CheckpointRemovalOut(FromRecord, record=CheckpointRemovalRecord, internal=("id", "job_id")):
     """A checkpoint the job's retention policy removed (docs/artifacts.md)."""
 
     step: int
@@ -210,7 +229,7 @@ class TeamPatch(BaseModel):
     description: str | None = Field(None, max_length=10_000)
 
 
-class TeamOut(FromRecord):
+class TeamOut(FromRecord, record=TeamRecord):
     name: str
     gpu_quota: int | None
     cpu_quota: float | None
@@ -346,10 +365,8 @@ class PipelineIn(BaseModel):
     )
 
 
-class StepOut(BaseModel):
+class StepOut(FromRecord, record=StepRecord, internal=("pipeline_id", "position")):
     """One step of a pipeline run."""
-
-    model_config = ConfigDict(from_attributes=True)
 
     name: str
     state: str
@@ -369,10 +386,8 @@ class StepOut(BaseModel):
     finished_at: datetime | None
 
 
-class PipelineOut(BaseModel):
+class PipelineOut(FromRecord, record=PipelineRecord):
     """A pipeline run, its steps in run order; step job `env` values are shown as `***`."""
-
-    model_config = ConfigDict(from_attributes=True)
 
     id: int
     name: str

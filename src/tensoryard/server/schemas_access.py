@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from tensoryard.server.schemas import FromRecord, Role, Scope
 from tensoryard.store._identity import USER_PATTERN
+from tensoryard.store.records import AuditRecord, MemberRecord, TokenRecord, UserRecord
 
 __all__ = [
     "AuditOut",
@@ -29,7 +30,7 @@ class UserIn(BaseModel):
     description: str = Field("", max_length=10_000)
 
 
-class UserOut(FromRecord):
+class UserOut(FromRecord, record=UserRecord):
     name: str
     created_at: datetime
     platform_admin: bool
@@ -47,7 +48,7 @@ class MemberIn(BaseModel):
     role: Role = "member"
 
 
-class MemberOut(FromRecord):
+class MemberOut(FromRecord, record=MemberRecord):
     team: str
     user: str
     role: str
@@ -67,7 +68,7 @@ class TokenIn(BaseModel):
     )
 
 
-class TokenOut(FromRecord):
+class TokenOut(FromRecord, record=TokenRecord):
     id: str
     user: str
     name: str
@@ -82,7 +83,7 @@ class TokenCreatedOut(TokenOut):
     token: str = Field(..., description="The secret; shown this once, only its hash is kept.")
 
 
-class AuditOut(FromRecord):
+class AuditOut(FromRecord, record=AuditRecord):
     id: int
     ts: datetime
     actor: str

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tensoryard.errors import FieldIssue, NotFound, SpecError
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import NODE_NAME_LEN, NODE_STATES, Node, NodeEvent
 from tensoryard.store.records import NodeEventRecord, NodeRecord
 
@@ -112,10 +113,7 @@ class NodesMixin:
                 .order_by(NodeEvent.id.desc())
                 .limit(limit)
             )
-            return [
-                NodeEventRecord(e.id, e.node, e.ts, e.kind, e.actor, e.message)
-                for e in s.scalars(query)
-            ]
+            return [_event_record(e) for e in s.scalars(query)]
 
 
 def _check_name(name: str) -> None:
@@ -135,5 +133,5 @@ def _node(s: Session, name: str, *, lock: bool = False) -> Node:
     return node
 
 
-def _record(n: Node) -> NodeRecord:
-    return NodeRecord(n.name, n.state, n.reason, n.created_at, n.changed_at, n.heartbeat_at)
+_record = RowReader(NodeRecord, Node)
+_event_record = RowReader(NodeEventRecord, NodeEvent)

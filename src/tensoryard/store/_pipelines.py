@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError
 from tensoryard.spec.job import JobSpec
 from tensoryard.spec.pipeline import PipelineSpec
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import Job, Pipeline, PipelineStep, Team
 from tensoryard.store.records import (
     PIPELINE_TERMINAL,
@@ -330,37 +331,15 @@ def _steps_of(s: Session, ids: list[int]) -> dict[int, list[PipelineStep]]:
     return out
 
 
-def _step_record(row: PipelineStep) -> StepRecord:
-    return StepRecord(
-        pipeline_id=row.pipeline_id,
-        name=row.name,
-        position=row.position,
-        state=row.state,
-        tries=row.tries,
-        job_id=row.job_id,
-        job_ids=tuple(int(j) for j in row.job_ids),
-        input_hash=row.input_hash,
-        cached_from=row.cached_from,
-        outputs=dict(row.outputs),
-        reason=row.reason,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-    )
+_step_record = RowReader(
+    StepRecord,
+    PipelineStep,
+    convert={"job_ids": lambda ids: tuple(int(j) for j in ids), "outputs": dict},
+)
+_pipeline_record = RowReader(
+    PipelineRecord, Pipeline, convert={"spec": dict, "params": dict}, given=("steps",)
+)
 
 
 def _record(row: Pipeline, steps: list[PipelineStep]) -> PipelineRecord:
-    return PipelineRecord(
-        id=row.id,
-        name=row.name,
-        team=row.team,
-        user=row.user,
-        state=row.state,
-        spec=dict(row.spec),
-        params=dict(row.params),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        finished_at=row.finished_at,
-        cancel_requested=row.cancel_requested,
-        reason=row.reason,
-        steps=tuple(_step_record(st) for st in steps),
-    )
+    return _pipeline_record(row, steps=tuple(_step_record(st) for st in steps))

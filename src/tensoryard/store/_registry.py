@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from tensoryard.errors import FieldIssue, NotFound, SpecError
 from tensoryard.spec.job import NAME_PATTERN
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import Checkpoint, Job, Model, ModelAlias, ModelTag, ModelVersion, Team
 from tensoryard.store.records import AuditContext
 
@@ -470,7 +471,7 @@ def _model_record(s: Session, m: Model) -> ModelRecord:
             .order_by(ModelAlias.alias)
         ).all()
     }
-    return ModelRecord(m.team, m.name, m.description, m.created_at, m.created_by, latest, aliases)
+    return _model_row(m, latest_version=latest, aliases=aliases)
 
 
 def _version_record_any(s: Session, v: ModelVersion) -> ModelVersionRecord:
@@ -496,27 +497,7 @@ def _version_record(s: Session, v: ModelVersion, team: str, model: str) -> Model
         p = s.get(ModelVersion, v.parent_id)
         pm = s.get(Model, p.model_id) if p else None
         parent = f"{pm.name}:{p.version}" if p and pm else None
-    return ModelVersionRecord(
-        team=team,
-        model=model,
-        version=v.version,
-        artifact=v.artifact,
-        size_bytes=v.size_bytes,
-        format=v.format,
-        source=v.source,
-        job_id=v.job_id,
-        checkpoint_step=v.checkpoint_step,
-        spec=v.spec,
-        code_revision=v.code_revision,
-        data_manifest=v.data_manifest,
-        parent=parent,
-        metrics=dict(v.metrics),
-        description=v.description,
-        created_at=v.created_at,
-        created_by=v.created_by,
-        tags=tags,
-        aliases=aliases,
-    )
+    return _version_row(v, team=team, model=model, parent=parent, tags=tags, aliases=aliases)
 
 
 def _check_alias(alias: str, path: str) -> list[FieldIssue]:
@@ -573,3 +554,12 @@ def _check_register(
 def _raise(issues: list[FieldIssue]) -> None:
     if issues:
         raise SpecError(issues)
+
+
+_model_row = RowReader(ModelRecord, Model, given=("latest_version", "aliases"))
+_version_row = RowReader(
+    ModelVersionRecord,
+    ModelVersion,
+    convert={"metrics": dict},
+    given=("team", "model", "parent", "tags", "aliases"),
+)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import Checkpoint, CheckpointRemoval, Job, Metric
 
 if TYPE_CHECKING:
@@ -46,17 +47,7 @@ class CheckpointRemovalRecord:
     removed_at: datetime | None
 
 
-def _record(row: CheckpointRemoval) -> CheckpointRemovalRecord:
-    return CheckpointRemovalRecord(
-        id=row.id,
-        job_id=row.job_id,
-        step=row.step,
-        path=row.path,
-        size_bytes=row.size_bytes,
-        delete_files=row.delete_files,
-        retired_at=row.retired_at,
-        removed_at=row.removed_at,
-    )
+_record = RowReader(CheckpointRemovalRecord, CheckpointRemoval)
 
 
 class RetentionMixin:

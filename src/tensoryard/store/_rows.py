@@ -1,12 +1,24 @@
-"""Turning ORM rows into the frozen records the store hands out."""
+"""Turning ORM rows into the frozen records the store hands out.
+
+Each record's fields are declared once, in `records.py`; a `RowReader` reads each field from the
+ORM column of the same name (or the one `columns` names) and converts only where the stored type
+differs (a JSON list kept as a tuple, a state string as its enum). A record field without a
+column fails at import, not at the first read of a row.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from tensoryard.spec.states import JobState
 from tensoryard.store.models import (
     ApiToken,
     Attempt,
     AuditEntry,
+    Base,
     Checkpoint,
     Event,
     Job,
@@ -29,6 +41,7 @@ from tensoryard.store.records import (
 )
 
 __all__ = [
+    "RowReader",
     "attempt_record",
     "audit_record",
     "checkpoint_record",
@@ -41,138 +54,89 @@ __all__ = [
     "user_record",
 ]
 
-
-def team_record(t: Team) -> TeamRecord:
-    return TeamRecord(
-        name=t.name,
-        created_at=t.created_at,
-        gpu_quota=t.gpu_quota,
-        cpu_quota=t.cpu_quota,
-        description=t.description,
-    )
+R = TypeVar("R")
 
 
-def job_record(j: Job) -> JobRecord:
-    return JobRecord(
-        id=j.id,
-        name=j.name,
-        team=j.team,
-        user=j.user,
-        priority=j.priority,
-        state=JobState(j.state),
-        spec=dict(j.spec),
-        created_at=j.created_at,
-        updated_at=j.updated_at,
-        admitted_at=j.admitted_at,
-        started_at=j.started_at,
-        finished_at=j.finished_at,
-        attempts=j.attempts,
-        restarts=j.restarts,
-        reason=j.reason,
-        pending_reason=j.pending_reason,
-        pending_eta=j.pending_eta,
-        cancel_requested=j.cancel_requested,
-        run_dir=j.run_dir,
-        placement=dict(j.placement),
-        last_heartbeat=j.last_heartbeat,
-        run_time_s=j.run_time_s or 0.0,
-        changed_at=j.changed_at,
-    )
+class RowReader(Generic[R]):
+    """Builds one record type from rows of one ORM model.
+
+    ``columns``: record field -> the model's attribute where the names differ. ``convert``:
+    record field -> a function applied to the stored value. ``given``: fields that come from
+    elsewhere than the row, passed to the call by keyword."""
+
+    def __init__(
+        self,
+        record: type[R],
+        model: type[Base],
+        *,
+        columns: Mapping[str, str] | None = None,
+        convert: Mapping[str, Callable[[Any], Any]] | None = None,
+        given: tuple[str, ...] = (),
+    ) -> None:
+        names = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        columns, convert = columns or {}, convert or {}
+        unknown = (set(columns) | set(convert) | set(given)) - set(names)
+        if unknown:
+            raise TypeError(f"{record.__name__} has no fields {sorted(unknown)}")
+        read = [n for n in names if n not in given]
+        attrs = [columns.get(n, n) for n in read]
+        missing = [a for a in attrs if not hasattr(model, a)]
+        if missing:
+            raise TypeError(
+                f"{model.__name__} has no columns {missing} for {record.__name__} "
+                "(add the column and a migration, or map the field with columns=)"
+            )
+        self._record = record
+        self._names = tuple(read)
+        self._get = operator.attrgetter(*attrs)
+        self._convert = tuple((i, convert[n]) for i, n in enumerate(read) if n in convert)
+        self._given = given
+
+    def __call__(self, row: Any, **given: Any) -> R:
+        values = list(self._get(row))
+        for i, fn in self._convert:
+            values[i] = fn(values[i])
+        if set(given) != set(self._given):
+            raise TypeError(f"{self._record.__name__}: pass exactly {list(self._given)}")
+        if not given:
+            return self._record(*values)
+        return self._record(**dict(zip(self._names, values, strict=True)), **given)
 
 
-def attempt_record(a: Attempt) -> AttemptRecord:
-    return AttemptRecord(
-        job_id=a.job_id,
-        number=a.number,
-        state=a.state,
-        handle=dict(a.handle),
-        started_at=a.started_at,
-        finished_at=a.finished_at,
-        exit_code=a.exit_code,
-        reason=a.reason,
-        resumed_from_step=a.resumed_from_step,
-        last_heartbeat=a.last_heartbeat,
-        attempt_key=a.attempt_key or "",
-        running_at=a.running_at,
-        checkpoint_save_s=a.checkpoint_save_s,
-        checkpoint_restore_s=a.checkpoint_restore_s,
-        admitted_at=a.admitted_at,
-        launch_attempt=a.launch_attempt,
-        nodes=tuple(a.nodes or ()),
-    )
+def _or_empty(value: str | None) -> str:
+    return value or ""
 
 
-def event_record(e: Event) -> EventRecord:
-    return EventRecord(
-        id=e.id,
-        job_id=e.job_id,
-        ts=e.ts,
-        kind=e.kind,
-        message=e.message,
-        attempt=e.attempt,
-        replica=e.replica or "",
-        epoch=e.epoch,
-    )
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value or ())
 
 
-def metric_record(m: Metric) -> MetricRecord:
-    return MetricRecord(
-        job_id=m.job_id,
-        attempt=m.attempt,
-        step=m.step,
-        ts=m.ts,
-        step_time_s=m.step_time_s,
-        values=dict(m.values),
-    )
-
-
-def checkpoint_record(c: Checkpoint) -> CheckpointRecord:
-    return CheckpointRecord(
-        job_id=c.job_id,
-        attempt=c.attempt,
-        step=c.step,
-        path=c.path,
-        ts=c.ts,
-        size_bytes=c.size_bytes,
-        format=c.format,
-    )
+team_record = RowReader(TeamRecord, Team)
+job_record = RowReader(
+    JobRecord,
+    Job,
+    convert={
+        "state": JobState,
+        "spec": dict,
+        "placement": dict,
+        "run_time_s": lambda v: v or 0.0,
+    },
+)
+attempt_record = RowReader(
+    AttemptRecord,
+    Attempt,
+    convert={"handle": dict, "attempt_key": _or_empty, "nodes": _tuple},
+)
+event_record = RowReader(EventRecord, Event, convert={"replica": _or_empty})
+metric_record = RowReader(MetricRecord, Metric, convert={"values": dict})
+checkpoint_record = RowReader(CheckpointRecord, Checkpoint)
+member_record = RowReader(MemberRecord, Membership, columns={"user": "user_name"})
+token_record = RowReader(
+    TokenRecord, ApiToken, columns={"user": "user_name"}, convert={"scopes": _tuple}
+)
+audit_record = RowReader(AuditRecord, AuditEntry)
+_user_record = RowReader(UserRecord, User, given=("teams",))
 
 
 def user_record(u: User, teams: dict[str, str]) -> UserRecord:
-    return UserRecord(
-        name=u.name,
-        created_at=u.created_at,
-        platform_admin=u.platform_admin,
-        description=u.description,
-        teams=dict(teams),
-    )
-
-
-def member_record(m: Membership) -> MemberRecord:
-    return MemberRecord(team=m.team, user=m.user_name, role=m.role, created_at=m.created_at)
-
-
-def token_record(t: ApiToken) -> TokenRecord:
-    return TokenRecord(
-        id=t.id,
-        user=t.user_name,
-        name=t.name,
-        scopes=tuple(t.scopes),
-        created_at=t.created_at,
-        expires_at=t.expires_at,
-        revoked_at=t.revoked_at,
-        last_used_at=t.last_used_at,
-    )
-
-
-def audit_record(a: AuditEntry) -> AuditRecord:
-    return AuditRecord(
-        id=a.id,
-        ts=a.ts,
-        actor=a.actor,
-        action=a.action,
-        object=a.object,
-        outcome=a.outcome,
-        source_ip=a.source_ip,
-        detail=a.detail,
-    )
+    return _user_record(u, teams=dict(teams))

@@ -16,6 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from tensoryard.errors import Conflict, NotFound
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import Deployment, DeploymentReplica, ServingUsage, Team
 
 __all__ = [
@@ -94,32 +95,8 @@ class UsageRow:
         return self.prompt_tokens + self.completion_tokens
 
 
-def _dep(d: Deployment) -> DeploymentRecord:
-    return DeploymentRecord(
-        name=d.name,
-        team=d.team,
-        model_ref=d.model_ref,
-        model_path=d.model_path,
-        engine=d.engine,
-        replicas=d.replicas,
-        options=dict(d.options),
-        idle_timeout_s=d.idle_timeout_s,
-        created_by=d.created_by,
-        created_at=d.created_at,
-        updated_at=d.updated_at,
-    )
-
-
-def _rep(r: DeploymentReplica) -> ReplicaRecord:
-    return ReplicaRecord(
-        deployment=r.deployment,
-        slot=r.slot,
-        port=r.port,
-        pid=r.pid,
-        state=r.state,
-        restarts=r.restarts,
-        started_at=r.started_at,
-    )
+_dep = RowReader(DeploymentRecord, Deployment, convert={"options": dict})
+_rep = RowReader(ReplicaRecord, DeploymentReplica)
 
 
 class ServingMixin:

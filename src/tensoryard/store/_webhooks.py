@@ -27,6 +27,7 @@ from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from tensoryard.errors import Conflict, FieldIssue, NotFound, SpecError
+from tensoryard.store._rows import RowReader
 from tensoryard.store.models import WEBHOOK_STATES, WebhookDelivery
 from tensoryard.store.records import AuditContext
 
@@ -65,23 +66,7 @@ class WebhookDeliveryRecord:
     claimed_by: str | None
 
 
-def _record(r: WebhookDelivery) -> WebhookDeliveryRecord:
-    return WebhookDeliveryRecord(
-        id=r.id,
-        delivery_id=r.delivery_id,
-        event_id=r.event_id,
-        event=r.event,
-        hook_url=r.hook_url,
-        payload=dict(r.payload),
-        status=r.status,
-        attempts=r.attempts,
-        next_attempt_at=r.next_attempt_at,
-        last_status=r.last_status,
-        last_error=r.last_error,
-        created_at=r.created_at,
-        delivered_at=r.delivered_at,
-        claimed_by=r.claimed_by,
-    )
+_record = RowReader(WebhookDeliveryRecord, WebhookDelivery, convert={"payload": dict})
 
 
 class WebhookOutboxMixin:
