@@ -190,4 +190,9 @@ def test_a_repeated_submission_with_the_same_key_returns_the_first_job(store: St
     assert [j.id for j in store.create_jobs(batch, run_dir_root=Path("/runs"), key="k2")] == ids
     with pytest.raises(Conflict, match="k2"):
         store.create_jobs(batch[:2], run_dir_root=Path("/runs"), key="k2")
+    # a batch's key reused for one job, and one job's key for a batch: both found
+    with pytest.raises(Conflict, match="k2"):
+        store.create_job(batch[0], run_dir_root=Path("/runs"), key="k2")
+    with pytest.raises(Conflict, match="k1"):
+        store.create_jobs(batch, run_dir_root=Path("/runs"), key="k1")
     assert store.list_jobs(limit=100).total == 5  # first, other and the batch of 3: no copies
