@@ -278,6 +278,12 @@ def attempt_status(
     if outcome is not None and not cancelled:
         phase, reason = outcome
         return AttemptStatus(phase, 0 if phase is AttemptPhase.SUCCEEDED else None, reason)
+    if not cancelled and owner is not None and _every_rank_succeeded(ordered, nodes):
+        # The Job and JobSet controllers say so too, later: the Job controller batches pod
+        # updates (up to a second), then the JobSet controller follows the Jobs. Waiting for
+        # them held the attempt's GPUs idle that long after its last pod ended.
+        name = get(owner, "metadata", "name")
+        return AttemptStatus(AttemptPhase.SUCCEEDED, 0, f"every pod of {kind} {name} succeeded")
     running = [p for p in ordered if get(p, "status", "phase") == "Running"]
     if len(running) >= nodes and not cancelled:
         return AttemptStatus(AttemptPhase.RUNNING)
@@ -285,6 +291,15 @@ def attempt_status(
     if reasons:
         return AttemptStatus(AttemptPhase.STARTING, None, reasons[0])
     return AttemptStatus(AttemptPhase.STARTING)
+
+
+def _every_rank_succeeded(pods: Sequence[Obj], nodes: int) -> bool:
+    """Each of ranks 0..nodes-1 has a pod that succeeded and no pod of the attempt still
+    runs or waits (a pod recreated for a rank would)."""
+    if nodes <= 0 or any(alive(p) for p in pods):
+        return False
+    done = {pod_rank(p) for p in pods if get(p, "status", "phase") == "Succeeded"}
+    return done >= set(range(nodes))
 
 
 def alive(pod: Obj) -> bool:
