@@ -298,10 +298,10 @@ class FetchClient:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        sock = self._connect()
-        if sock is None:
-            raise ConnectionError("the fetch service is gone")
-        return sock
+        if self._failed is not None:  # another thread gave up meanwhile
+            raise OSError(self._failed)
+        # A new connection; the service may have exited while this process held none.
+        return self._connect_or_start()
 
     def _give_up(self, reason: str) -> None:
         with self._lock:
