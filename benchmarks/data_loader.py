@@ -597,6 +597,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="--cold: DataLoader workers/rank")
     parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
     parser.add_argument(
+        "--cold-backends",
+        choices=("all", "s3"),
+        default="all",
+        help="--cold: s3 runs the S3 (moto) arms only, without HDFS and JuiceFS "
+        "(row data_loader_cold_s3)",
+    )
+    parser.add_argument(
         "--worker-arms",
         action="store_true",
         help="only tokens/s with 0, 2, 4 and 8 workers per loader (row data_loader_workers)",
@@ -609,6 +616,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     name = "data_loader_cold" if args.cold else NAME
+    name += "_s3" if args.cold and args.cold_backends == "s3" else ""
     name = "data_loader_workers" if args.worker_arms else name
     args.json = args.json or HERE / "results" / f"{name}.json"
     if args.row_from_json:
@@ -655,6 +663,7 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch": 8 * (2 if args.quick else args.ranks),
         "nodes": 5 if args.quick else 125,
         "timeout_s": 600,
+        "backends": args.cold_backends,
     }
     t0 = time.perf_counter()
     with Progress(console=console, transient=True) as bar:
@@ -664,8 +673,10 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
             bar.update(task, advance=1, description=f"cold start: {name}")
 
         result = _data_cold.run_cold(cfg, progress=step)
+    s3_only = args.cold_backends == "s3"
     command = (
-        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold.json"
+        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold"
+        + ("_s3.json --cold-backends s3" if s3_only else ".json")
     )
     if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):
         command += f" --ranks {args.ranks} --workers {args.workers} --cold-mb {args.cold_mb}"
@@ -683,6 +694,8 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
 def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     """The RESULTS.md cells of a cold-start run, from its JSON."""
     arms, cfg, idx = r["arms"], r["config"], r["thousand_rank_start"]
+    no_service = arms.get("s3 (moto), no fetch service", {}).get("tokens_per_s")
+    with_service = arms.get("s3 (moto)", {}).get("tokens_per_s")
     local = arms["local (page cache)"]["tokens_per_s"]
     peer_names = ("litdata", "streaming")
     parts = []
@@ -708,17 +721,30 @@ def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     text = (
         f"{cfg['ranks']} ranks x {cfg['workers']} workers, {cfg['megabytes']} MB: "
         + "; ".join(parts)
-        + f"; {vs_peer}; peers read S3 only (neither has an HDFS or JuiceFS mode here; their "
-        "fetched bytes are their cache directory's size); "
-        f"{idx['ranks']}-rank start on {idx['nodes']} nodes: "
-        f"{idx['per_node']['metadata_reads']} metadata reads "
-        f"({idx['per_node']['per_node']:.0f}/node) "
-        f"vs {idx['per_rank']['metadata_reads']} when each rank fetches its own"
+        + f"; {vs_peer}"
+        + (
+            f"; s3 with / without the node fetch service = {with_service / no_service:.2f}x"
+            if with_service and no_service
+            else ""
+        )
+        + "; peers read S3 only (neither has an HDFS or JuiceFS mode here; their "
+        "fetched bytes are their cache directory's size)"
     )
+    if idx is None:
+        text += "; S3 arms only (HDFS, JuiceFS and the 1,000-rank start not run)"
+    else:
+        text += (
+            f"; {idx['ranks']}-rank start on {idx['nodes']} nodes: "
+            f"{idx['per_node']['metadata_reads']} metadata reads "
+            f"({idx['per_node']['per_node']:.0f}/node) "
+            f"vs {idx['per_rank']['metadata_reads']} when each rank fetches its own"
+        )
     remote = {
         k: a
         for k, a in arms.items()
-        if not k.startswith(peer_names) and a.get("fetched_over_needed") is not None
+        if not k.startswith(peer_names)
+        and "no fetch service" not in k  # the comparison arm, not the default
+        and a.get("fetched_over_needed") is not None
     }
     once = all(abs(a["fetched_over_needed"] - 1.0) < 1e-9 for a in remote.values())
     fast = [k for k, a in remote.items() if a["first_batch_s_max"] < 1.0]
