@@ -16,8 +16,8 @@ listing), once with the node-wide metadata cache and once with every rank fetchi
 
 The tensoryard arms fetch through the node fetch service (``tensoryard.data.fetchd``, the
 default); the arm ``s3 (moto), no fetch service`` repeats the S3 arm with every process fetching
-for itself. ``--cold-backends s3`` runs moto and the S3 arms only (no storage-testenv, no HDFS,
-JuiceFS or 1,000-rank start), for a machine where HDFS and JuiceFS are not built.
+for itself. ``--cold-backends s3,hdfs`` (or ``s3``) leaves JuiceFS (and HDFS with its 1,000-rank
+start) out, for a machine where they are not built; S3 (moto) always runs, the peers need it.
 
 Peers' remote modes run against the same moto server in the same run: the same tokens are
 converted to litdata's and mosaicml-streaming's formats (``_data_worker.py convert``, 8 chunks /
@@ -54,6 +54,7 @@ ROOT = HERE.parent
 TESTENV = ROOT / "scripts" / "storage-testenv"
 BUCKET = "tyard-bench"
 PREFIX = "corpus"
+ALL_BACKENDS = frozenset({"s3", "hdfs", "juicefs"})
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret"}
 
 
@@ -78,9 +79,10 @@ def _wait_port(port: int, timeout_s: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def backends(work: Path, s3_only: bool = False) -> Iterator[dict[str, str]]:
-    """moto_server plus storage-testenv's HDFS and JuiceFS (unless ``s3_only``); yields their
-    addresses."""
+def backends(work: Path, which: frozenset[str] = ALL_BACKENDS) -> Iterator[dict[str, str]]:
+    """moto_server plus storage-testenv's HDFS and JuiceFS (those of them in ``which``); yields
+    their addresses."""
+    testenv = sorted(which - {"s3"})
     moto_port = _free_port(27380)
     moto = subprocess.Popen(
         [
@@ -98,14 +100,15 @@ def backends(work: Path, s3_only: bool = False) -> Iterator[dict[str, str]]:
     try:
         _wait_port(moto_port)
         values: dict[str, str] = {}
-        if not s3_only:
-            subprocess.run([str(TESTENV), "up", "--dir", str(env_dir)], env=env, check=True)
+        if testenv:
+            up = [str(TESTENV), "up", "--dir", str(env_dir), *(testenv if len(testenv) < 2 else [])]
+            subprocess.run(up, env=env, check=True)
             lines = (env_dir / "env").read_text().splitlines()
             values = dict(line.split("=", 1) for line in lines if line)
         values["MOTO_ENDPOINT"] = f"http://127.0.0.1:{moto_port}"
         yield values
     finally:
-        if not s3_only:
+        if testenv:
             subprocess.run([str(TESTENV), "down", "--dir", str(env_dir)], check=False)
         moto.terminate()
         moto.wait(timeout=10)
@@ -126,10 +129,9 @@ def make_dataset(out: Path, megabytes: int, shard_mb: int) -> Path:
 
 
 def upload(
-    dataset: Path, env: dict[str, str], s3_only: bool = False
+    dataset: Path, env: dict[str, str], which: frozenset[str] = ALL_BACKENDS
 ) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Put the dataset on every backend (moto only with ``s3_only``); backend name -> (URL,
-    storage options)."""
+    """Put the dataset on every backend of ``which``; backend name -> (URL, storage options)."""
     import boto3
 
     files = sorted(p for p in dataset.iterdir() if p.is_file())
@@ -143,7 +145,7 @@ def upload(
             CREDS["AWS_SECRET_ACCESS_KEY"],
         )
     ]
-    if not s3_only:
+    if "juicefs" in which:
         stores.append(
             (
                 "juicefs (S3 gateway)",
@@ -169,7 +171,7 @@ def upload(
             f"s3://{bucket}/{PREFIX}",
             {"endpoint_url": endpoint, "_creds": [key, secret]},
         )
-    if s3_only:
+    if "hdfs" not in which:
         return urls
     import hdfs_native
 
@@ -412,9 +414,9 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     try:
         dataset = make_dataset(work / "dataset", cfg["megabytes"], cfg["shard_mb"])
         arms: dict[str, Any] = {}
-        s3_only = cfg.get("backends") == "s3"
-        with backends(work, s3_only) as env:
-            urls = upload(dataset, env, s3_only)
+        which = frozenset(cfg.get("backends", ALL_BACKENDS))
+        with backends(work, which) as env:
+            urls = upload(dataset, env, which)
             peers = prepare_peers(dataset, work, env, cfg)
             arms["local (page cache)"] = run_arm(str(dataset), {}, work / "arm-local", cfg, dataset)
             for name, (url, options) in urls.items():
@@ -437,11 +439,8 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
                 arms[arm] = run_peer_arm(
                     name, python, remote, needed, work / f"arm-{len(arms)}", cfg, env
                 )
-            index = (
-                None
-                if s3_only
-                else thousand_ranks(urls["hdfs (hdfs-native)"][0], work, cfg["nodes"], 8)
-            )
+            hdfs = urls.get("hdfs (hdfs-native)")
+            index = None if hdfs is None else thousand_ranks(hdfs[0], work, cfg["nodes"], 8)
         return {"arms": arms, "thousand_rank_start": index, "config": cfg, "goal": goal(arms)}
     finally:
         shutil.rmtree(work, ignore_errors=True)

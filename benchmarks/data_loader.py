@@ -598,10 +598,9 @@ def main() -> None:
     parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
     parser.add_argument(
         "--cold-backends",
-        choices=("all", "s3"),
-        default="all",
-        help="--cold: s3 runs the S3 (moto) arms only, without HDFS and JuiceFS "
-        "(row data_loader_cold_s3)",
+        default="s3,hdfs,juicefs",
+        help="--cold: the backends to run, of s3,hdfs,juicefs (S3 always runs: the peers read "
+        "it); a subset writes its own row, e.g. data_loader_cold_s3_hdfs",
     )
     parser.add_argument(
         "--worker-arms",
@@ -616,7 +615,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     name = "data_loader_cold" if args.cold else NAME
-    name += "_s3" if args.cold and args.cold_backends == "s3" else ""
+    if args.cold:
+        chosen = {b.strip() for b in args.cold_backends.split(",") if b.strip()} | {"s3"}
+        if not chosen <= set(COLD_BACKENDS):
+            parser.error(f"--cold-backends: choose from {','.join(COLD_BACKENDS)}")
+        args.cold_backends = [b for b in COLD_BACKENDS if b in chosen]
+        if len(chosen) < len(COLD_BACKENDS):
+            name += "_" + "_".join(args.cold_backends)
     name = "data_loader_workers" if args.worker_arms else name
     args.json = args.json or HERE / "results" / f"{name}.json"
     if args.row_from_json:
@@ -673,10 +678,11 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
             bar.update(task, advance=1, description=f"cold start: {name}")
 
         result = _data_cold.run_cold(cfg, progress=step)
-    s3_only = args.cold_backends == "s3"
+    subset = args.cold_backends != list(COLD_BACKENDS)
+    tail = "_".join(args.cold_backends) if subset else ""
     command = (
         "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold"
-        + ("_s3.json --cold-backends s3" if s3_only else ".json")
+        + (f"_{tail}.json --cold-backends {','.join(args.cold_backends)}" if subset else ".json")
     )
     if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):
         command += f" --ranks {args.ranks} --workers {args.workers} --cold-mb {args.cold_mb}"
@@ -689,6 +695,9 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
     }
     console.print_json(json.dumps(result["arms"]))
     return result
+
+
+COLD_BACKENDS = ("s3", "hdfs", "juicefs")
 
 
 def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
@@ -730,9 +739,10 @@ def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
         + "; peers read S3 only (neither has an HDFS or JuiceFS mode here; their "
         "fetched bytes are their cache directory's size)"
     )
-    if idx is None:
-        text += "; S3 arms only (HDFS, JuiceFS and the 1,000-rank start not run)"
-    else:
+    left_out = [b for b in COLD_BACKENDS if b not in cfg.get("backends", COLD_BACKENDS)]
+    if left_out:
+        text += f"; not run: {', '.join(left_out)}" + ("" if idx else ", the 1,000-rank start")
+    if idx is not None:
         text += (
             f"; {idx['ranks']}-rank start on {idx['nodes']} nodes: "
             f"{idx['per_node']['metadata_reads']} metadata reads "
