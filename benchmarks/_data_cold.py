@@ -238,7 +238,7 @@ def run_arm(
     got = sum(int(n) for _, n in fetched)
     # The node's fetch service counts what it fetched; the last rank to finish saw it all.
     seen = [r["service"] for r in ranks if r.get("service")]
-    last = max(seen, key=lambda s: s.get("requests", 0), default={})
+    last: dict[str, Any] = max(seen, key=lambda s: s.get("requests", 0), default={})
     got += last.get("bytes", 0)
     reads = len(fetched) + last.get("requests", 0)
     fell_back = sum(1 for r in ranks if service and not r.get("service"))

@@ -17,13 +17,14 @@ from the store into a file whose locks the asker holds. A service that cannot st
 stops answering (``timeout_s``) costs one warning: the asker still holds its claims and makes
 the request itself, and so does every later request of that process.
 
-The service is started by the first process that needs it (a lock file in
-``<cache_dir>/.fetchd/`` makes one start at a time; the address itself lets only one serve),
-detached in its own session, logging to ``<cache_dir>/.fetchd/<key>.log``. It listens on an
-abstract Unix socket named by a hash of the cache directory, the store's URL and options, the
-AWS/Hadoop variables that select an endpoint or identity, the user and this package's location,
-and exits after ``idle_s`` with no connected process. The storage options travel on its stdin,
-never on its command line. Both ends check that the other runs as the same user (SO_PEERCRED).
+The service (`tensoryard.data.fetchd_service`) is started by the first process that needs
+it (a lock file in ``<cache_dir>/.fetchd/`` makes one start at a time; the address itself lets
+only one serve), detached in its own session, logging to ``<cache_dir>/.fetchd/<key>.log``.
+It listens on an abstract Unix socket named by a hash of the cache directory, the store's URL
+and options, the AWS/Hadoop variables that select an endpoint or identity, the user and this
+package's location, and exits after ``idle_s`` with no connected process. The storage options
+travel on its stdin, never on its command line. Both ends check that the other runs as the same
+user (SO_PEERCRED).
 """
 
 from __future__ import annotations
@@ -39,10 +40,8 @@ import struct
 import subprocess
 import sys
 import threading
-import time
-from collections import Counter
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ from filelock import FileLock
 
 from tensoryard.errors import DataError
 
-__all__ = ["FetchClient", "serve", "service_address", "service_key", "stop_services"]
+__all__ = ["SERVICE_DIR", "FetchClient", "service_address", "service_key", "stop_services"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ except OSError as exc:
 s.listen(1024)
 if os.fork():
     os._exit(0)
-from tensoryard.data.fetchd import serve
+from tensoryard.data.fetchd_service import serve
 serve(s, json.loads(spec))
 """
 
@@ -402,188 +401,3 @@ def stop_services(cache_dir: Path) -> list[int]:
             os.kill(pid, signal.SIGTERM)
             stopped.append(pid)
     return stopped
-
-
-# ---------------------------------------------------------------------------------------------
-# The service
-
-
-class _Service:
-    def __init__(self, spec: Mapping[str, Any]) -> None:
-        self.root, self.options = str(spec["root"]), dict(spec["options"])
-        self.idle_s = float(spec["idle_s"])
-        self.pool = ThreadPoolExecutor(int(spec["threads"]), thread_name_prefix="tyard-fetchd")
-        self.mutex = threading.Lock()
-        self.clients = 0
-        self.idle_since = time.monotonic()
-        self.stopping = False
-        self.counts: Counter[str] = Counter()
-        self.bytes_by_key: Counter[str] = Counter()
-        self._store: Future[Any] = Future()
-        self._local = threading.local()
-        threading.Thread(target=self._open_store, name="tyard-fetchd-store", daemon=True).start()
-
-    def _open_store(self) -> None:
-        """Build the store (and an S3 client) before the first request needs it."""
-        from tensoryard.data.cache import open_store
-
-        try:
-            store = open_store(self.root, self.options)
-            warm = getattr(store, "_client_here", None)
-            if warm is not None:
-                warm()
-        except Exception as exc:  # every request answers with it
-            self._store.set_exception(exc)
-            return
-        self._store.set_result(store)
-
-    def store(self) -> Any:
-        from tensoryard.data.cache import HdfsStore, open_store
-
-        store = self._store.result()
-        if not isinstance(store, HdfsStore):
-            return store  # boto3 clients and fsspec filesystems serve many threads
-        # An HDFS store serves one request at a time (its helper's pipe): one per thread.
-        mine = getattr(self._local, "store", None)
-        if mine is None:
-            mine = self._local.store = open_store(self.root, self.options)
-        return mine
-
-    def run(self, listener: socket.socket) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
-        listener.settimeout(0.2)
-        log.info("serving %s (pid %d, idle exit after %.0fs)", self.root, os.getpid(), self.idle_s)
-        while not self.stopping:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                with self.mutex:
-                    if self.clients == 0 and time.monotonic() - self.idle_since > self.idle_s:
-                        break
-                continue
-            if _peer_uid(conn) != os.getuid():
-                conn.close()
-                continue
-            conn.settimeout(None)
-            with self.mutex:
-                self.clients += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-        listener.close()
-        log.info(
-            "exiting (%s): %d requests, %d bytes",
-            "stopped" if self.stopping else "idle",
-            self.counts["requests"],
-            self.counts["bytes"],
-        )
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            while True:
-                try:
-                    message, fds = _recv(conn, max_fds=1)
-                except (OSError, ValueError):
-                    return
-                try:
-                    answer = self.pool.submit(self._handle, message, fds).result()
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-                _send(conn, answer)
-        except OSError:
-            return
-        finally:
-            conn.close()
-            with self.mutex:
-                self.clients -= 1
-                if self.clients == 0:
-                    self.idle_since = time.monotonic()
-
-    def _handle(self, message: Mapping[str, Any], fds: list[int]) -> dict[str, Any]:
-        from tensoryard.data.cache import TransientError
-
-        op = message.get("op")
-        try:
-            if op == "stats":
-                with self.mutex:
-                    return dict(self.counts) | {
-                        "pid": os.getpid(),
-                        "clients": self.clients,
-                        "bytes_by_key": dict(self.bytes_by_key),
-                    }
-            if op not in ("range", "whole") or len(fds) != 1:
-                return {"error": f"fetch service: bad request {op!r}", "kind": "data"}
-            self._bump("requests")
-            if op == "range":
-                return {"bytes": self._range(message, fds[0])}
-            return {"hash": self._whole(message, fds[0])}
-        except TransientError as exc:
-            self._bump("transient_errors")
-            return {"error": str(exc), "kind": "transient"}
-        except DataError as exc:
-            self._bump("errors")
-            return {"error": str(exc), "kind": "data"}
-        except Exception as exc:  # a bug or a store's untranslated error: the asker retries
-            log.exception("request %s failed", op)
-            self._bump("transient_errors")
-            return {"error": f"fetch service: {type(exc).__name__}: {exc}", "kind": "transient"}
-
-    def _bump(self, name: str) -> None:
-        with self.mutex:
-            self.counts[name] += 1
-
-    def _count(self, key: str, nbytes: int) -> None:
-        with self.mutex:
-            self.counts["bytes"] += nbytes
-            self.bytes_by_key[key] += nbytes
-
-    def _range(self, message: Mapping[str, Any], fd: int) -> int:
-        from tensoryard.data.cache import TransientError
-
-        key, start, stop = str(message["key"]), int(message["start"]), int(message["stop"])
-        store = self.store()
-        pos = start
-
-        def sink(chunk: bytes) -> None:
-            nonlocal pos
-            if pos + len(chunk) > stop:
-                raise TransientError(f"{store.url(key)}: range longer than asked")
-            os.pwrite(fd, chunk, pos)
-            pos += len(chunk)
-
-        self._bump("range_requests")
-        try:
-            store.download_range(key, start, stop, sink, int(message["chunk"]))
-        finally:
-            self._count(key, pos - start)
-        return pos - start
-
-    def _whole(self, message: Mapping[str, Any], fd: int) -> str:
-        from tensoryard.data.cache import _hasher
-
-        key = str(message["key"])
-        hasher = _hasher(str(message["algorithm"]), int(message["digest_size"]))
-        store = self.store()
-        pos = 0
-
-        def sink(chunk: bytes) -> None:
-            nonlocal pos
-            hasher.update(chunk)
-            os.pwrite(fd, chunk, pos)
-            pos += len(chunk)
-
-        self._bump("whole_requests")
-        try:
-            store.download(key, sink, int(message["chunk"]))
-        finally:
-            self._count(key, pos)
-        os.fsync(fd)
-        return str(hasher.hexdigest())
-
-
-def serve(listener: socket.socket, spec: Mapping[str, Any]) -> None:
-    """Run the service on a bound, listening socket until idle or SIGTERM (the launcher's)."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s fetchd[%(process)d] %(levelname)s %(message)s"
-    )
-    _Service(spec).run(listener)
