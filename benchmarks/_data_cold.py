@@ -14,6 +14,11 @@ dataset from a local directory (page cache) as the reference.
 Then a 1,000-rank start against HDFS: 125 nodes x 8 ranks open the dataset (manifest, index,
 listing), once with the node-wide metadata cache and once with every rank fetching its own.
 
+The tensoryard arms fetch through the node fetch service (``tensoryard.data.fetchd``, the
+default); the arm ``s3 (moto), no fetch service`` repeats the S3 arm with every process fetching
+for itself. ``--cold-backends s3,hdfs`` (or ``s3``) leaves JuiceFS (and HDFS with its 1,000-rank
+start) out, for a machine where they are not built; S3 (moto) always runs, the peers need it.
+
 Peers' remote modes run against the same moto server in the same run: the same tokens are
 converted to litdata's and mosaicml-streaming's formats (``_data_worker.py convert``, 8 chunks /
 shards like ours), uploaded to the bucket, and read by ``ranks`` processes with ``workers``
@@ -49,6 +54,7 @@ ROOT = HERE.parent
 TESTENV = ROOT / "scripts" / "storage-testenv"
 BUCKET = "tyard-bench"
 PREFIX = "corpus"
+ALL_BACKENDS = frozenset({"s3", "hdfs", "juicefs"})
 CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret"}
 
 
@@ -73,8 +79,10 @@ def _wait_port(port: int, timeout_s: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def backends(work: Path) -> Iterator[dict[str, str]]:
-    """moto_server plus storage-testenv's HDFS and JuiceFS; yields their addresses."""
+def backends(work: Path, which: frozenset[str] = ALL_BACKENDS) -> Iterator[dict[str, str]]:
+    """moto_server plus storage-testenv's HDFS and JuiceFS (those of them in ``which``); yields
+    their addresses."""
+    testenv = sorted(which - {"s3"})
     moto_port = _free_port(27380)
     moto = subprocess.Popen(
         [
@@ -91,14 +99,17 @@ def backends(work: Path) -> Iterator[dict[str, str]]:
     env = os.environ | {"TYARD_STORAGE_PORT_BASE": str(_free_port(27370))}
     try:
         _wait_port(moto_port)
-        subprocess.run([str(TESTENV), "up", "--dir", str(env_dir)], env=env, check=True)
-        values = dict(
-            line.split("=", 1) for line in (env_dir / "env").read_text().splitlines() if line
-        )
+        values: dict[str, str] = {}
+        if testenv:
+            up = [str(TESTENV), "up", "--dir", str(env_dir), *(testenv if len(testenv) < 2 else [])]
+            subprocess.run(up, env=env, check=True)
+            lines = (env_dir / "env").read_text().splitlines()
+            values = dict(line.split("=", 1) for line in lines if line)
         values["MOTO_ENDPOINT"] = f"http://127.0.0.1:{moto_port}"
         yield values
     finally:
-        subprocess.run([str(TESTENV), "down", "--dir", str(env_dir)], check=False)
+        if testenv:
+            subprocess.run([str(TESTENV), "down", "--dir", str(env_dir)], check=False)
         moto.terminate()
         moto.wait(timeout=10)
 
@@ -117,29 +128,34 @@ def make_dataset(out: Path, megabytes: int, shard_mb: int) -> Path:
     return out
 
 
-def upload(dataset: Path, env: dict[str, str]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Put the dataset on every backend; backend name -> (URL, storage options)."""
+def upload(
+    dataset: Path, env: dict[str, str], which: frozenset[str] = ALL_BACKENDS
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Put the dataset on every backend of ``which``; backend name -> (URL, storage options)."""
     import boto3
-    import hdfs_native
 
     files = sorted(p for p in dataset.iterdir() if p.is_file())
     urls: dict[str, tuple[str, dict[str, Any]]] = {}
-    for name, endpoint, bucket, key, secret in (
+    stores = [
         (
             "s3 (moto)",
             env["MOTO_ENDPOINT"],
             BUCKET,
             CREDS["AWS_ACCESS_KEY_ID"],
             CREDS["AWS_SECRET_ACCESS_KEY"],
-        ),
-        (
-            "juicefs (S3 gateway)",
-            env["TYARD_JUICEFS_S3_ENDPOINT"],
-            env["TYARD_JUICEFS_S3_BUCKET"],
-            env["TYARD_JUICEFS_S3_ACCESS_KEY"],
-            env["TYARD_JUICEFS_S3_SECRET_KEY"],
-        ),
-    ):
+        )
+    ]
+    if "juicefs" in which:
+        stores.append(
+            (
+                "juicefs (S3 gateway)",
+                env["TYARD_JUICEFS_S3_ENDPOINT"],
+                env["TYARD_JUICEFS_S3_BUCKET"],
+                env["TYARD_JUICEFS_S3_ACCESS_KEY"],
+                env["TYARD_JUICEFS_S3_SECRET_KEY"],
+            )
+        )
+    for name, endpoint, bucket, key, secret in stores:
         client = boto3.client(
             "s3",
             endpoint_url=endpoint,
@@ -155,6 +171,10 @@ def upload(dataset: Path, env: dict[str, str]) -> dict[str, tuple[str, dict[str,
             f"s3://{bucket}/{PREFIX}",
             {"endpoint_url": endpoint, "_creds": [key, secret]},
         )
+    if "hdfs" not in which:
+        return urls
+    import hdfs_native
+
     hdfs = hdfs_native.Client(env["TYARD_HDFS_URL"])
     hdfs.mkdirs(f"/{PREFIX}", create_parent=True)
     for f in files:
@@ -174,9 +194,16 @@ def needed_bytes(dataset: Path) -> int:
 
 
 def run_arm(
-    url: str, options: dict[str, Any], work: Path, cfg: dict[str, Any], dataset: Path
+    url: str,
+    options: dict[str, Any],
+    work: Path,
+    cfg: dict[str, Any],
+    dataset: Path,
+    *,
+    service: bool = True,
 ) -> dict[str, Any]:
-    """`ranks` processes reading one epoch together through one empty node cache."""
+    """`ranks` processes reading one epoch together through one empty node cache (with the
+    node fetch service unless ``service`` is off)."""
     cache, stats = work / "cache", work / "stats"
     shutil.rmtree(work, ignore_errors=True)
     stats.mkdir(parents=True)
@@ -186,6 +213,7 @@ def run_arm(
     if creds:
         env |= {"AWS_ACCESS_KEY_ID": creds[0], "AWS_SECRET_ACCESS_KEY": creds[1]}
     env["AWS_DEFAULT_REGION"] = "us-east-1"
+    env["TYARD_DATA_FETCH_SERVICE"] = "1" if service else "0"
     argv = [url, json.dumps(options), str(cache), str(stats)]
     shape = [str(cfg[k]) for k in ("ranks", "workers", "seq_len", "global_batch")]
     procs = [
@@ -208,6 +236,12 @@ def run_arm(
     wall = max(r["seconds"] for r in ranks)
     need = needed_bytes(dataset)
     got = sum(int(n) for _, n in fetched)
+    # The node's fetch service counts what it fetched; the last rank to finish saw it all.
+    seen = [r["service"] for r in ranks if r.get("service")]
+    last: dict[str, Any] = max(seen, key=lambda s: s.get("requests", 0), default={})
+    got += last.get("bytes", 0)
+    reads = len(fetched) + last.get("requests", 0)
+    fell_back = sum(1 for r in ranks if service and not r.get("service"))
     return {
         "tokens_per_s": tokens / wall,
         "wall_s": wall,
@@ -216,10 +250,12 @@ def run_arm(
         "bytes_fetched": got,
         "bytes_needed": need,
         "fetched_over_needed": got / need if "://" in url else None,
-        "file_reads": len(fetched) if "://" in url else None,
+        "file_reads": reads if "://" in url else None,
         "files_needed": 3 + len(list(dataset.glob("shard-*.tok"))),
         "peak_rss_mb_rank_max": max(r["peak_rss_mb"] for r in ranks),
         "peak_rss_mb_worker_max": max(r["peak_rss_worker_mb"] for r in ranks),
+        "fetch_service": service,
+        "ranks_without_the_service": fell_back if "://" in url else None,
     }
 
 
@@ -378,14 +414,20 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
     try:
         dataset = make_dataset(work / "dataset", cfg["megabytes"], cfg["shard_mb"])
         arms: dict[str, Any] = {}
-        with backends(work) as env:
-            urls = upload(dataset, env)
+        which = frozenset(cfg.get("backends", ALL_BACKENDS))
+        with backends(work, which) as env:
+            urls = upload(dataset, env, which)
             peers = prepare_peers(dataset, work, env, cfg)
             arms["local (page cache)"] = run_arm(str(dataset), {}, work / "arm-local", cfg, dataset)
             for name, (url, options) in urls.items():
                 if progress is not None:
                     progress(name)
                 arms[name] = run_arm(url, options, work / f"arm-{len(arms)}", cfg, dataset)
+            # The same S3 arm with every process fetching for itself: what the service changes.
+            url, options = urls["s3 (moto)"]
+            arms["s3 (moto), no fetch service"] = run_arm(
+                url, options, work / f"arm-{len(arms)}", cfg, dataset, service=False
+            )
             for name, got in peers.items():
                 if progress is not None:
                     progress(f"{name} (s3)")
@@ -397,7 +439,8 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
                 arms[arm] = run_peer_arm(
                     name, python, remote, needed, work / f"arm-{len(arms)}", cfg, env
                 )
-            index = thousand_ranks(urls["hdfs (hdfs-native)"][0], work, cfg["nodes"], 8)
+            hdfs = urls.get("hdfs (hdfs-native)")
+            index = None if hdfs is None else thousand_ranks(hdfs[0], work, cfg["nodes"], 8)
         return {"arms": arms, "thousand_rank_start": index, "config": cfg, "goal": goal(arms)}
     finally:
         shutil.rmtree(work, ignore_errors=True)

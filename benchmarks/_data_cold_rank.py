@@ -2,8 +2,10 @@
 
 Reads this rank's share of one epoch from a remote URL through the node-local shard cache,
 with DataLoader workers, and prints one JSON line: time to first batch, tokens, seconds, peak
-RSS. Every process (rank and workers) appends the files it fetched from the backend to
-``STATS_DIR/<pid>.log`` through a counting wrapper around the real store.
+RSS, and the node fetch service's counters as this rank last saw them (the rank that finishes
+last sees every fetch of the epoch). A process that fetches for itself (service off or failed)
+appends the files it fetched from the backend to ``STATS_DIR/<pid>.log`` through a counting
+wrapper around the real store.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch  # noqa: F401  (imported before the clock starts: imports are not loader time)
 
+from tensoryard import envvars
 from tensoryard.data import build_torch_loader
 from tensoryard.data.cache import CacheConfig, RemoteStore, ShardCache, open_store
 
@@ -67,8 +70,16 @@ def main() -> None:
     local = "://" not in url
     source = None
     if not local:
+        # Fetches go through the node's fetch service (TYARD_DATA_FETCH_SERVICE, default on),
+        # which counts them; the counting store serves a process only when the service is off
+        # or fails.
         store = CountingStore(open_store(url, json.loads(options)), stats_dir)
-        source = ShardCache(url, CacheConfig(cache_dir=Path(cache_dir)), store=store)
+        cfg = CacheConfig(
+            cache_dir=Path(cache_dir), fetch_service=bool(envvars.DATA_FETCH_SERVICE.get())
+        )
+        source = ShardCache(
+            url, cfg, store=store, storage_options=json.loads(options), fetch_service=True
+        )
     loader = build_torch_loader(
         url,
         sources=[source],
@@ -88,7 +99,10 @@ def main() -> None:
         tokens += batch.numel()
     seconds = time.perf_counter() - started
     loader.close()
+    service = None
     if source is not None:
+        client = source.files.service
+        service = client.stats() if client is not None and client.available else None
         source.close()
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -100,6 +114,7 @@ def main() -> None:
         "batches": per_epoch,
         "peak_rss_mb": usage / 1024,
         "peak_rss_worker_mb": children / 1024,
+        "service": service,
     }
     print(json.dumps(out))
 

@@ -597,6 +597,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="--cold: DataLoader workers/rank")
     parser.add_argument("--cold-mb", type=int, default=64, help="--cold: dataset size in MB")
     parser.add_argument(
+        "--cold-backends",
+        default="s3,hdfs,juicefs",
+        help="--cold: the backends to run, of s3,hdfs,juicefs (S3 always runs: the peers read "
+        "it); a subset writes its own row, e.g. data_loader_cold_s3_hdfs",
+    )
+    parser.add_argument(
         "--worker-arms",
         action="store_true",
         help="only tokens/s with 0, 2, 4 and 8 workers per loader (row data_loader_workers)",
@@ -609,6 +615,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     name = "data_loader_cold" if args.cold else NAME
+    if args.cold:
+        chosen = {b.strip() for b in args.cold_backends.split(",") if b.strip()} | {"s3"}
+        if not chosen <= set(COLD_BACKENDS):
+            parser.error(f"--cold-backends: choose from {','.join(COLD_BACKENDS)}")
+        args.cold_backends = [b for b in COLD_BACKENDS if b in chosen]
+        if len(chosen) < len(COLD_BACKENDS):
+            name += "_" + "_".join(args.cold_backends)
     name = "data_loader_workers" if args.worker_arms else name
     args.json = args.json or HERE / "results" / f"{name}.json"
     if args.row_from_json:
@@ -655,6 +668,7 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch": 8 * (2 if args.quick else args.ranks),
         "nodes": 5 if args.quick else 125,
         "timeout_s": 600,
+        "backends": args.cold_backends,
     }
     t0 = time.perf_counter()
     with Progress(console=console, transient=True) as bar:
@@ -664,8 +678,11 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
             bar.update(task, advance=1, description=f"cold start: {name}")
 
         result = _data_cold.run_cold(cfg, progress=step)
+    subset = args.cold_backends != list(COLD_BACKENDS)
+    tail = "_".join(args.cold_backends) if subset else ""
     command = (
-        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold.json"
+        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold"
+        + (f"_{tail}.json --cold-backends {','.join(args.cold_backends)}" if subset else ".json")
     )
     if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):
         command += f" --ranks {args.ranks} --workers {args.workers} --cold-mb {args.cold_mb}"
@@ -680,9 +697,14 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+COLD_BACKENDS = ("s3", "hdfs", "juicefs")
+
+
 def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     """The RESULTS.md cells of a cold-start run, from its JSON."""
     arms, cfg, idx = r["arms"], r["config"], r["thousand_rank_start"]
+    no_service = arms.get("s3 (moto), no fetch service", {}).get("tokens_per_s")
+    with_service = arms.get("s3 (moto)", {}).get("tokens_per_s")
     local = arms["local (page cache)"]["tokens_per_s"]
     peer_names = ("litdata", "streaming")
     parts = []
@@ -708,17 +730,31 @@ def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     text = (
         f"{cfg['ranks']} ranks x {cfg['workers']} workers, {cfg['megabytes']} MB: "
         + "; ".join(parts)
-        + f"; {vs_peer}; peers read S3 only (neither has an HDFS or JuiceFS mode here; their "
-        "fetched bytes are their cache directory's size); "
-        f"{idx['ranks']}-rank start on {idx['nodes']} nodes: "
-        f"{idx['per_node']['metadata_reads']} metadata reads "
-        f"({idx['per_node']['per_node']:.0f}/node) "
-        f"vs {idx['per_rank']['metadata_reads']} when each rank fetches its own"
+        + f"; {vs_peer}"
+        + (
+            f"; s3 with / without the node fetch service = {with_service / no_service:.2f}x"
+            if with_service and no_service
+            else ""
+        )
+        + "; peers read S3 only (neither has an HDFS or JuiceFS mode here; their "
+        "fetched bytes are their cache directory's size)"
     )
+    left_out = [b for b in COLD_BACKENDS if b not in cfg.get("backends", COLD_BACKENDS)]
+    if left_out:
+        text += f"; not run: {', '.join(left_out)}" + ("" if idx else ", the 1,000-rank start")
+    if idx is not None:
+        text += (
+            f"; {idx['ranks']}-rank start on {idx['nodes']} nodes: "
+            f"{idx['per_node']['metadata_reads']} metadata reads "
+            f"({idx['per_node']['per_node']:.0f}/node) "
+            f"vs {idx['per_rank']['metadata_reads']} when each rank fetches its own"
+        )
     remote = {
         k: a
         for k, a in arms.items()
-        if not k.startswith(peer_names) and a.get("fetched_over_needed") is not None
+        if not k.startswith(peer_names)
+        and "no fetch service" not in k  # the comparison arm, not the default
+        and a.get("fetched_over_needed") is not None
     }
     once = all(abs(a["fetched_over_needed"] - 1.0) < 1e-9 for a in remote.values())
     fast = [k for k, a in remote.items() if a["first_batch_s_max"] < 1.0]

@@ -503,6 +503,14 @@ DATA_CACHE_BYTES: EnvVar[int] = _var(
     read_by="data loader (node cache)",
     doc="Size limit of the node-local data cache.",
 )
+DATA_FETCH_SERVICE: EnvVar[bool] = _var(
+    "DATA_FETCH_SERVICE",
+    "bool",
+    True,
+    set_by="user / node setup",
+    read_by="data loader (node cache)",
+    doc="0: each rank and worker fetches remote data itself, without the node's fetch service.",
+)
 
 INPUT_PREFIX = PREFIX + "INPUT_"
 PREFIXES[INPUT_PREFIX] = (

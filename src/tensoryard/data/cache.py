@@ -54,6 +54,7 @@ from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
 from tensoryard import envvars
+from tensoryard.data.fetchd import FetchClient
 from tensoryard.data.format import (
     INDEX_NAME,
     MANIFEST_NAME,
@@ -153,11 +154,25 @@ class CacheConfig:
     metadata_max_age_s: float = 300.0
     """A manifest fetched by another process of the node less than this long ago is reused
     instead of fetched again (0: every process fetches its own)."""
+    fetch_service: bool = True
+    """Fetch through the node's fetch service (`tensoryard.data.fetchd`): one process per node,
+    cache directory and store that holds the one storage client and makes every request, so
+    ranks and DataLoader workers build no client of their own. Started by the first process
+    that needs it; without it (off, or it cannot start, dies or stops answering) each process
+    fetches for itself. ``TYARD_DATA_FETCH_SERVICE=0`` turns it off."""
+    fetch_service_idle_s: float = 60.0
+    """The fetch service exits after this long without a connected process."""
+    fetch_service_timeout_s: float = 120.0
+    """How long a process waits for the fetch service to start or to answer one request
+    before it fetches for itself."""
+    fetch_service_threads: int = 16
+    """Requests the fetch service makes to the store at once."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CacheConfig:
-        """Config from ``TYARD_DATA_CACHE_DIR`` (default ``~/.cache/tensoryard/shards``) and
-        ``TYARD_DATA_CACHE_BYTES`` (default 64 GiB)."""
+        """Config from ``TYARD_DATA_CACHE_DIR`` (default ``~/.cache/tensoryard/shards``),
+        ``TYARD_DATA_CACHE_BYTES`` (default 64 GiB) and ``TYARD_DATA_FETCH_SERVICE`` (default
+        on)."""
         env = os.environ if env is None else env
         default_dir = Path.home() / ".cache" / "tensoryard" / "shards"
         size_name, dir_name = envvars.DATA_CACHE_BYTES.name, envvars.DATA_CACHE_DIR.name
@@ -166,7 +181,12 @@ class CacheConfig:
             max_bytes = int(raw)
         except ValueError as exc:
             raise DataError(f"{size_name}={raw!r} is not an integer (fix: a byte count)") from exc
-        return cls(cache_dir=Path(env.get(dir_name, default_dir)), max_bytes=max_bytes)
+        service = envvars.DATA_FETCH_SERVICE.get(env, error=DataError)
+        return cls(
+            cache_dir=Path(env.get(dir_name, default_dir)),
+            max_bytes=max_bytes,
+            fetch_service=bool(service),
+        )
 
     def validate(self, largest_file: int) -> None:
         """Raise DataError when the config cannot work for files up to ``largest_file``."""
@@ -179,6 +199,14 @@ class CacheConfig:
             raise DataError(
                 f"cache config: range_bytes={self.range_bytes} must be >= 0 (0: whole files) and "
                 f"prefetch_get_bytes={self.prefetch_get_bytes} at least range_bytes"
+            )
+        if (
+            self.fetch_service_threads < 1
+            or min(self.fetch_service_idle_s, self.fetch_service_timeout_s) <= 0
+        ):
+            raise DataError(
+                "cache config: fetch_service_threads must be >= 1, fetch_service_idle_s and "
+                "fetch_service_timeout_s > 0 (or fetch_service=False to fetch in each process)"
             )
         if self.prefetch_shards < 0 or self.download_threads < 1 or self.retries < 0:
             raise DataError(
@@ -261,8 +289,11 @@ class S3Store:
             "connect_timeout_s": connect_timeout_s,
             "read_timeout_s": read_timeout_s,
         }
-        self._client = self._make_client(**self._options)
-        self._pid = os.getpid()
+        # Built on first use: a process that fetches through the node's fetch service
+        # (tensoryard.data.fetchd) never imports boto3.
+        self._client: Any = None
+        self._pid = self._lock_pid = 0
+        self._client_lock = threading.Lock()
 
     @staticmethod
     def _make_client(
@@ -298,19 +329,23 @@ class S3Store:
     def __getstate__(self) -> dict[str, Any]:
         # boto3 clients do not pickle; DataLoader workers build their own.
         state = self.__dict__.copy()
-        del state["_client"], state["_pid"]
+        del state["_client"], state["_pid"], state["_client_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._client = self._make_client(**self._options)
-        self._pid = os.getpid()
+        self._client, self._pid, self._lock_pid = None, 0, 0
+        self._client_lock = threading.Lock()
 
     def _client_here(self) -> Any:
         # A forked DataLoader worker must not share the parent's connection pool.
         if self._pid != os.getpid():
-            self._client = self._make_client(**self._options)
-            self._pid = os.getpid()
+            if self._lock_pid != os.getpid():  # a lock copied by fork may be held for good
+                self._client_lock, self._lock_pid = threading.Lock(), os.getpid()
+            with self._client_lock:
+                if self._pid != os.getpid():
+                    self._client = self._make_client(**self._options)
+                    self._pid = os.getpid()
         return self._client
 
     def url(self, key: str) -> str:
@@ -621,8 +656,11 @@ class FileCache:
         *,
         next_use: NextUse = dict,
         sleep: Callable[[float], None] = time.sleep,
+        service: FetchClient | None = None,
     ) -> None:
         self.store = store
+        self.service = service
+        """The node's fetch service; None (or when it fails): this process asks the store."""
         self.config = config
         self.stats = CacheStats()
         self.next_use = next_use
@@ -927,7 +965,15 @@ class FileCache:
             os.pwrite(st.part_fd, chunk, pos)
             pos += len(chunk)
 
-        self.store.download_range(f.key, start, stop, sink, self.config.chunk_bytes)  # type: ignore[attr-defined]
+        got = None
+        if self.service is not None:
+            got = self.service.download_range(
+                f.key, start, stop, st.part_fd, self.config.chunk_bytes
+            )
+        if got is not None:
+            pos = start + got
+        else:
+            self.store.download_range(f.key, start, stop, sink, self.config.chunk_bytes)  # type: ignore[attr-defined]
         if pos != stop:
             raise TransientError(f"{self.store.url(f.key)}: range [{start}, {stop}) ended at {pos}")
         os.pwrite(st.map_fd, b"\x01" * n, k)
@@ -1046,20 +1092,26 @@ class FileCache:
             hasher = _hasher(f.algorithm, len(f.hexdigest) // 2)
         except ValueError as exc:
             raise DataError(f"hash {f.digest!r} of {f.key} uses an unknown algorithm") from exc
+        got = None
         with open(tmp, "r+b") as out:
-            out.truncate(0)
+            out.truncate(0)  # here, not in the service: a late answer must never shorten it
+            if self.service is not None:
+                got = self.service.download(
+                    f.key, out.fileno(), f.algorithm, len(f.hexdigest) // 2, self.config.chunk_bytes
+                )
+            if got is None:
 
-            def sink(chunk: bytes) -> None:
-                hasher.update(chunk)
-                out.write(chunk)
+                def sink(chunk: bytes) -> None:
+                    hasher.update(chunk)
+                    out.write(chunk)
 
-            self.store.download(f.key, sink, self.config.chunk_bytes)
-            out.flush()
-            os.fsync(out.fileno())
+                self.store.download(f.key, sink, self.config.chunk_bytes)
+                out.flush()
+                os.fsync(out.fileno())
         size = tmp.stat().st_size
         self.stats.downloads += 1
         self.stats.bytes_downloaded += size
-        return str(hasher.hexdigest())
+        return got if got is not None else str(hasher.hexdigest())
 
     # -- budget -------------------------------------------------------------------------------
 
@@ -1220,14 +1272,33 @@ class ShardCache:
         store: RemoteStore | None = None,
         storage_options: Mapping[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        fetch_service: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.config = config if config is not None else CacheConfig.from_env()
+        # The node's fetch service builds its own store from the URL and storage options, so
+        # by default a caller's own `store` is used as given, in this process. With
+        # ``fetch_service=True`` that store only serves when the service cannot.
+        use_service = self.config.fetch_service and (
+            fetch_service if fetch_service is not None else store is None
+        )
+        service = None
+        if use_service:
+            service = FetchClient(
+                self.url,
+                dict(storage_options or {}),
+                self.config.cache_dir,
+                idle_s=self.config.fetch_service_idle_s,
+                timeout_s=self.config.fetch_service_timeout_s,
+                threads=self.config.fetch_service_threads,
+            )
+            service.start_soon()  # overlaps the service's start with the rank's own
         self.files = FileCache(
             store if store is not None else open_store(self.url, storage_options),
             self.config,
             next_use=self._next_use,
             sleep=sleep,
+            service=service,
         )
         url_key = hashlib.blake2b(self.url.encode(), digest_size=10).hexdigest()
         self.meta_dir = self.files.dir / _META_DIR / url_key
@@ -1257,13 +1328,18 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k in ("url", "config", "meta_dir")}
         state |= {"store": self.files.store, "sleep": self.files._sleep}
+        state |= {"service": self.files.service}
         state |= {"entries": self._entries, "itemsize": self._itemsize}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url, self.config, self.meta_dir = state["url"], state["config"], state["meta_dir"]
         self.files = FileCache(
-            state["store"], self.config, next_use=self._next_use, sleep=state["sleep"]
+            state["store"],
+            self.config,
+            next_use=self._next_use,
+            sleep=state["sleep"],
+            service=state["service"],
         )
         self._entries, self._itemsize = state["entries"], state["itemsize"]
         self._init_runtime()
@@ -1379,6 +1455,8 @@ class ShardCache:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.files.service is not None:
+            self.files.service.close()
 
     def __enter__(self) -> ShardCache:
         return self

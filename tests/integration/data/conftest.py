@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tensoryard.data.fetchd import SERVICE_DIR, stop_services
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "storage-testenv"
 PORTS_PER_ENV = 3
 
@@ -140,3 +142,14 @@ def hdfs_upload(namenode_url: str, files: dict[str, Path]) -> None:
 def hdfs_uploader() -> Callable[[str, dict[str, Path]], None]:
     """`hdfs_upload`, for the tests."""
     return hdfs_upload
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fetch_services_end_with_the_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """A node fetch service outlives its last reader by its idle period (60 s by default):
+    the ones the tests started end with the session."""
+    yield
+    for folder in tmp_path_factory.getbasetemp().rglob(SERVICE_DIR):
+        stop_services(folder.parent)

@@ -375,6 +375,61 @@ def test_ranks_on_one_node_share_a_single_download_of_each_shard(
     assert leftovers == []
 
 
+SERVICE_RANK_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    from pathlib import Path
+    from tensoryard.data.cache import CacheConfig, ShardCache
+    from tensoryard.data.format import shard_file_name
+    url, endpoint, cache_dir, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    cfg = CacheConfig(cache_dir=Path(cache_dir), prefetch_shards=2, fetch_service_idle_s=2)
+    with ShardCache(url, cfg, storage_options={"endpoint_url": endpoint}) as cache:
+        cache.metadata_path("manifest.json")
+        cache.hint(list(range(n)))
+        out = {}
+        for i in range(n):
+            data = cache.shard_path(i, shard_file_name(i)).read_bytes()
+            out[i] = hashlib.sha256(data).hexdigest()
+            cache.release(i)
+        stats = cache.files.service.stats()
+    print(json.dumps({"digests": out, "service": stats, "boto3": "boto3" in sys.modules}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_ranks_read_s3_through_one_node_service_without_a_client_of_their_own(
+    proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path
+) -> None:
+    n = _num_shards(dataset)
+    proxy.delay_s = 0.02
+    argv = [f"s3://{BUCKET}/{PREFIX}", proxy.endpoint, str(tmp_path / "node-cache"), str(n)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", SERVICE_RANK_SCRIPT, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=os.environ | CREDS,
+        )
+        for _ in range(4)
+    ]
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err.decode()
+        assert b"fetch service" not in err  # nobody fell back
+        results.append(json.loads(out))
+    want = {str(i): hashlib.sha256(_tok_bytes(dataset, i)).hexdigest() for i in range(n)}
+    assert all(r["digests"] == want for r in results)
+    assert not any(r["boto3"] for r in results)  # the service holds the node's only client
+    assert len({r["service"]["pid"] for r in results}) == 1
+    by_key = max((r["service"] for r in results), key=lambda s: s["bytes"])["bytes_by_key"]
+    assert sorted(proxy.shard_gets()) == sorted(shard_file_name(i) for i in range(n))
+    for i in range(n):
+        assert by_key[shard_file_name(i)] == len(_tok_bytes(dataset, i))
+    assert by_key["manifest.json"] == (dataset / "manifest.json").stat().st_size
+
+
 # ---------------------------------------------------------------------------------------------
 # eviction
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tensoryard.data import TokenDataset, open_dataset, write_token_dataset
+from tensoryard.data.fetchd import SERVICE_DIR, stop_services
 
 MOD = 60_000  # token t of a counting dataset is t % MOD (so every window is checkable)
 
@@ -66,3 +67,14 @@ def window_of() -> Callable[[int, int], np.ndarray]:
 def write_counting_dataset() -> Callable[..., Path]:
     """The `write_counting` helper, for tests that need a dataset of their own."""
     return write_counting
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fetch_services_end_with_the_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """A node fetch service outlives its last reader by its idle period (60 s by default):
+    the ones the tests started end with the session."""
+    yield
+    for folder in tmp_path_factory.getbasetemp().rglob(SERVICE_DIR):
+        stop_services(folder.parent)
