@@ -146,8 +146,9 @@ class CacheConfig:
     """Read size while streaming a download to disk."""
     range_bytes: int = 1 * _MiB
     """Unit in which token shards are fetched and tracked when the store reads byte ranges
-    (S3, HDFS, WebHDFS, fsspec): a read waits only for the units that hold its samples plus
-    the shard's first and last 4 KiB (its fingerprint). 0: whole files only."""
+    (S3, HDFS, WebHDFS, fsspec): a read waits only for the units that hold its samples (the
+    shard's whole content hash is checked once its last unit is in, in place of the quick
+    fingerprint of its first and last 4 KiB). 0: whole files only."""
     prefetch_get_bytes: int = 16 * _MiB
     """Largest request of a prefetch: consecutive missing units of a shard are fetched in one
     ranged GET of up to this many bytes."""

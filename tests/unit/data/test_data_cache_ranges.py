@@ -191,6 +191,50 @@ def test_the_loader_reads_the_same_batches_through_ranged_reads(
     cache.close()
 
 
+def test_the_first_read_of_a_ranged_shard_fetches_its_samples_units_only(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """No fingerprint units (the shard's first and last 4 KiB) before the first batch: the
+    whole-file hash checks the shard once it completes."""
+    from tensoryard.data.dataset import TokenDataset
+
+    store = _Recording(dataset.as_uri())
+    cache = _cache(dataset, tmp_path / "c", store, prefetch_shards=0)
+    data = TokenDataset(cache)
+    n = int(data._starts[2] - data._starts[1])
+    assert n * data._itemsize > 8 * UNIT  # the middle unit is neither the head nor the tail
+    middle = int(data._starts[1]) + (n // 2)
+    np.testing.assert_array_equal(
+        data.read(middle, 8), np.frombuffer(_shard_bytes(dataset, 1), data.dtype)[n // 2 :][:8]
+    )
+    name = shard_file_name(1)
+    units = {(a // UNIT, -(-b // UNIT)) for key, a, b in store.calls if key == name}
+    at = (n // 2) * data._itemsize // UNIT
+    assert units == {(at, at + 1)}
+    cache.close()
+
+
+def test_a_ranged_shard_that_differs_from_the_manifest_fails_its_reader_once_complete(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """What the skipped fingerprint caught at open is caught by the whole hash: a remote shard
+    whose bytes differ (every time) fails the read that completes it, naming the shard."""
+    from tensoryard.data.dataset import TokenDataset
+
+    class Corrupt(_Recording):
+        def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+            super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
+
+    cache = _cache(
+        dataset, tmp_path / "c", Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0
+    )
+    data = TokenDataset(cache)
+    n = int(data._starts[7] - data._starts[6])
+    with pytest.raises(DataError, match=rf"{shard_file_name(6)} fails verification twice"):
+        data.read(int(data._starts[6]), n)
+    cache.close()
+
+
 def test_range_settings_are_checked(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="range_bytes"):
         CacheConfig(cache_dir=tmp_path, range_bytes=-1).validate(10)
