@@ -901,9 +901,53 @@ class FileCache:
         missing = [k for k in range(st.units) if not st.done(k)]
         for k, n in _runs(missing, per_get):
             if not self._fetch_run(f, st, k, n, blocking=False):
-                for j in range(k, k + n):  # contended: unit by unit, skipping taken ones
-                    self._fetch_run(f, st, j, 1, blocking=False)
+                self._fetch_free_runs(f, st, k, n)  # contended: the runs of units left free
         self._maybe_complete(f, st)
+
+    def _fetch_free_runs(self, f: RemoteFile, st: _Partial, k: int, n: int) -> None:
+        """Fetch the missing units of ``[k, k + n)`` that no other thread or process holds:
+        each stretch of them that this thread can take, unit by unit without waiting, in one
+        request (so many processes prefetching the same shard still make large GETs)."""
+        j, end = k, k + n
+        while j < end:
+            taken = 0
+            while j + taken < end and not st.done(j + taken) and self._take(st, j + taken):
+                taken += 1
+            if taken == 0:
+                j += 1
+                continue
+            try:
+                fetch = functools.partial(self._download_units, f, st, j, taken, demand=False)
+                self._with_retries(f, fetch)
+            finally:
+                fcntl.lockf(st.map_fd, fcntl.LOCK_UN, taken, j, os.SEEK_SET)
+                with st.cond:
+                    st.claimed.difference_update(range(j, j + taken))
+                    st.cond.notify_all()
+            j += taken
+
+    @staticmethod
+    def _take(st: _Partial, unit: int) -> bool:
+        """Claim one unit for this thread and lock it against other processes, without
+        waiting; False (nothing held) when either is taken."""
+        with st.cond:
+            if unit in st.claimed:
+                return False
+            st.claimed.add(unit)
+        try:
+            fcntl.lockf(st.map_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, unit, os.SEEK_SET)
+        except OSError:
+            with st.cond:
+                st.claimed.discard(unit)
+                st.cond.notify_all()
+            return False
+        if st.done(unit):  # fetched by another process between the check and the lock
+            fcntl.lockf(st.map_fd, fcntl.LOCK_UN, 1, unit, os.SEEK_SET)
+            with st.cond:
+                st.claimed.discard(unit)
+                st.cond.notify_all()
+            return False
+        return True
 
     def _demand_pool(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_pid != os.getpid():
@@ -927,7 +971,9 @@ class FileCache:
             try:
                 todo = [j for j in units if not st.done(j)]
                 for start, count in _runs(todo, n):
-                    fetch = functools.partial(self._download_units, f, st, start, count)
+                    fetch = functools.partial(
+                        self._download_units, f, st, start, count, demand=blocking
+                    )
                     self._with_retries(f, fetch)
             finally:
                 fcntl.lockf(st.map_fd, fcntl.LOCK_UN, n, k, os.SEEK_SET)
@@ -954,7 +1000,9 @@ class FileCache:
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
-    def _download_units(self, f: RemoteFile, st: _Partial, k: int, n: int) -> None:
+    def _download_units(
+        self, f: RemoteFile, st: _Partial, k: int, n: int, *, demand: bool = True
+    ) -> None:
         size = self.config.range_bytes
         start, stop = k * size, min(f.nbytes, (k + n) * size)
         pos = start
@@ -969,7 +1017,7 @@ class FileCache:
         got = None
         if self.service is not None:
             got = self.service.download_range(
-                f.key, start, stop, st.part_fd, self.config.chunk_bytes
+                f.key, start, stop, st.part_fd, self.config.chunk_bytes, demand=demand
             )
         if got is not None:
             pos = start + got

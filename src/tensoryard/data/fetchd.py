@@ -339,10 +339,14 @@ class FetchClient:
         self._checkin(sock)
         return answer
 
-    def download_range(self, key: str, start: int, stop: int, fd: int, chunk: int) -> int | None:
+    def download_range(
+        self, key: str, start: int, stop: int, fd: int, chunk: int, *, demand: bool = True
+    ) -> int | None:
         """Have the service write bytes ``[start, stop)`` of ``key`` into ``fd`` at their
-        offsets; the number of bytes written, or None (fetch it yourself)."""
+        offsets; the number of bytes written, or None (fetch it yourself). A prefetch
+        (``demand=False``) waits in the service while any reader's demand read is pending."""
         message = {"op": "range", "key": key, "start": start, "stop": stop, "chunk": chunk}
+        message["demand"] = demand
         answer = self.request(message, fd)
         return None if answer is None else int(_raise_for(answer)["bytes"])
 

@@ -10,6 +10,7 @@ connection closed, or on SIGTERM. See `tensoryard.data.fetchd` for the protocol.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -41,6 +42,14 @@ class _Service:
         self.stopping = False
         self.counts: Counter[str] = Counter()
         self.bytes_by_key: Counter[str] = Counter()
+        # Demand reads (a reader is blocked on them) go first: a prefetch (a run the reader
+        # will need later) waits while any demand read is queued or running, and at most
+        # `prefetch_limit` prefetches run at once, so a demand read never waits for a thread
+        # and shares the store with few large GETs.
+        self._gate = threading.Condition()
+        self._demand = 0
+        self._prefetching = 0
+        self.prefetch_limit = max(1, int(spec["threads"]) // 4)
         self._store: Future[Any] = Future()
         self._local = threading.local()
         threading.Thread(target=self._open_store, name="tyard-fetchd-store", daemon=True).start()
@@ -103,7 +112,8 @@ class _Service:
                 except (OSError, ValueError):
                     return
                 try:
-                    answer = self.pool.submit(self._handle, message, fds).result()
+                    with self._turn(message.get("op") == "range" and not message.get("demand")):
+                        answer = self.pool.submit(self._handle, message, fds).result()
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -116,6 +126,27 @@ class _Service:
                 self.clients -= 1
                 if self.clients == 0:
                     self.idle_since = time.monotonic()
+
+    @contextlib.contextmanager
+    def _turn(self, prefetch: bool) -> Iterator[None]:
+        """Hold a prefetch until no demand read waits and a prefetch slot is free; count a
+        demand read while it runs."""
+        with self._gate:
+            if prefetch:
+                while self._demand or self._prefetching >= self.prefetch_limit:
+                    self._gate.wait()
+                self._prefetching += 1
+            else:
+                self._demand += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                if prefetch:
+                    self._prefetching -= 1
+                else:
+                    self._demand -= 1
+                self._gate.notify_all()
 
     def _handle(self, message: Mapping[str, Any], fds: list[int]) -> dict[str, Any]:
         op = message.get("op")

@@ -135,6 +135,30 @@ def test_prefetch_fetches_the_rest_of_the_announced_shards_in_large_requests(
         assert sum(sizes) == sum(len(_shard_bytes(dataset, i)) for i in (0, 1))
 
 
+def test_a_contended_prefetch_fetches_the_free_stretches_of_its_run_in_one_request_each(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """Another reader holds unit 5: the run [4, 8) is fetched as [4, 5) and [6, 8), not unit
+    by unit, and unit 5 is left to its holder."""
+    store = _Recording(dataset.as_uri())
+    with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
+        name = shard_file_name(0)
+        cache.partial_path(0, name)
+        f = cache._file(0, name)
+        st = cache.files._state(f)
+        assert st is not None and st.units > 8
+        st.claimed.add(5)
+        cache.files.prefetch_ranges(f)
+        calls = [(a // UNIT, -(-b // UNIT)) for key, a, b in store.calls if key == name]
+        assert (4, 5) in calls and (6, 8) in calls and (0, 4) in calls
+        assert all(not (a <= 5 < b) for a, b in calls)
+        assert not cache.files.present(f)  # unit 5 is still missing
+        st.claimed.discard(5)
+        cache.files.prefetch_ranges(f)
+        assert cache.files.present(f)
+        assert cache.files.path(f).read_bytes() == _shard_bytes(dataset, 0)
+
+
 def _flip(b: bytes) -> bytes:
     return bytes([b[0] ^ 0xFF]) + b[1:] if b else b
 

@@ -325,3 +325,43 @@ def test_a_shard_fetched_through_the_service_is_verified_by_the_reader(
         assert service is not None and service.available
         stats = service.stats()
         assert stats is not None and stats["bytes_by_key"][name] == size
+
+
+def test_the_service_holds_prefetches_while_a_demand_read_is_pending(tmp_path: Path) -> None:
+    """The service's gate, on its own: a prefetch waits while a demand read runs, and no more
+    than `prefetch_limit` prefetches run at once."""
+    import threading
+
+    from tensoryard.data.fetchd_service import _Service
+
+    spec = {"root": tmp_path.as_uri(), "options": {}, "idle_s": 1, "threads": 8, "key": "k"}
+    service = _Service(spec)
+    assert service.prefetch_limit == 2
+    entered: list[str] = []
+
+    def prefetch(name: str, hold: threading.Event) -> None:
+        with service._turn(prefetch=True):
+            entered.append(name)
+            hold.wait(10)
+
+    release = threading.Event()
+    with service._turn(prefetch=False):  # a demand read in flight
+        first = threading.Thread(target=prefetch, args=("p1", release))
+        first.start()
+        time.sleep(0.2)
+        assert entered == []  # held behind the demand read
+    first.join(0.01)
+    deadline = time.monotonic() + 5
+    while entered != ["p1"]:
+        assert time.monotonic() < deadline, "the prefetch never ran"
+        time.sleep(0.01)
+    more = [threading.Thread(target=prefetch, args=(f"p{i}", release)) for i in (2, 3)]
+    for t in more:
+        t.start()
+    time.sleep(0.2)
+    assert len(entered) == 2  # p1 and one more: the limit is 2
+    release.set()
+    for t in [first, *more]:
+        t.join(5)
+    assert sorted(entered) == ["p1", "p2", "p3"]
+    service.pool.shutdown()
