@@ -34,23 +34,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tensoryard.data.build import build_loader, build_torch_loader
-from tensoryard.data.dataset import (
-    CheckLevel,
-    ReadMode,
-    TokenDataset,
-    open_dataset,
-    verify_dataset,
-)
-from tensoryard.data.format import Manifest, ShardEntry, read_manifest
-from tensoryard.data.loader import LoaderConfig, SampleSequence, TokenLoader
-from tensoryard.data.permutation import FeistelPermutation, ShuffleOrder
-from tensoryard.data.source import LocalShardSource, ShardSource
-from tensoryard.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
-
 if TYPE_CHECKING:
+    from tensoryard.data.build import build_loader, build_torch_loader
+    from tensoryard.data.dataset import (
+        CheckLevel,
+        ReadMode,
+        TokenDataset,
+        open_dataset,
+        verify_dataset,
+    )
+    from tensoryard.data.format import Manifest, ShardEntry, read_manifest
+    from tensoryard.data.loader import LoaderConfig, SampleSequence, TokenLoader
     from tensoryard.data.megatron import import_megatron
+    from tensoryard.data.permutation import FeistelPermutation, ShuffleOrder
     from tensoryard.data.preparation import PrepareResult, prepare, write_token_dataset
+    from tensoryard.data.source import LocalShardSource, ShardSource
+    from tensoryard.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
     from tensoryard.data.torch_loader import TorchTokenDataset, TorchTokenLoader
 
 __all__ = [
@@ -83,7 +82,31 @@ __all__ = [
     "write_token_dataset",
 ]
 
+# Every name loads its module on first use: a process that imports one submodule (the node's
+# fetch service imports `tensoryard.data.cache` only) does not pay for numpy, the loader, torch
+# or the preparation stack.
 _LAZY = {
+    "build_loader": "tensoryard.data.build",
+    "build_torch_loader": "tensoryard.data.build",
+    "CheckLevel": "tensoryard.data.dataset",
+    "ReadMode": "tensoryard.data.dataset",
+    "TokenDataset": "tensoryard.data.dataset",
+    "open_dataset": "tensoryard.data.dataset",
+    "verify_dataset": "tensoryard.data.dataset",
+    "Manifest": "tensoryard.data.format",
+    "ShardEntry": "tensoryard.data.format",
+    "read_manifest": "tensoryard.data.format",
+    "LoaderConfig": "tensoryard.data.loader",
+    "SampleSequence": "tensoryard.data.loader",
+    "TokenLoader": "tensoryard.data.loader",
+    "FeistelPermutation": "tensoryard.data.permutation",
+    "ShuffleOrder": "tensoryard.data.permutation",
+    "LocalShardSource": "tensoryard.data.source",
+    "ShardSource": "tensoryard.data.source",
+    "ByteTokenizer": "tensoryard.data.tokenizer",
+    "HFTokenizer": "tensoryard.data.tokenizer",
+    "Tokenizer": "tensoryard.data.tokenizer",
+    "load_tokenizer": "tensoryard.data.tokenizer",
     "prepare": "tensoryard.data.preparation",
     "PrepareResult": "tensoryard.data.preparation",
     "write_token_dataset": "tensoryard.data.preparation",
@@ -94,7 +117,6 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # torch and the preparation stack load only when asked for.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tensoryard.data' has no attribute {name!r}")

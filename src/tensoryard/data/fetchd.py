@@ -375,7 +375,7 @@ class FetchClient:
 def _raise_for(answer: dict[str, Any]) -> dict[str, Any]:
     if "error" not in answer:
         return answer
-    from tensoryard.data.cache import TransientError
+    from tensoryard.data.stores import TransientError
 
     if answer.get("kind") == "transient":
         raise TransientError(str(answer["error"]))

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tensoryard.data.cache import HdfsStore, TransientError, _hasher, open_store
 from tensoryard.data.fetchd import _peer_uid, _recv, _send
+from tensoryard.data.stores import HdfsStore, TransientError, _hasher, open_store
 from tensoryard.errors import DataError
 
 __all__ = ["serve"]

@@ -17,10 +17,10 @@ from tensoryard.data.cache import (
     RemoteFile,
     ShardCache,
     TransientError,
-    _translate_s3_client_error,
     open_store,
 )
 from tensoryard.data.format import shard_file_name
+from tensoryard.data.stores import _translate_s3_client_error
 from tensoryard.errors import DataError
 
 SHARD_TOKENS = 2048
