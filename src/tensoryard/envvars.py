@@ -511,6 +511,15 @@ DATA_FETCH_SERVICE: EnvVar[bool] = _var(
     read_by="data loader (node cache)",
     doc="0: each rank and worker fetches remote data itself, without the node's fetch service.",
 )
+DATA_S3_CLIENT: EnvVar[str] = _var(
+    "DATA_S3_CLIENT",
+    "str",
+    "auto",
+    set_by="user / node setup",
+    read_by="data loader (node cache, fetch service)",
+    doc="auto: S3 reads over the standard library when AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY are set (no profile), boto3 otherwise; boto3: always boto3.",
+)
 
 INPUT_PREFIX = PREFIX + "INPUT_"
 PREFIXES[INPUT_PREFIX] = (

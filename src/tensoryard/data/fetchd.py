@@ -47,6 +47,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from tensoryard import envvars
 from tensoryard.errors import DataError
 
 __all__ = ["SERVICE_DIR", "FetchClient", "service_address", "service_key", "stop_services"]
@@ -63,6 +64,7 @@ _ENV_KEYS = (
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
     "HADOOP_CONF_DIR",
+    envvars.DATA_S3_CLIENT.name,
 )
 _HEADER = struct.Struct("<I")
 _PEERCRED = struct.Struct("3i")

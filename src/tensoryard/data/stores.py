@@ -59,10 +59,12 @@ def _join(root: str, key: str) -> str:
 
 
 class S3Store:
-    """``s3://bucket/prefix`` through boto3.
+    """``s3://bucket/prefix``: through `tensoryard.data.s3http` (the standard library) when the
+    credentials are static environment variables, else through boto3.
 
     ``endpoint_url`` (or the standard ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` variables)
-    points at any S3-compatible service; credentials come from boto3's usual chain.
+    points at any S3-compatible service; credentials come from the environment or boto3's usual
+    chain. ``TYARD_DATA_S3_CLIENT=boto3`` uses boto3 for every request.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class S3Store:
         self._client: Any = None
         self._pid = self._lock_pid = 0
         self._client_lock = threading.Lock()
+        self._http: Any = None  # S3Http, decided on first use (False: boto3)
 
     @staticmethod
     def _make_client(
@@ -136,6 +139,51 @@ class S3Store:
         self._client, self._pid, self._lock_pid = None, 0, 0
         self._client_lock = threading.Lock()
 
+    def _http_client(self) -> Any:
+        """The standard-library client, or None where boto3 serves (see the class doc)."""
+        if self._http is None:
+            from tensoryard import envvars
+            from tensoryard.data.s3http import S3Http, static_credentials
+
+            env = os.environ
+            choice = (envvars.DATA_S3_CLIENT.get(env, error=DataError) or "auto").lower()
+            if choice not in ("auto", "boto3"):
+                raise DataError(
+                    f"{envvars.DATA_S3_CLIENT.name}={choice!r} is not a client (fix: auto or boto3)"
+                )
+            creds = static_credentials(env)
+            options = self._options
+            if choice == "boto3" or creds is None or options["profile_name"]:
+                self._http = False
+            else:
+                endpoint = (
+                    options["endpoint_url"]
+                    or env.get("AWS_ENDPOINT_URL_S3")
+                    or env.get("AWS_ENDPOINT_URL")
+                )
+                region = (
+                    options["region_name"]
+                    or env.get("AWS_REGION")
+                    or env.get("AWS_DEFAULT_REGION")
+                    or "us-east-1"
+                )
+                try:
+                    self._http = S3Http(
+                        self.bucket,
+                        region,
+                        *creds,
+                        endpoint_url=endpoint,
+                        connect_timeout_s=options["connect_timeout_s"],
+                        read_timeout_s=options["read_timeout_s"],
+                        ca_bundle=env.get("AWS_CA_BUNDLE") or None,
+                    )
+                except ValueError as exc:
+                    raise DataError(
+                        f"S3 endpoint {endpoint!r}: {exc} (fix: endpoint_url or "
+                        "AWS_ENDPOINT_URL as http(s)://host[:port])"
+                    ) from exc
+        return self._http or None
+
     def _client_here(self) -> Any:
         # A forked DataLoader worker must not share the parent's connection pool.
         if self._pid != os.getpid():
@@ -151,6 +199,10 @@ class S3Store:
         return f"s3://{self.bucket}/{_join(self.prefix, key)}"
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
+        http = self._http_client()
+        if http is not None:
+            self._http_get(http, key, sink, chunk_bytes, None)
+            return
         try:
             client = self._client_here()
             body = client.get_object(Bucket=self.bucket, Key=_join(self.prefix, key))["Body"]
@@ -163,6 +215,10 @@ class S3Store:
         self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
     ) -> None:
         """Stream bytes ``[start, stop)`` of the object into ``sink`` (one ranged GET)."""
+        http = self._http_client()
+        if http is not None:
+            self._http_get(http, key, sink, chunk_bytes, (start, stop))
+            return
         try:
             client = self._client_here()
             body = client.get_object(
@@ -172,6 +228,32 @@ class S3Store:
                 sink(chunk)
         except Exception as exc:
             raise self._translate(exc, key) from exc
+
+    def _http_get(
+        self,
+        client: Any,
+        key: str,
+        sink: Callable[[bytes], None],
+        chunk_bytes: int,
+        byte_range: tuple[int, int] | None,
+    ) -> None:
+        import http.client
+
+        from tensoryard.data.s3http import S3HttpError
+
+        url = self.url(key)
+        try:
+            client.get(_join(self.prefix, key), sink, chunk_bytes, byte_range)
+        except S3HttpError as exc:
+            raise _translate_s3_client_error(exc, url, self.bucket) from exc
+        except (ConnectionRefusedError, socket.gaierror) as exc:
+            raise TransientError(
+                f"{url}: cannot connect to {client.scheme}://{client.host_header}: {exc} "
+                "(fix: check the endpoint URL, AWS_ENDPOINT_URL or the storage option "
+                "endpoint_url, and that the service is running)"
+            ) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransientError(f"{url}: {type(exc).__name__}: {exc}") from exc
 
     def _translate(self, exc: Exception, key: str) -> Exception:
         from botocore import exceptions as bex
