@@ -51,13 +51,14 @@ class _Service:
         self._prefetching = 0
         self.prefetch_limit = max(1, int(spec["threads"]) // 4)
         self._store: Future[Any] = Future()
-        self._local = threading.local()
         threading.Thread(target=self._open_store, name="tyard-fetchd-store", daemon=True).start()
 
     def _open_store(self) -> None:
         """Build the store (and an S3 client) before the first request needs it."""
         try:
             store = open_store(self.root, self.options)
+            if isinstance(store, HdfsStore):
+                store.serve_in_process()  # this process never forks: one client, every thread
             warm = getattr(store, "_client_here", None)
             if warm is not None:
                 warm()
@@ -67,14 +68,9 @@ class _Service:
         self._store.set_result(store)
 
     def store(self) -> Any:
-        store = self._store.result()
-        if not isinstance(store, HdfsStore):
-            return store  # boto3 clients and fsspec filesystems serve many threads
-        # An HDFS store serves one request at a time (its helper's pipe): one per thread.
-        mine = getattr(self._local, "store", None)
-        if mine is None:
-            mine = self._local.store = open_store(self.root, self.options)
-        return mine
+        # Every store serves many threads here: boto3 clients, the standard-library S3
+        # client (a connection per thread), fsspec filesystems, hdfs-native in process.
+        return self._store.result()
 
     def run(self, listener: socket.socket) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
