@@ -14,10 +14,12 @@ dataset from a local directory (page cache) as the reference.
 Then a 1,000-rank start against HDFS: 125 nodes x 8 ranks open the dataset (manifest, index,
 listing), once with the node-wide metadata cache and once with every rank fetching its own.
 
-The tensoryard arms fetch through the node fetch service (``tensoryard.data.fetchd``, the
-default); the arm ``s3 (moto), no fetch service`` repeats the S3 arm with every process fetching
-for itself. ``--cold-backends s3,hdfs`` (or ``s3``) leaves JuiceFS (and HDFS with its 1,000-rank
-start) out, for a machine where they are not built; S3 (moto) always runs, the peers need it.
+The tensoryard arms run with the defaults: the node fetch service (``tensoryard.data.fetchd``)
+serves HDFS and the fsspec stores, and S3 with static keys is read by every process over the
+standard-library client; the arm ``s3 (moto), through the fetch service`` repeats the S3 arm
+with the service forced on (``TYARD_DATA_FETCH_SERVICE=1``), to show what it changes.
+``--cold-backends s3,hdfs`` (or ``s3``) leaves JuiceFS (and HDFS with its 1,000-rank start)
+out, for a machine where they are not built; S3 (moto) always runs, the peers need it.
 
 Peers' remote modes run against the same moto server in the same run: the same tokens are
 converted to litdata's and mosaicml-streaming's formats (``_data_worker.py convert``, 8 chunks /
@@ -200,10 +202,10 @@ def run_arm(
     cfg: dict[str, Any],
     dataset: Path,
     *,
-    service: bool = True,
+    service: bool | None = None,
 ) -> dict[str, Any]:
-    """`ranks` processes reading one epoch together through one empty node cache (with the
-    node fetch service unless ``service`` is off)."""
+    """`ranks` processes reading one epoch together through one empty node cache; the node
+    fetch service as the defaults decide (``service`` None), forced on (True) or off (False)."""
     cache, stats = work / "cache", work / "stats"
     shutil.rmtree(work, ignore_errors=True)
     stats.mkdir(parents=True)
@@ -213,7 +215,9 @@ def run_arm(
     if creds:
         env |= {"AWS_ACCESS_KEY_ID": creds[0], "AWS_SECRET_ACCESS_KEY": creds[1]}
     env["AWS_DEFAULT_REGION"] = "us-east-1"
-    env["TYARD_DATA_FETCH_SERVICE"] = "1" if service else "0"
+    env.pop("TYARD_DATA_FETCH_SERVICE", None)
+    if service is not None:
+        env["TYARD_DATA_FETCH_SERVICE"] = "1" if service else "0"
     argv = [url, json.dumps(options), str(cache), str(stats)]
     shape = [str(cfg[k]) for k in ("ranks", "workers", "seq_len", "global_batch")]
     procs = [
@@ -241,7 +245,7 @@ def run_arm(
     last: dict[str, Any] = max(seen, key=lambda s: s.get("requests", 0), default={})
     got += last.get("bytes", 0)
     reads = len(fetched) + last.get("requests", 0)
-    fell_back = sum(1 for r in ranks if service and not r.get("service"))
+    fell_back = sum(1 for r in ranks if service and not r.get("service"))  # forced, not used
     return {
         "tokens_per_s": tokens / wall,
         "wall_s": wall,
@@ -423,10 +427,10 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
                 if progress is not None:
                     progress(name)
                 arms[name] = run_arm(url, options, work / f"arm-{len(arms)}", cfg, dataset)
-            # The same S3 arm with every process fetching for itself: what the service changes.
+            # The same S3 arm through the node's fetch service: what the service changes.
             url, options = urls["s3 (moto)"]
-            arms["s3 (moto), no fetch service"] = run_arm(
-                url, options, work / f"arm-{len(arms)}", cfg, dataset, service=False
+            arms["s3 (moto), through the fetch service"] = run_arm(
+                url, options, work / f"arm-{len(arms)}", cfg, dataset, service=True
             )
             for name, got in peers.items():
                 if progress is not None:

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch  # noqa: F401  (imported before the clock starts: imports are not loader time)
 
-from tensoryard import envvars
 from tensoryard.data import build_torch_loader
 from tensoryard.data.cache import CacheConfig, RemoteStore, ShardCache, open_store
 
@@ -34,6 +33,10 @@ class CountingStore:
 
     def url(self, key: str) -> str:
         return self.inner.url(key)
+
+    def wants_fetch_service(self) -> bool:
+        wants = getattr(self.inner, "wants_fetch_service", None)
+        return bool(wants()) if callable(wants) else True
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
         got = 0
@@ -70,12 +73,12 @@ def main() -> None:
     local = "://" not in url
     source = None
     if not local:
-        # Fetches go through the node's fetch service (TYARD_DATA_FETCH_SERVICE, default on),
-        # which counts them; the counting store serves a process only when the service is off
-        # or fails.
+        # Fetches go through the node's fetch service where the defaults (or
+        # TYARD_DATA_FETCH_SERVICE) use it, and it counts them; the counting store counts what
+        # a process fetches itself (the service off or not wanted by the store, or failed).
         store = CountingStore(open_store(url, json.loads(options)), stats_dir)
         cfg = CacheConfig(
-            cache_dir=Path(cache_dir), fetch_service=bool(envvars.DATA_FETCH_SERVICE.get())
+            cache_dir=Path(cache_dir), fetch_service=CacheConfig.from_env().fetch_service
         )
         source = ShardCache(
             url, cfg, store=store, storage_options=json.loads(options), fetch_service=True

@@ -503,13 +503,15 @@ DATA_CACHE_BYTES: EnvVar[int] = _var(
     read_by="data loader (node cache)",
     doc="Size limit of the node-local data cache.",
 )
-DATA_FETCH_SERVICE: EnvVar[bool] = _var(
+DATA_FETCH_SERVICE: EnvVar[str] = _var(
     "DATA_FETCH_SERVICE",
-    "bool",
-    True,
+    "str",
+    "auto",
     set_by="user / node setup",
     read_by="data loader (node cache)",
-    doc="0: each rank and worker fetches remote data itself, without the node's fetch service.",
+    doc="auto: the node's fetch service where the store's client is costly per process "
+    "(boto3's credential chain, HDFS, fsspec), not for S3 with static keys; 1: always; "
+    "0: each rank and worker fetches remote data itself.",
 )
 DATA_S3_CLIENT: EnvVar[str] = _var(
     "DATA_S3_CLIENT",

@@ -139,6 +139,12 @@ class S3Store:
         self._client, self._pid, self._lock_pid = None, 0, 0
         self._client_lock = threading.Lock()
 
+    def wants_fetch_service(self) -> bool:
+        """Whether a node's processes are better served by one fetch service than each by its
+        own client: yes through boto3 (its import and model parse in every rank and worker),
+        no over the standard-library client (measured: the service's hop costs more)."""
+        return self._http_client() is None
+
     def _http_client(self) -> Any:
         """The standard-library client, or None where boto3 serves (see the class doc)."""
         if self._http is None:

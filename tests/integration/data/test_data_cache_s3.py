@@ -382,7 +382,10 @@ SERVICE_RANK_SCRIPT = textwrap.dedent(
     from tensoryard.data.cache import CacheConfig, ShardCache
     from tensoryard.data.format import shard_file_name
     url, endpoint, cache_dir, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    cfg = CacheConfig(cache_dir=Path(cache_dir), prefetch_shards=2, fetch_service_idle_s=2)
+    mode = {"always": True, "auto": "auto"}[sys.argv[5]]
+    cfg = CacheConfig(
+        cache_dir=Path(cache_dir), prefetch_shards=2, fetch_service_idle_s=2, fetch_service=mode
+    )
     with ShardCache(url, cfg, storage_options={"endpoint_url": endpoint}) as cache:
         cache.metadata_path("manifest.json")
         cache.hint(list(range(n)))
@@ -391,10 +394,46 @@ SERVICE_RANK_SCRIPT = textwrap.dedent(
             data = cache.shard_path(i, shard_file_name(i)).read_bytes()
             out[i] = hashlib.sha256(data).hexdigest()
             cache.release(i)
-        stats = cache.files.service.stats()
+        service = cache.files.service
+        stats = service.stats() if service is not None else None
     print(json.dumps({"digests": out, "service": stats, "boto3": "boto3" in sys.modules}))
     """
 )
+
+
+def _s3_ranks(proxy: Proxy, dataset: Path, tmp_path: Path, mode: str) -> list[dict[str, Any]]:
+    n = _num_shards(dataset)
+    argv = [f"s3://{BUCKET}/{PREFIX}", proxy.endpoint, str(tmp_path / "node-cache"), str(n), mode]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", SERVICE_RANK_SCRIPT, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=os.environ | CREDS,
+        )
+        for _ in range(4)
+    ]
+    results = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err.decode()
+        assert b"fetch service" not in err  # nobody fell back
+        results.append(json.loads(out))
+    want = {str(i): hashlib.sha256(_tok_bytes(dataset, i)).hexdigest() for i in range(n)}
+    assert all(r["digests"] == want for r in results)
+    assert sorted(proxy.shard_gets()) == sorted(shard_file_name(i) for i in range(n))
+    return results
+
+
+@pytest.mark.slow
+def test_with_static_keys_ranks_read_s3_themselves_without_boto3_each_byte_once(
+    proxy: Proxy, bucket: Any, dataset: Path, tmp_path: Path
+) -> None:
+    """The default (auto): S3 with static keys is read by each rank over the standard-library
+    client, no service; the node's ranks still fetch each shard once between them."""
+    proxy.delay_s = 0.02
+    results = _s3_ranks(proxy, dataset, tmp_path, "auto")
+    assert all(r["service"] is None and not r["boto3"] for r in results)
 
 
 @pytest.mark.slow
@@ -403,7 +442,13 @@ def test_ranks_read_s3_through_one_node_service_without_a_client_of_their_own(
 ) -> None:
     n = _num_shards(dataset)
     proxy.delay_s = 0.02
-    argv = [f"s3://{BUCKET}/{PREFIX}", proxy.endpoint, str(tmp_path / "node-cache"), str(n)]
+    argv = [
+        f"s3://{BUCKET}/{PREFIX}",
+        proxy.endpoint,
+        str(tmp_path / "node-cache"),
+        str(n),
+        "always",
+    ]
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", SERVICE_RANK_SCRIPT, *argv],

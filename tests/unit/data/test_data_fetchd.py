@@ -264,7 +264,7 @@ def test_an_unreachable_store_reaches_the_reader_naming_the_url_and_the_fix(
     ):
         monkeypatch.setenv(f"AWS_{name}", value)  # the service inherits them when it starts
     endpoint = f"http://127.0.0.1:{_closed_port()}"
-    cfg = CacheConfig(cache_dir=tmp_path / "c", retries=1, backoff_s=0.01)
+    cfg = CacheConfig(cache_dir=tmp_path / "c", retries=1, backoff_s=0.01, fetch_service=True)
     cache = ShardCache("s3://tyard-missing/corpus", cfg, storage_options={"endpoint_url": endpoint})
     try:
         with pytest.raises(DataError) as err:
@@ -306,7 +306,7 @@ def test_the_setting_turns_the_service_off(dataset: Path, tmp_path: Path) -> Non
         assert cache.files.service is None
         cache.metadata_path(MANIFEST_NAME)
     assert not (tmp_path / "c" / SERVICE_DIR).exists()
-    with pytest.raises(DataError, match=f"{name}='maybe' is not a boolean"):
+    with pytest.raises(DataError, match=f"{name}='maybe' is not auto, 1 or 0"):
         CacheConfig.from_env({name: "maybe"})
 
 
