@@ -316,3 +316,36 @@ def test_a_shard_whose_last_unit_another_process_fetched_is_not_downloaded_again
             assert second.stats.downloads - second.stats.metadata_fetches == 0
             second.release(2)
         first.release(2)
+
+
+def test_an_fsspec_range_is_one_request_for_exactly_its_bytes() -> None:
+    """A buffered fsspec file (WebHDFS, cloud stores) reads ahead a block beyond what is asked;
+    a range goes to the file's fetcher for exactly [start, stop)."""
+    import fsspec
+    from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+    blob = bytes(range(256)) * 64
+    calls: list[tuple[int, int]] = []
+
+    class _File(AbstractBufferedFile):
+        def _fetch_range(self, start: int, end: int) -> bytes:
+            calls.append((start, end))
+            return blob[start:end]
+
+    class _Fs(AbstractFileSystem):
+        protocol = "tyardranges"
+
+        def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+            return {"name": path, "size": len(blob), "type": "file"}
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> _File:
+            return _File(self, path, mode, block_size=1 << 20)
+
+    fsspec.register_implementation("tyardranges", _Fs, clobber=True)
+    store = FsspecStore("tyardranges://bucket/data")
+    got: list[bytes] = []
+    store.download_range("x.tok", 1000, 3000, got.append, 8 << 20)
+    assert b"".join(got) == blob[1000:3000]
+    assert calls == [(1000, 3000)]
+    assert store.wants_fetch_service()  # a remote fsspec client: through the node's service
+    assert not FsspecStore("file:///data").wants_fetch_service()  # nothing to share

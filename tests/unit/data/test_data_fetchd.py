@@ -74,6 +74,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(**overrides: Any) -> dict[str, Any]:
     base = {"range_bytes": UNIT, "prefetch_get_bytes": 4 * UNIT, "prefetch_shards": 2}
+    base["fetch_service"] = True  # file:// goes without the service by default
     return base | {"fetch_service_idle_s": 3.0, "backoff_s": 0.01} | overrides
 
 
