@@ -442,34 +442,10 @@ def test_ranks_read_s3_through_one_node_service_without_a_client_of_their_own(
 ) -> None:
     n = _num_shards(dataset)
     proxy.delay_s = 0.02
-    argv = [
-        f"s3://{BUCKET}/{PREFIX}",
-        proxy.endpoint,
-        str(tmp_path / "node-cache"),
-        str(n),
-        "always",
-    ]
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", SERVICE_RANK_SCRIPT, *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=os.environ | CREDS,
-        )
-        for _ in range(4)
-    ]
-    results = []
-    for rank in ranks:
-        out, err = rank.communicate(timeout=120)
-        assert rank.returncode == 0, err.decode()
-        assert b"fetch service" not in err  # nobody fell back
-        results.append(json.loads(out))
-    want = {str(i): hashlib.sha256(_tok_bytes(dataset, i)).hexdigest() for i in range(n)}
-    assert all(r["digests"] == want for r in results)
+    results = _s3_ranks(proxy, dataset, tmp_path, "always")
     assert not any(r["boto3"] for r in results)  # the service holds the node's only client
     assert len({r["service"]["pid"] for r in results}) == 1
     by_key = max((r["service"] for r in results), key=lambda s: s["bytes"])["bytes_by_key"]
-    assert sorted(proxy.shard_gets()) == sorted(shard_file_name(i) for i in range(n))
     for i in range(n):
         assert by_key[shard_file_name(i)] == len(_tok_bytes(dataset, i))
     assert by_key["manifest.json"] == (dataset / "manifest.json").stat().st_size
