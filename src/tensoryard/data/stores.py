@@ -356,13 +356,11 @@ class FsspecStore:
 
     def wants_fetch_service(self) -> bool:
         """Whether the node's fetch service should make this store's requests: not for local
-        files (nothing to share) nor WebHDFS (measured here: its fsspec client in one process
-        for the whole node was 2-3x slower to the first batch than one per process); yes for
-        the other fsspec clients (cloud SDKs that are costly to import in every worker; not
-        measured)."""
+        files (nothing to share); yes for the others (WebHDFS, cloud SDKs that are costly to
+        import in every worker)."""
         protocol = self._fs.protocol
         names = {protocol} if isinstance(protocol, str) else set(protocol)
-        return not names & {"file", "local", "webhdfs", "swebhdfs"}
+        return not names & {"file", "local"}
 
     def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
         self._read(key, 0, None, sink, chunk_bytes)
