@@ -22,8 +22,7 @@ and a file of an older dataset version is never taken for a new one. A temporary
 crashed download is ignored and deleted, never resumed. Eviction only unlinks: a shard another
 process has mapped stays readable until it is unmapped.
 
-The stores (S3 through boto3, HDFS, fsspec) live in `tensoryard.data.stores` and are
-re-exported here.
+The stores (S3, HDFS, fsspec) live in `tensoryard.data.stores` and are re-exported here.
 """
 
 from __future__ import annotations

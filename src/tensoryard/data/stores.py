@@ -330,6 +330,11 @@ def _translate_s3_client_error(exc: Any, url: str, bucket: str) -> Exception:
             f"{url} does not exist (fix: upload the whole prepared directory, "
             "manifest and every shard listed in it)"
         )
+    if code in {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraint"}:
+        return DataError(
+            f"bucket {bucket!r} is in another region than the one asked (reading {url}: {code}) "
+            "(fix: set AWS_REGION or the storage option region_name to the bucket's region)"
+        )
     if code in {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}:
         return DataError(f"S3 rejected the credentials reading {url}: {code} (fix: refresh them)")
     if code in {"AccessDenied", "403", "AllAccessDisabled"}:

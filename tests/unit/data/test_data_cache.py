@@ -87,6 +87,7 @@ class _S3Error(Exception):
         ("NoSuchKey", 404, "does not exist (fix: upload"),
         ("AccessDenied", 403, "grant s3:GetObject"),
         ("InvalidAccessKeyId", 403, "rejected the credentials"),
+        ("PermanentRedirect", 301, "(fix: set AWS_REGION"),
     ],
     ids=[
         "throttling is retried",
@@ -96,6 +97,7 @@ class _S3Error(Exception):
         "a missing object says to upload it",
         "access denied names the permission",
         "bad keys say to refresh them",
+        "a bucket in another region names the setting",
     ],
 )
 def test_s3_errors_are_sorted_into_retryable_and_clear_permanent_ones(
