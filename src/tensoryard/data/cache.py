@@ -538,14 +538,11 @@ class FileCache:
                 fetch = functools.partial(self._download_units, f, st, j, taken, demand=False)
                 self._with_retries(f, fetch)
             finally:
-                fcntl.lockf(st.map_fd, fcntl.LOCK_UN, taken, j, os.SEEK_SET)
-                with st.cond:
-                    st.claimed.difference_update(range(j, j + taken))
-                    st.cond.notify_all()
+                self._release(st, j, taken)
             j += taken
 
-    @staticmethod
-    def _take(st: _Partial, unit: int) -> bool:
+    @classmethod
+    def _take(cls, st: _Partial, unit: int) -> bool:
         """Claim one unit for this thread and lock it against other processes, without
         waiting; False (nothing held) when either is taken."""
         with st.cond:
@@ -555,17 +552,21 @@ class FileCache:
         try:
             fcntl.lockf(st.map_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, unit, os.SEEK_SET)
         except OSError:
-            with st.cond:
-                st.claimed.discard(unit)
-                st.cond.notify_all()
+            cls._release(st, unit, 1, locked=False)
             return False
         if st.done(unit):  # fetched by another process between the check and the lock
-            fcntl.lockf(st.map_fd, fcntl.LOCK_UN, 1, unit, os.SEEK_SET)
-            with st.cond:
-                st.claimed.discard(unit)
-                st.cond.notify_all()
+            cls._release(st, unit, 1)
             return False
         return True
+
+    @staticmethod
+    def _release(st: _Partial, k: int, n: int, *, locked: bool = True) -> None:
+        """Give units ``[k, k + n)`` back: their map lock (when held) and this thread's claim."""
+        if locked:
+            fcntl.lockf(st.map_fd, fcntl.LOCK_UN, n, k, os.SEEK_SET)
+        with st.cond:
+            st.claimed.difference_update(range(k, k + n))
+            st.cond.notify_all()
 
     def _demand_pool(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_pid != os.getpid():

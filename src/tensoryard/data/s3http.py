@@ -91,10 +91,12 @@ class S3Http:
         default = 443 if self.scheme == "https" else 80
         self.host_header = self.host if self.port == default else f"{self.host}:{self.port}"
         self._keys: dict[str, bytes] = {}
+        self._tls: ssl.SSLContext | None = None  # built once (it loads the CA bundle)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_local"]
+        state["_tls"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -195,9 +197,10 @@ class S3Http:
             conn = None
         if conn is None:
             if self.scheme == "https":
-                context = ssl.create_default_context(cafile=self.ca_bundle)
+                if self._tls is None:
+                    self._tls = ssl.create_default_context(cafile=self.ca_bundle)
                 conn = http.client.HTTPSConnection(
-                    self.host, self.port, timeout=self.connect_timeout_s, context=context
+                    self.host, self.port, timeout=self.connect_timeout_s, context=self._tls
                 )
             else:
                 conn = http.client.HTTPConnection(

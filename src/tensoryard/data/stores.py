@@ -403,11 +403,9 @@ class FsspecStore:
                     sink(chunk)
                     left = left - len(chunk) if left > 0 else left
         except FileNotFoundError as exc:
-            raise DataError(
-                f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
-            ) from exc
+            raise _missing(self.url(key)) from exc
         except PermissionError as exc:
-            raise DataError(f"permission denied reading {self.url(key)}") from exc
+            raise _denied(self.url(key)) from exc
         except (OSError, TimeoutError) as exc:
             raise TransientError(f"{self.url(key)}: {exc}") from exc
 
@@ -418,6 +416,14 @@ class FsspecStore:
         return isinstance(src, AbstractBufferedFile) and callable(
             getattr(src, "_fetch_range", None)
         )
+
+
+def _missing(url: str) -> DataError:
+    return DataError(f"{url} does not exist (fix: copy the whole prepared directory)")
+
+
+def _denied(url: str, detail: object = "") -> DataError:
+    return DataError(f"permission denied reading {url}" + (f": {detail}" if detail else ""))
 
 
 class HdfsStore(FsspecStore):
@@ -526,11 +532,9 @@ class HdfsStore(FsspecStore):
             for chunk in reader.read_range_stream(start, stop - start):
                 sink(chunk)
         except FileNotFoundError as exc:
-            raise DataError(
-                f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
-            ) from exc
+            raise _missing(self.url(key)) from exc
         except PermissionError as exc:
-            raise DataError(f"permission denied reading {self.url(key)}: {exc}") from exc
+            raise _denied(self.url(key), exc) from exc
         except (DataError, TransientError):
             raise
         except Exception as exc:  # every other failure of the client is worth a retry
@@ -568,11 +572,9 @@ class HdfsStore(FsspecStore):
                     continue
                 kind, _, message = body.decode(errors="replace").partition(" ")
                 if kind == "missing":
-                    raise DataError(
-                        f"{self.url(key)} does not exist (fix: copy the whole prepared directory)"
-                    )
+                    raise _missing(self.url(key))
                 if kind == "denied":
-                    raise DataError(f"permission denied reading {self.url(key)}: {message}")
+                    raise _denied(self.url(key), message)
                 raise TransientError(f"{self.url(key)}: {message}")
         except OSError as exc:
             self._helper = None
