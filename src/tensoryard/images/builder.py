@@ -557,6 +557,9 @@ def configure(layout: str, entry: ImageEntry, manifest: dict[str, Any], log: _Lo
 # ---- the whole build -------------------------------------------------------------------------
 
 
+LAYOUT_DIR = "oci"  # the OCI layout kept beside a build's archive
+
+
 def archive_path(root: Path, name: str, key: str) -> Path:
     return root / "built" / name / key[:16] / "image.oci.tar"
 
@@ -666,6 +669,9 @@ def build(
     if cached is not None:
         return cached
     _check_tools()
+    # Older builds of this image are stale once its inputs changed: dropped before this build
+    # rather than after it, so that a rebuild never needs the disk of two builds at once.
+    _drop_builds(root, entry.name, keep=out.parent)
     log = _Log(out.with_name("build.log"))
     work = Path(tempfile.mkdtemp(prefix=f"build-{entry.name}-", dir=root))
     try:
@@ -679,6 +685,7 @@ def build(
         # 4. layers 1-2: base and dependencies (cached stage)
         progress("base and dependency layers (cached stage)")
         stage = deps_stage(entry, debian, base, the_plan, root, log)
+        _drop_stages(root, entry.name, keep=stage)
         layout, bundle = work / "oci", work / "bundle"
         log.run(["cp", "-al", str(stage / "oci"), str(layout)])
         log.run(["cp", "-a", str(stage / "bundle"), str(bundle)])
@@ -712,23 +719,55 @@ def build(
             packages=len(manifest["python_packages"]),
         )
         result_file.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
-        # The unpacked rootfs stays beside the archive: `tyard images check` runs in it.
-        shutil.rmtree(out.parent / "rootfs", ignore_errors=True)
-        rootfs.rename(out.parent / "rootfs")
-        _drop_older(root, entry.name, out.parent, stage)
+        # The unpacked rootfs stays beside the archive (`tyard images check` runs in it), and so
+        # does the OCI layout, whose blobs are hard links into the dependency stage: `tyard
+        # images push` copies from it instead of unpacking the multi-GB archive into TMPDIR.
+        keep_beside(out, rootfs=rootfs, layout=layout)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _drop_older(root: Path, name: str, built: Path, stage: Path) -> None:
-    """Keep one build and one dependency stage per image: each build of changed inputs would
-    otherwise leave several GB behind (CI builds after every change to tensoryard)."""
-    for old in (root / "built" / name).iterdir():
-        if old != built:
-            shutil.rmtree(old, ignore_errors=True)
+def keep_beside(out: Path, *, rootfs: Path | None, layout: Path) -> None:
+    """Move a finished build's rootfs (when kept) and OCI layout next to its archive ``out``."""
+    moves = [(layout, out.parent / LAYOUT_DIR)]
+    if rootfs is not None:
+        moves.append((rootfs, out.parent / "rootfs"))
+    for src, dst in moves:
+        shutil.rmtree(dst, ignore_errors=True)
+        src.rename(dst)
+
+
+def built_layout(archive: Path) -> str | None:
+    """``oci:LAYOUT:TAG``, the OCI layout kept beside a build's ``archive`` (the same image,
+    unpacked into blobs), or None where there is none (a build from before layouts were kept)."""
+    layout = archive.with_name(LAYOUT_DIR)
+    try:
+        index = json.loads((layout / "index.json").read_text())
+    except (OSError, ValueError):
+        return None
+    tags = [
+        m["annotations"]["org.opencontainers.image.ref.name"]
+        for m in index.get("manifests", [])
+        if "org.opencontainers.image.ref.name" in m.get("annotations", {})
+    ]
+    return f"oci:{layout}:{tags[0]}" if len(tags) == 1 else None
+
+
+def _drop_builds(root: Path, name: str, keep: Path) -> None:
+    """Keep one build per image: each build of changed inputs would otherwise leave GBs behind
+    (CI builds after every change to tensoryard)."""
+    base = root / "built" / name
+    if base.is_dir():
+        for old in base.iterdir():
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _drop_stages(root: Path, name: str, keep: Path) -> None:
+    """Keep one dependency stage per image: the one this build uses."""
     for old in (root / "stages").glob(f"{name}-*"):
-        if old != stage:
+        if old != keep:
             shutil.rmtree(old, ignore_errors=True)
 
 

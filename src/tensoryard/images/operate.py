@@ -3,7 +3,8 @@
 * :func:`check_in_rootfs` runs ``tyard images check --inside`` chrooted into the image's
   unpacked rootfs as its non-root user (private mount and PID namespaces, /proc, /dev and a
   private /tmp mounted), with the image's environment, when no container runtime is at hand.
-* :func:`push` copies the OCI archive to a registry (or any skopeo destination) with skopeo.
+* :func:`push` copies the image (its OCI layout, else its archive) to a registry (or any
+  skopeo destination) with skopeo.
 * :func:`resolve_manifest` reads what the pinned torch wheel in the wheelhouse actually pins
   (its METADATA and version.py) and checks it against the matrix entry and the compatibility
   table, without building: what CI does for the CUDA images.
@@ -26,6 +27,7 @@ from tensoryard.images.builder import (
     ImageBuildError,
     _find_wheel,
     _wheel_requires,
+    built_layout,
     cache_root,
     find_built,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "check_in_rootfs",
     "push",
     "push_destination",
+    "push_source",
     "resolve_manifest",
 ]
 
@@ -108,6 +111,13 @@ def push_destination(name: str, registry: str, version: str) -> str:
     return f"docker://{ref}"
 
 
+def push_source(archive: Path) -> str:
+    """What ``push`` copies from: the OCI layout kept beside the archive where the build left
+    one (skopeo copies its blobs as they are), else the archive, which skopeo first unpacks whole
+    into TMPDIR (as much free space there as the archive's size)."""
+    return built_layout(archive) or f"oci-archive:{archive}"
+
+
 def push(
     archive: Path, destination: str, *, tls_verify: bool = True, cert_dir: Path | None = None
 ) -> str:
@@ -125,10 +135,17 @@ def push(
         cmd.append(f"--dest-tls-verify={'true' if tls_verify else 'false'}")
         if cert_dir is not None:
             cmd.append(f"--dest-cert-dir={cert_dir}")
-    cmd += [f"oci-archive:{archive}", destination]
+    cmd += [push_source(archive), destination]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ImageBuildError(f"skopeo could not push to {destination}: {proc.stderr.strip()}")
+        why = proc.stderr.strip()
+        if "no space left on device" in why and cmd[-2].startswith("oci-archive:"):
+            why += (
+                " (skopeo unpacks the archive into TMPDIR first: free as much space there as the"
+                " archive's size, point TMPDIR at a larger disk, or rebuild the image with"
+                " `tyard images build --force` to keep its OCI layout, which pushes without it)"
+            )
+        raise ImageBuildError(f"skopeo could not push to {destination}: {why}")
     return destination
 
 

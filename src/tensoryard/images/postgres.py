@@ -31,6 +31,7 @@ from tensoryard.images.builder import (
     ImageBuildError,
     Progress,
     _check_tools,
+    _drop_builds,
     _epoch,
     _layers,
     _Log,
@@ -152,6 +153,7 @@ def build_postgres(
     if cached is not None:
         return cached
     _check_tools()
+    _drop_builds(root, NAME, keep=out.parent)  # stale once the inputs changed
     out.parent.mkdir(parents=True, exist_ok=True)
     log = _Log(out.with_name("build.log"))
     work = Path(tempfile.mkdtemp(prefix=f"build-{NAME}-", dir=root))
@@ -207,9 +209,6 @@ def build_postgres(
             packages=0,
         )
         result_file.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
-        for old in (root / "built" / NAME).iterdir():
-            if old != out.parent:
-                shutil.rmtree(old, ignore_errors=True)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -12,7 +12,7 @@ import pytest
 from tensoryard import __version__
 from tensoryard.images.builder import IMAGE_JSON, BuildResult, build, env_defaults
 from tensoryard.images.matrix import default_matrix
-from tensoryard.images.operate import built_rootfs, check_in_rootfs, push
+from tensoryard.images.operate import built_rootfs, check_in_rootfs, push, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,8 @@ def test_containerd_imports_the_archive_and_runs_the_check(
 
 
 def test_push_copies_the_image_with_skopeo(cpu_image: BuildResult, tmp_path: Path) -> None:
+    # From the layout kept beside the archive: no multi-GB unpacking into TMPDIR first.
+    assert push_source(Path(cpu_image.archive)).startswith("oci:")
     destination = push(Path(cpu_image.archive), f"oci:{tmp_path / 'layout'}:cpu")
     inspected = subprocess.run(
         ["skopeo", "inspect", destination], capture_output=True, text=True, check=True
