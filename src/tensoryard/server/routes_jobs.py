@@ -10,11 +10,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 
-from tensoryard.api.access import Action, Principal
+from tensoryard.api.access import Action, Principal, authorize
 from tensoryard.api.guard import INT32, Guard, JobId
 from tensoryard.errors import (
     Conflict,
     FieldIssue,
+    Forbidden,
     NotFound,
     SpecError,
 )
@@ -77,12 +78,21 @@ def add_job_routes(
         key = _idempotency_key(idempotency_key)
         spec = parse_job_spec({**_submitted_mapping(body), "user": who.name}, source="request")
         _check_inputs(spec, protected)
-        _check_submittable(store, spec)
+        # The team's existence is checked by the insert's own transaction (one per submit):
+        # read here first only for a refusal, so that an unknown team is named as such.
+        try:
+            authorize(who, Action.JOB_SUBMIT, spec.team)
+        except Forbidden:
+            _check_submittable(store, spec)
         guard.check(request, who, Action.JOB_SUBMIT, team=spec.team, obj=f"team/{spec.team}")
         fits(spec)
-        job = store.create_job(
-            spec, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
-        )
+        try:
+            job = store.create_job(
+                spec, run_dir_root=runs_dir, audit=guard.context(request, who), key=key
+            )
+        except NotFound:
+            _check_submittable(store, spec)  # the team went away, or never was: named so
+            raise
         kick()
         return JobOut.model_validate(job)
 

@@ -363,10 +363,6 @@ class Store(
         stored. Reusing a key for different specs is a Conflict.
         """
         keys = _submit_keys(key, len(specs))
-        if keys is not None:
-            earlier = self._jobs_by_submit_key(specs, keys)
-            if earlier is not None:
-                return earlier
         try:
             return self._insert_jobs(specs, run_dir_root=run_dir_root, audit=audit, keys=keys)
         except Conflict:
@@ -379,42 +375,45 @@ class Store(
     def _jobs_by_submit_key(
         self, specs: Sequence[JobSpec], keys: Sequence[str]
     ) -> list[JobRecord] | None:
+        with self._tx("look up an earlier submission", write=False) as s:
+            return self._earlier_submission(s, specs, keys)
+
+    def _earlier_submission(
+        self, s: Session, specs: Sequence[JobSpec], keys: Sequence[str]
+    ) -> list[JobRecord] | None:
+        """The jobs an earlier submission stored under ``keys``, or None; a Conflict where the
+        key was used for different work."""
         user = specs[0].user
         base = keys[0].split("#")[0]
         pattern = base.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "#%"
-        with self._tx("look up an earlier submission", write=False) as s:
-            # The common case, a new key, is answered by the (user, key) index: any earlier
-            # submission under this key stored `base` (one job) or `base#0` (a batch). The
-            # prefix scan below cannot use the index (LIKE is case-insensitive in SQLite and
-            # collation-bound in PostgreSQL) and read every job of the user: 5-10 ms per
-            # submit with 20,000 of them.
-            probe = select(Job.id).where(Job.user == user, Job.submit_key.in_([base, f"{base}#0"]))
-            if s.scalars(probe.limit(1)).first() is None:
-                return None
-            rows = {
-                j.submit_key: j
-                for j in s.scalars(
-                    select(Job).where(
-                        Job.user == user,
-                        (Job.submit_key == base) | Job.submit_key.like(pattern, escape="\\"),
-                    )
+        # The common case, a new key, is answered by the (user, key) index: any earlier
+        # submission under this key stored `base` (one job) or `base#0` (a batch). The
+        # prefix scan below cannot use the index (LIKE is case-insensitive in SQLite and
+        # collation-bound in PostgreSQL) and read every job of the user: 5-10 ms per
+        # submit with 20,000 of them.
+        probe = select(Job.id).where(Job.user == user, Job.submit_key.in_([base, f"{base}#0"]))
+        if s.scalars(probe.limit(1)).first() is None:
+            return None
+        rows = {
+            j.submit_key: j
+            for j in s.scalars(
+                select(Job).where(
+                    Job.user == user,
+                    (Job.submit_key == base) | Job.submit_key.like(pattern, escape="\\"),
                 )
-            }
-            if not rows:
-                return None
-            found = [rows.get(k) for k in keys]
-            for spec, job in zip(specs, found, strict=True):
-                if (
-                    len(rows) != len(keys)
-                    or job is None
-                    or job.spec != spec.model_dump(mode="json")
-                ):
-                    raise Conflict(
-                        f"Idempotency-Key {base!r} was already used by "
-                        f"{user} for a different submission (fix: send a new key for new "
-                        "work, or repeat the original request unchanged)"
-                    )
-            return [_rows.job_record(j) for j in found if j is not None]
+            )
+        }
+        if not rows:
+            return None
+        found = [rows.get(k) for k in keys]
+        for spec, job in zip(specs, found, strict=True):
+            if len(rows) != len(keys) or job is None or job.spec != spec.model_dump(mode="json"):
+                raise Conflict(
+                    f"Idempotency-Key {base!r} was already used by "
+                    f"{user} for a different submission (fix: send a new key for new "
+                    "work, or repeat the original request unchanged)"
+                )
+        return [_rows.job_record(j) for j in found if j is not None]
 
     def _insert_jobs(
         self,
@@ -425,6 +424,11 @@ class Store(
         keys: Sequence[str] | None,
     ) -> list[JobRecord]:
         with self._tx(f"submit {len(specs)} job(s)", write=True) as s:
+            # A retry under the same Idempotency-Key is answered in the same transaction as a
+            # new submission's insert: one round of BEGIN/COMMIT per submit, not two.
+            earlier = self._earlier_submission(s, specs, keys) if keys is not None else None
+            if earlier is not None:
+                return earlier
             known = set(s.scalars(select(Team.name)))
             for spec in specs:
                 if spec.team not in known:
