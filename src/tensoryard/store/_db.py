@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
     IntegrityError,
+    InvalidatePoolError,
     NoSuchModuleError,
     OperationalError,
     SQLAlchemyError,
@@ -44,6 +46,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 BEGIN_OPTION = "tyard_sqlite_begin"  # execution option: "IMMEDIATE" for write transactions
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PG_CONNECT_TIMEOUT_S = 10
+# A pooled connection idle this long is pinged before use (see _ping_when_idle).
+PING_IDLE_S = 1.0
 # Any constant works; it only has to be the same for every tensoryard process.
 PG_MIGRATION_LOCK_KEY = 0x7479617264  # "tyard"
 
@@ -90,10 +94,12 @@ def make_engine(url: str) -> Engine:
     try:
         if parsed.get_backend_name() == "sqlite":
             return _sqlite_engine(parsed)
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        kwargs: dict[str, Any] = {}
         if parsed.get_backend_name() == "postgresql":
             kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
-        return create_engine(parsed, **kwargs)
+        engine = create_engine(parsed, **kwargs)
+        _ping_when_idle(engine)
+        return engine
     except (NoSuchModuleError, ImportError) as exc:
         raise StoreError(
             f"no database driver for {safe_url(parsed)}: {exc} (fix: for PostgreSQL install "
@@ -101,6 +107,27 @@ def make_engine(url: str) -> Engine:
         ) from exc
     except ArgumentError as exc:
         raise StoreError(f"bad database URL {safe_url(parsed)}: {exc} (fix: {URL_FIX})") from exc
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """A pooled connection idle for PING_IDLE_S or longer is pinged before use and replaced
+    when the server has gone away (a restart, a failover, an idle timeout), as SQLAlchemy's
+    pre-ping does; one back from use within that time is not. Pre-ping sent a round trip ahead
+    of every transaction: a tenth of the round trips of a submit on PostgreSQL."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")  # none for a new connection: nothing to ping
+        if since is None or time.monotonic() - since < PING_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # the pool drops its connections and connects anew
+            raise InvalidatePoolError(f"the pooled connection is gone: {exc}") from exc
 
 
 def _sqlite_engine(url: URL) -> Engine:
