@@ -3,9 +3,7 @@ and a connection dropped while in use costs one failed transaction, never the ne
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -13,25 +11,17 @@ import sqlalchemy as sa
 from tensoryard.errors import StoreError
 from tensoryard.store import Store, _db
 
-pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    store = Store.open(pg_url)
-    try:
-        yield store
-    finally:
-        store.close()
+# The shared `store` fixture, on PostgreSQL only (SQLite has no connection to lose).
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.parametrize("store", ["postgresql"], indirect=True),
+]
 
 
 def _drop_connections(pg_url: str) -> int:
     """Terminate every other session of this test database, as a restart or failover would."""
     url = sa.make_url(pg_url)
-    admin = sa.create_engine(
-        url.set(database=os.environ.get("TYARD_TEST_PG_ADMIN_DB", "postgres")),
-        isolation_level="AUTOCOMMIT",
-    )
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             return len(
@@ -52,25 +42,25 @@ def _statements(store: Store) -> list[str]:
 
 
 def test_an_idle_pooled_connection_is_pinged_and_replaced_when_gone(
-    pg_store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_db, "PING_IDLE_S", 0.2)
-    pg_store.list_teams()
+    store.list_teams()
     assert _drop_connections(pg_url) >= 1
     time.sleep(0.3)
-    pg_store.ensure_team("ml", gpu_quota=8)  # not an error: the dead connection was replaced
-    assert "ml" in [t.name for t in pg_store.list_teams()]
+    store.ensure_team("ml", gpu_quota=8)  # not an error: the dead connection was replaced
+    assert "ml" in [t.name for t in store.list_teams()]
 
 
 def test_a_connection_back_from_use_is_not_pinged_and_a_drop_costs_one_transaction(
-    pg_store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_db, "PING_IDLE_S", 3600.0)
-    teams = pg_store.list_teams()
-    seen = _statements(pg_store)
-    pg_store.list_teams()
+    teams = store.list_teams()
+    seen = _statements(store)
+    store.list_teams()
     assert not any(s.strip() in ("", ";", "SELECT 1") for s in seen), seen  # no ping
     _drop_connections(pg_url)
     with pytest.raises(StoreError):
-        pg_store.list_teams()
-    assert pg_store.list_teams() == teams  # the pool replaced the connection it saw fail
+        store.list_teams()
+    assert store.list_teams() == teams  # the pool replaced the connection it saw fail
