@@ -722,18 +722,15 @@ def build(
         # The unpacked rootfs stays beside the archive (`tyard images check` runs in it), and so
         # does the OCI layout, whose blobs are hard links into the dependency stage: `tyard
         # images push` copies from it instead of unpacking the multi-GB archive into TMPDIR.
-        keep_beside(out, rootfs=rootfs, layout=layout)
+        _keep_beside(out, rootfs=rootfs, layout=layout)
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def keep_beside(out: Path, *, rootfs: Path | None, layout: Path) -> None:
-    """Move a finished build's rootfs (when kept) and OCI layout next to its archive ``out``."""
-    moves = [(layout, out.parent / LAYOUT_DIR)]
-    if rootfs is not None:
-        moves.append((rootfs, out.parent / "rootfs"))
-    for src, dst in moves:
+def _keep_beside(out: Path, *, rootfs: Path, layout: Path) -> None:
+    """Move a finished build's rootfs and OCI layout next to its archive ``out``."""
+    for src, dst in ((rootfs, out.parent / "rootfs"), (layout, out.parent / LAYOUT_DIR)):
         shutil.rmtree(dst, ignore_errors=True)
         src.rename(dst)
 
