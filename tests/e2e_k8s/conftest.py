@@ -1,8 +1,8 @@
 """A real Kubernetes control plane for the tests in this folder.
 
-`k8s_env` (session) starts `scripts/k8s-testenv up` in a temporary directory on free loopback
-ports and stops it at the end, or reuses the environment whose kubeconfig is named by
-TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
+`k8s_env` (package scope) starts `scripts/k8s-testenv up` in a temporary directory on free
+loopback ports and stops it after this folder's last test, or reuses the environment whose
+kubeconfig is named by TYARD_K8S_KUBECONFIG. When the binaries are not built the tests skip, naming
 `scripts/k8s-testenv build`; with CI set and TYARD_K8S_REQUIRED=1 they fail instead.
 
 Everything is real (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import threading
@@ -88,9 +89,10 @@ class K8sEnv:
     dir: Path | None  # None when reusing an environment started elsewhere
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
-    """The kubeconfig of a running control plane (started for this session unless reused)."""
+    """The kubeconfig of a running control plane (started for this folder's tests unless
+    reused)."""
     try:
         import kubernetes  # noqa: F401
     except ImportError:
@@ -169,9 +171,14 @@ def _environment(
         subprocess.run(
             [SCRIPT, "down", "--dir", env_dir], env=env, capture_output=True, timeout=120
         )
+        # The real nodes' containerd roots hold the imported CPU image, ~6 GB per node: freed
+        # as the package's tests end, not when the session does (the image tests after these
+        # import and push it again). The logs stay for a failure's reader.
+        for node in (env_dir / "nodes").glob("*/containerd"):
+            shutil.rmtree(node, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def k8s_kueue_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sEnv]:
     """A second control plane with the Kueue controller (`up --kueue`), for the tests of
     Kueue admission: Kueue's webhooks would otherwise sit in front of every other test's Jobs."""
@@ -193,7 +200,7 @@ def servers() -> Iterator[list[Any]]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api_client(k8s_env: K8sEnv) -> Iterator[Any]:
     from kubernetes import config
 
@@ -448,7 +455,7 @@ def _node_ready(core: Any, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_nodes(k8s_env: K8sEnv, api_client: Any) -> list[str]:
     """The names of the environment's real nodes (label tensoryard.io/real-node=true), at
     least two; otherwise the test is unavailable (fails under CI with TYARD_K8S_REQUIRED=1)."""
@@ -488,13 +495,13 @@ def _load_built(k8s_env: K8sEnv, name: str, build: str) -> str:
     return str(built["ref"])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cpu_image(k8s_env: K8sEnv, real_nodes: list[str]) -> str:
     """The CPU image's reference, imported into every real node's containerd."""
     return _load_built(k8s_env, "cpu", "tyard images build cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def registry(k8s_env: K8sEnv, real_nodes: list[str]) -> tuple[str, Path]:
     """The test cluster's image registry (`scripts/k8s-testenv registry`): its address, and the
     directory holding its CA (for `tyard images push --cert-dir`). Nodes pull from it."""
