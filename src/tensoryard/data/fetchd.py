@@ -347,8 +347,14 @@ class FetchClient:
         """Have the service write bytes ``[start, stop)`` of ``key`` into ``fd`` at their
         offsets; the number of bytes written, or None (fetch it yourself). A prefetch
         (``demand=False``) waits in the service while any reader's demand read is pending."""
-        message = {"op": "range", "key": key, "start": start, "stop": stop, "chunk": chunk}
-        message |= {"demand": demand}
+        message = {
+            "op": "range",
+            "key": key,
+            "start": start,
+            "stop": stop,
+            "chunk": chunk,
+            "demand": demand,
+        }
         answer = self.request(message, fd)
         return None if answer is None else int(_raise_for(answer)["bytes"])
 

@@ -135,11 +135,12 @@ def push(
         cmd.append(f"--dest-tls-verify={'true' if tls_verify else 'false'}")
         if cert_dir is not None:
             cmd.append(f"--dest-cert-dir={cert_dir}")
-    cmd += [push_source(archive), destination]
+    source = push_source(archive)
+    cmd += [source, destination]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         why = proc.stderr.strip()
-        if "no space left on device" in why and cmd[-2].startswith("oci-archive:"):
+        if "no space left on device" in why and source.startswith("oci-archive:"):
             why += (
                 " (skopeo unpacks the archive into TMPDIR first: free as much space there as the"
                 " archive's size, point TMPDIR at a larger disk, or rebuild the image with"
