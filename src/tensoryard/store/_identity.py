@@ -223,7 +223,16 @@ class IdentityMixin:
         if token_id is None:
             raise Unauthenticated("invalid token (fix: pass a token made by `tyard tokens create`)")
         with self._tx("check a token", write=False) as s:
-            row = s.get(ApiToken, token_id)
+            # The token, its user and the user's teams in one query: every API request
+            # starts here, and on PostgreSQL each query is a round trip.
+            query = (
+                select(ApiToken, User, Membership.team, Membership.role)
+                .join(User, User.name == ApiToken.user_name)
+                .outerjoin(Membership, Membership.user_name == ApiToken.user_name)
+                .where(ApiToken.id == token_id)
+            )
+            found = s.execute(query).all()
+            row = found[0][0] if found else None
             stored = row.token_hash if row is not None else "0" * 64
             # Compare even when absent, so timing does not tell which ids exist.
             if not hmac.compare_digest(stored, _in.token_hash(token)) or row is None:
@@ -239,7 +248,8 @@ class IdentityMixin:
                     f"token {token_id} expired at {row.expires_at:%Y-%m-%d %H:%M} UTC "
                     "(fix: create a new one with `tyard tokens create`)"
                 )
-            user = _rows.user_record(_get_user(s, row.user_name), _teams_of(s, row.user_name))
+            teams = {team: role for _, _, team, role in found if team is not None}
+            user = _rows.user_record(found[0][1], teams)
             record = _rows.token_record(row)
         if record.last_used_at is None or now - record.last_used_at > LAST_USED_RESOLUTION:
             self._touch_token(token_id, now)

@@ -386,14 +386,6 @@ class Store(
         user = specs[0].user
         base = keys[0].split("#")[0]
         pattern = base.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "#%"
-        # The common case, a new key, is answered by the (user, key) index: any earlier
-        # submission under this key stored `base` (one job) or `base#0` (a batch). The
-        # prefix scan below cannot use the index (LIKE is case-insensitive in SQLite and
-        # collation-bound in PostgreSQL) and read every job of the user: 5-10 ms per
-        # submit with 20,000 of them.
-        probe = select(Job.id).where(Job.user == user, Job.submit_key.in_([base, f"{base}#0"]))
-        if s.scalars(probe.limit(1)).first() is None:
-            return None
         rows = {
             j.submit_key: j
             for j in s.scalars(
@@ -415,6 +407,41 @@ class Store(
                 )
         return [_rows.job_record(j) for j in found if j is not None]
 
+    def _submit_checks(
+        self, s: Session, specs: Sequence[JobSpec], keys: Sequence[str] | None
+    ) -> tuple[bool, bool, list[int] | None]:
+        """Whether an earlier submission used ``keys``, whether every team exists and (on
+        PostgreSQL) the ids the new jobs will have: one query, one round trip.
+
+        Knowing the ids before the insert names each job's run directory in its INSERT (no
+        UPDATE after it). On SQLite (no sequences) the ids come from the insert itself.
+        """
+        wanted = sorted({spec.team for spec in specs})
+        teams = select(func.count()).select_from(Team).where(Team.name.in_(wanted))
+        columns: list[Any] = [teams.scalar_subquery().label("teams")]
+        if keys is not None:
+            # Any earlier submission under this key stored `base` (one job) or `base#0` (a
+            # batch): the (user, key) index answers the common case, a new key, without the
+            # prefix scan of _earlier_submission (LIKE cannot use that index, and reads every
+            # job of the user: 5-10 ms per submit with 20,000 of them).
+            base = keys[0].split("#")[0]
+            probe = select(Job.id).where(
+                Job.user == specs[0].user, Job.submit_key.in_([base, f"{base}#0"])
+            )
+            columns.append(probe.exists().label("earlier"))
+        if self.dialect == "postgresql":
+            sequence = func.pg_get_serial_sequence(Job.__tablename__, "id")
+            ids = select(func.array_agg(func.nextval(sequence))).select_from(
+                func.generate_series(1, len(specs))
+            )
+            columns.append(ids.scalar_subquery().label("ids"))
+        row = s.execute(select(*columns)).one()._mapping
+        earlier = bool(row.get("earlier", False))
+        new_ids = row.get("ids")
+        if new_ids is None or len(new_ids) != len(specs) or None in new_ids:
+            new_ids = None
+        return earlier, int(row["teams"]) == len(wanted), sorted(new_ids) if new_ids else None
+
     def _insert_jobs(
         self,
         specs: Sequence[JobSpec],
@@ -426,26 +453,34 @@ class Store(
         with self._tx(f"submit {len(specs)} job(s)", write=True) as s:
             # A retry under the same Idempotency-Key is answered in the same transaction as a
             # new submission's insert: one round of BEGIN/COMMIT per submit, not two.
-            earlier = self._earlier_submission(s, specs, keys) if keys is not None else None
-            if earlier is not None:
-                return earlier
-            known = set(s.scalars(select(Team.name)))
-            for spec in specs:
-                if spec.team not in known:
-                    names = ", ".join(sorted(known)) or "none yet"
-                    raise NotFound(
-                        f"unknown team {spec.team!r}; create it with `tyard teams create "
-                        f"{spec.team}` or use one of: {names}"
-                    )
+            earlier, teams_known, ids = self._submit_checks(s, specs, keys)
+            if earlier and keys is not None:
+                found = self._earlier_submission(s, specs, keys)
+                if found is not None:
+                    return found
+            if not teams_known:
+                known = set(s.scalars(select(Team.name)))
+                unknown = next(spec.team for spec in specs if spec.team not in known)
+                names = ", ".join(sorted(known)) or "none yet"
+                raise NotFound(
+                    f"unknown team {unknown!r}; create it with `tyard teams create "
+                    f"{unknown}` or use one of: {names}"
+                )
             now = self._now()
             jobs = [self._new_job(spec, now) for spec in specs]
             if keys is not None:
                 for job, k in zip(jobs, keys, strict=True):
                     job.submit_key = k
+            if ids is not None:
+                for job, job_id in zip(jobs, ids, strict=True):
+                    job.id = job_id
+                    job.run_dir = str(Path(run_dir_root) / f"job-{job_id}")
             s.add_all(jobs)
-            s.flush()  # assigns the ids the run directories are named after
+            s.flush()  # the jobs first (the events name them); assigns ids on SQLite
+            if ids is None:
+                for job in jobs:
+                    job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
             for job, spec in zip(jobs, specs, strict=True):
-                job.run_dir = str(Path(run_dir_root) / f"job-{job.id}")
                 self._event(s, job.id, "submitted", f"submitted by {spec.user} to team {spec.team}")
                 self._audit(s, audit, "job.submit", f"job/{job.id}", detail=f"team {spec.team}")
             return [_rows.job_record(j) for j in jobs]

@@ -6,11 +6,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from tensoryard.errors import Conflict, NotFound, StoreError
 from tensoryard.spec import JobSpec
 from tensoryard.spec.states import JobState
-from tensoryard.store import Store
+from tensoryard.store import AuditContext, Store
 
 S = JobState
 
@@ -196,3 +197,48 @@ def test_a_repeated_submission_with_the_same_key_returns_the_first_job(store: St
     with pytest.raises(Conflict, match="k1"):
         store.create_jobs(batch, run_dir_root=Path("/runs"), key="k1")
     assert store.list_jobs(limit=100).total == 5  # first, other and the batch of 3: no copies
+
+
+def test_a_request_reads_its_caller_in_one_query_and_a_submit_checks_in_one(
+    store: Store,
+) -> None:
+    """Each statement is a round trip on PostgreSQL: authentication (token, user and teams)
+    is one query, and a submit reads what its insert needs (an earlier submission under the
+    key, the team, and on PostgreSQL the new id) in one query before its inserts."""
+    store.ensure_team("nlp")
+    store.ensure_team("vision")
+    store.create_user("ada")
+    store.set_member("nlp", "ada", "member")
+    store.set_member("vision", "ada", "viewer")
+    issued = store.create_token("ada")
+    store.authenticate(issued.token)  # notes the first use (a write), not counted below
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, sql: str, *_args: object) -> None:
+        word = sql.split()[0].upper()
+        if word not in ("BEGIN", "PRAGMA"):  # SQLite's transaction statements
+            statements.append(word)
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        user, _ = store.authenticate(issued.token)
+        assert user.teams == {"nlp": "member", "vision": "viewer"}
+        assert statements == ["SELECT"]
+        statements.clear()
+        job = store.create_job(
+            spec(team="nlp", user="ada"),
+            run_dir_root=Path("/runs"),
+            key="k1",
+            audit=AuditContext(actor="ada"),
+        )
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+    assert job.run_dir == f"/runs/job-{job.id}"
+    assert statements[0] == "SELECT" and statements.count("SELECT") == 1
+    if store.dialect == "postgresql":  # the job, its event and its audit row
+        assert statements[1:] == ["INSERT", "INSERT", "INSERT"]
+    else:  # no sequence: the id comes from the insert, the run directory after it
+        assert sorted(statements[1:]) == ["INSERT", "INSERT", "INSERT", "UPDATE"]
+    with pytest.raises(NotFound, match=r"unknown team 'cv'.*teams create cv.*nlp, vision"):
+        store.create_job(spec(team="cv", user="ada"), run_dir_root=Path("/runs"))
+    assert store.list_jobs(limit=10).total == 1
