@@ -196,9 +196,9 @@ def upload(
         hdfs.read(f"/{PREFIX}/{f.name}").read_range(0, 1)
     urls["hdfs (hdfs-native)"] = (f"{env['TYARD_HDFS_URL']}/{PREFIX}", {})
     urls["hdfs (webhdfs)"] = (f"{env['TYARD_WEBHDFS_URL']}/{PREFIX}", {})
-    from tensoryard.data.stores import FsspecStore
+    from tensoryard.data.stores import open_store
 
-    web = FsspecStore(urls["hdfs (webhdfs)"][0])  # the NameNode's HTTP paths warm up too
+    web = open_store(urls["hdfs (webhdfs)"][0])  # the NameNode's HTTP paths warm up too
     for f in (f for f in files if f.stat().st_size):
         web.download_range(f.name, 0, 1, lambda _: None, 1)
     return urls

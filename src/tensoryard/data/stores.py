@@ -33,6 +33,7 @@ __all__ = [
     "RemoteStore",
     "S3Store",
     "TransientError",
+    "WebHdfsStore",
     "open_store",
 ]
 
@@ -418,6 +419,80 @@ class FsspecStore:
         )
 
 
+class WebHdfsStore(FsspecStore):
+    """``webhdfs://namenode:port/path``: HDFS over HTTP through fsspec's WebHDFS client (its
+    session, authentication and proxy), each read two requests: OPEN at the NameNode, then the
+    DataNode it redirects to, streamed.
+
+    fsspec's file object asks the NameNode for the file's status before each read: three
+    requests where two do (measured on a MiniDFSCluster: 142 against 88 ms for a MiB). The
+    ranges the cache asks for lie inside the size the dataset's index gives, and whole files
+    are read to their end, so the status is not needed.
+    """
+
+    def _read(
+        self,
+        key: str,
+        start: int,
+        stop: int | None,
+        sink: Callable[[bytes], None],
+        chunk_bytes: int,
+    ) -> None:
+        if stop is not None and stop <= start:
+            return
+        span: dict[str, int] = {"offset": start} if start else {}
+        if stop is not None:
+            span["length"] = stop - start
+        what = self.url(key) if stop is None else f"bytes {start}-{stop} of {self.url(key)}"
+        try:
+            opened = self._fs._call("OPEN", path=_join(self._root, key), redirect=False, **span)
+            location = opened.headers.get("Location")
+            if location is None:  # a gateway (HttpFS) answers with the bytes itself
+                reply = opened
+            else:
+                reply = self._fs.session.get(self._fs._apply_proxy(location), stream=True)
+            with reply:
+                if reply.status_code in (400, 403, 404):  # the DataNode's refusal: not transient
+                    raise DataError(
+                        f"cannot read {what}: HTTP {reply.status_code} {_remote_message(reply)} "
+                        "(fix: the file changed after the dataset was prepared; copy the "
+                        "prepared directory again)"
+                    )
+                reply.raise_for_status()
+                for chunk in reply.iter_content(chunk_bytes):
+                    if chunk:
+                        sink(chunk)
+        except FileNotFoundError as exc:
+            raise _missing(self.url(key)) from exc
+        except PermissionError as exc:
+            raise _denied(self.url(key)) from exc
+        except (ValueError, RuntimeError) as exc:
+            # fsspec raises these for the NameNode's other refusals (a range past the end is
+            # an IOException), keeping the message only: a standby NameNode, safe mode or an
+            # explicit retry are worth retrying; the rest stays refused however often asked.
+            if isinstance(exc, RuntimeError) and _TRANSIENT_REMOTE.search(str(exc)):
+                raise TransientError(f"{self.url(key)}: {exc}") from exc
+            raise DataError(
+                f"cannot read {what}: {exc} (fix: the file changed after the dataset was "
+                "prepared; copy the prepared directory again)"
+            ) from exc
+        except (OSError, TimeoutError) as exc:  # requests' errors are OSErrors
+            raise TransientError(f"{self.url(key)}: {exc}") from exc
+
+
+# Messages of the NameNode's refusals that pass: a standby in an HA pair, safe mode at start-up,
+# RetriableException ("... try again").
+_TRANSIENT_REMOTE = re.compile(r"standby|safe ?mode|retr(y|iable)|try again", re.IGNORECASE)
+
+
+def _remote_message(reply: Any) -> str:
+    """The message of a WebHDFS error reply (``{"RemoteException": {...}}``), else its text."""
+    try:
+        return str(reply.json()["RemoteException"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return " ".join(reply.text.split())[:200]
+
+
 def _missing(url: str) -> DataError:
     return DataError(f"{url} does not exist (fix: copy the whole prepared directory)")
 
@@ -437,7 +512,7 @@ class HdfsStore(FsspecStore):
     opens a plain TCP connection to the NameNode with a timeout: an unreachable NameNode is a
     transient error (retried with our backoff), then a DataError naming the URL and what to
     check (hdfs-native itself keeps retrying a refused connection for minutes).
-    ``webhdfs://`` URLs go through fsspec's WebHDFS client instead (plain `FsspecStore`); see
+    ``webhdfs://`` URLs go through fsspec's WebHDFS client instead (`WebHdfsStore`); see
     docs/data.md for why hdfs-native is the default.
     """
 
@@ -591,6 +666,8 @@ def open_store(root: str, storage_options: Mapping[str, Any] | None = None) -> R
         return S3Store("s3://" + root.split("://", 1)[1], **options)
     if root.startswith(("hdfs://", "viewfs://")):
         return HdfsStore(root, **options)
+    if root.startswith(("webhdfs://", "swebhdfs://")):
+        return WebHdfsStore(root, **options)
     return FsspecStore(root, **options)
 
 

@@ -289,3 +289,39 @@ def test_download_threads_of_a_forked_worker_share_its_hdfs_helper_safely(
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == sum((dataset / shard_file_name(i)).stat().st_size for i in range(8))
+
+
+def test_a_webhdfs_read_is_two_http_requests_and_a_range_past_the_end_is_a_clear_error(
+    hdfs: Any, dataset: Path, tmp_path: Path, hdfs_uploader: Callable[..., None]
+) -> None:
+    """A read is OPEN at the NameNode, then the DataNode it redirects to: no status request
+    before it (fsspec's file object makes one)."""
+    from tensoryard.data.stores import WebHdfsStore, open_store
+
+    backend = _hdfs_backend(hdfs, dataset, "webhdfs", tmp_path, hdfs_uploader)
+    store = open_store(backend.url)
+    assert isinstance(store, WebHdfsStore)
+    session = store._fs.session
+    sent: list[str] = []
+    send = session.send
+
+    def counting(request: Any, **kw: Any) -> Any:
+        sent.append(request.url.split("?")[0].split("/", 3)[2])  # host:port
+        return send(request, **kw)
+
+    session.send = counting
+    name = shard_file_name(2)
+    body = (dataset / name).read_bytes()
+    got: list[bytes] = []
+    store.download_range(name, 100, 3000, got.append, 1 << 20)
+    assert b"".join(got) == body[100:3000]
+    assert len(sent) == 2 and sent[0] != sent[1]  # the NameNode, then the DataNode
+    got.clear()
+    sent.clear()
+    store.download(name, got.append, 1000)  # a whole file, streamed
+    assert b"".join(got) == body and len(got) > 1
+    assert len(sent) == 2
+    with pytest.raises(DataError, match=rf"bytes {len(body) + 10}-.*{name}.*fix: the file"):
+        store.download_range(name, len(body) + 10, len(body) + 20, got.append, 1 << 20)
+    with pytest.raises(DataError, match=r"does not exist"):
+        store.download_range("shard-999999.tok", 0, 10, got.append, 1 << 20)

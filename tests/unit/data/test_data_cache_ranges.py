@@ -349,3 +349,25 @@ def test_an_fsspec_range_is_one_request_for_exactly_its_bytes() -> None:
     assert calls == [(1000, 3000)]
     assert store.wants_fetch_service()  # a remote fsspec client: through the node's service
     assert not FsspecStore("file:///data").wants_fetch_service()  # nothing to share
+
+
+def test_a_webhdfs_refusal_is_retried_only_where_the_namenode_says_it_passes() -> None:
+    """fsspec keeps only the message of the NameNode's RemoteException: a standby NameNode
+    or safe mode is transient, a range past the end is a DataError naming the range."""
+    from tensoryard.data.stores import TransientError, WebHdfsStore, open_store
+
+    store = open_store("webhdfs://127.0.0.1:9/corpus")  # nothing is contacted yet
+    assert isinstance(store, WebHdfsStore)
+
+    def refusing(message: str) -> Any:
+        def call(*_a: Any, **_kw: Any) -> Any:
+            raise RuntimeError(message)
+
+        return call
+
+    store._fs._call = refusing("Operation category READ is not supported in state standby")
+    with pytest.raises(TransientError, match="standby"):
+        store.download_range("shard-000000.tok", 0, 10, lambda _: None, 1 << 20)
+    store._fs._call = refusing("Offset=8202 out of the range [0, 8192); OPEN")
+    with pytest.raises(DataError, match=r"bytes 8202-8300 of webhdfs://.*shard-000000.tok.*fix"):
+        store.download_range("shard-000000.tok", 8202, 8300, lambda _: None, 1 << 20)
