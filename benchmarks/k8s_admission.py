@@ -295,7 +295,7 @@ def run_arm(
     from tensoryard.cluster.labels import LABEL_BLOCK, LABEL_SWITCH
     from tensoryard.executors.kubernetes.config import KubernetesConfig
     from tensoryard.server.config import ServerConfig
-    from tensoryard.server.main import build_control_plane
+    from tensoryard.server.main import build_control_plane, tune_process
     from tensoryard.store.records import JobState
 
     core = client.CoreV1Api(api)
@@ -328,6 +328,7 @@ def run_arm(
         cancel_grace_s=0,
     )
     plane = build_control_plane(config)
+    tune_process()  # as `tyard server` does (the GIL switch interval, a frozen heap)
     for team in teams:
         # tensoryard's quotas mirror Kueue's nominal quotas; the cohort lends idle GPUs
         plane.store.ensure_team(team, gpu_quota=quotas[team])

@@ -266,7 +266,7 @@ def run_tensoryard(
 
     from tensoryard.executors.kubernetes.config import KubernetesConfig
     from tensoryard.server.config import ServerConfig
-    from tensoryard.server.main import build_control_plane
+    from tensoryard.server.main import build_control_plane, tune_process
 
     core = client.CoreV1Api(api)
     ns = f"bench-tyard-{secrets.token_hex(3)}"
@@ -285,6 +285,7 @@ def run_tensoryard(
         cancel_grace_s=0,
     )
     plane = build_control_plane(config)
+    tune_process()  # as `tyard server` does (the GIL switch interval, a frozen heap)
     kube = plane.executor.kube  # type: ignore[attr-defined]
     watcher = RunningWatch(api, ns)
     plane.controller.start()

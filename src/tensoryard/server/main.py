@@ -45,7 +45,7 @@ from tensoryard.spec.job import JobSpec
 from tensoryard.store import Store
 from tensoryard.store._db import safe_url
 
-__all__ = ["ControlPlane", "build_control_plane", "run_server"]
+__all__ = ["ControlPlane", "build_control_plane", "run_server", "tune_process"]
 
 log = logging.getLogger("tensoryard.server")
 
@@ -251,6 +251,23 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def tune_process() -> None:
+    """Ready the process that runs a control plane, once the plane is built: what `tyard
+    server` does, and what a benchmark or embedding that runs the plane in its own process
+    should do too to measure what users get.
+
+    Everything allocated so far (modules, the app, the plane) lives as long as the process, so
+    it leaves the garbage collector's full passes, which otherwise stall the event loop for
+    tens of milliseconds as the heap grows (the gateway's p99). Threads take the GIL from each
+    other after `_SWITCH_INTERVAL_S`, not CPython's 5 ms: request and launch threads give it
+    up at every database call and socket read, and each such turn otherwise waits behind the
+    control loop's scheduling pass.
+    """
+    gc.collect()
+    gc.freeze()
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+
+
 def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
     """Run until interrupted: recover running jobs, start the loop, serve the API."""
     _check_port_free(config.host, config.port)
@@ -273,12 +290,7 @@ def run_server(config: ServerConfig, *, log_level: str = "info") -> None:
             access_log=False,
         )
     )
-    # Everything allocated so far (modules, the app, the plane) lives as long as the process:
-    # out of the garbage collector's full passes, which otherwise stall the event loop for
-    # tens of milliseconds as the heap grows (the gateway's p99).
-    gc.collect()
-    gc.freeze()
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    tune_process()
     # uvicorn handles SIGTERM by shutting the HTTP server down, then restores the handler it
     # found and raises the signal again. Left at the default, that second SIGTERM killed the
     # process before the `finally` below ran: serving replicas, the webhook sender and the
