@@ -20,18 +20,28 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tensoryard.data._util import QUICK_BYTES, digest_file, distinct, quick_digest
+from tensoryard.data._util import (
+    HASH_ALGO,
+    QUICK_BYTES,
+    digest_file,
+    distinct,
+    new_hasher,
+    quick_digest,
+)
 from tensoryard.data.format import (
     INDEX_NAME,
     MANIFEST_NAME,
     SHARDS_NAME,
+    UNITS_NAME,
     Manifest,
     ShardIndex,
     doc_file_name,
     read_index,
     read_manifest,
     read_shard_entries,
+    read_units,
     shard_file_name,
+    unit_digest,
 )
 from tensoryard.data.source import LocalShardSource, ShardSource
 from tensoryard.data.tokenizer import Tokenizer, load_tokenizer
@@ -508,7 +518,8 @@ def verify_dataset(
     *,
     progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
-    """Full check of a prepared dataset: every hash, size and count. Raises DataError."""
+    """Full check of a prepared dataset: every hash, size and count, and each unit digest of
+    units.bin where the dataset has one. Raises DataError."""
     src = source if isinstance(source, ShardSource) else LocalShardSource(source)
     meta_dir = src.metadata_path(MANIFEST_NAME).parent
     man = manifest or read_manifest(meta_dir)
@@ -519,6 +530,7 @@ def verify_dataset(
             f"{meta_dir / SHARDS_NAME}: {len(entries)} shards, manifest says {man.num_shards}"
         )
     itemsize = man.np_dtype.itemsize
+    units = read_units(meta_dir, man, [e.tokens for e in entries])
     docs = 0
     for i, entry in enumerate(entries):
         want = int(index.starts[i + 1] - index.starts[i])
@@ -526,7 +538,13 @@ def verify_dataset(
             raise DataError(
                 f"{meta_dir / SHARDS_NAME}: shard {i} lists {entry.tokens} tokens, index has {want}"
             )
-        _verify_file(src.shard_path(i, shard_file_name(i)), want * itemsize, entry.tokens_hash)
+        tok = src.shard_path(i, shard_file_name(i))
+        if units is None:
+            _verify_file(tok, want * itemsize, entry.tokens_hash)
+        else:
+            _verify_units(
+                tok, want * itemsize, entry.tokens_hash, units.of_shard(i), units.unit_bytes
+            )
         _verify_file(src.shard_path(i, doc_file_name(i)), entry.documents * 8, entry.docs_hash)
         docs += entry.documents
         if progress is not None:
@@ -546,6 +564,34 @@ def _verify_file(path: Path, size: int, digest: str) -> None:
     if got_size != size:
         raise DataError(f"{path}: {got_size} bytes, the manifest says {size} (truncated?)")
     got = digest_file(path)
+    if got != digest:
+        raise DataError(f"{path}: content hash {got} differs from the manifest's {digest}")
+
+
+def _verify_units(path: Path, size: int, digest: str, want: bytes, unit_bytes: int) -> None:
+    """`_verify_file` that also checks each unit against units.bin, in the same pass."""
+    try:
+        got_size = path.stat().st_size
+    except OSError as exc:
+        raise DataError(f"{path}: missing or unreadable ({exc.strerror})") from exc
+    if got_size != size:
+        raise DataError(f"{path}: {got_size} bytes, the manifest says {size} (truncated?)")
+    whole = new_hasher()
+    with open(path, "rb") as f:
+        k = 0
+        while block := f.read(unit_bytes):
+            whole.update(block)
+            got_unit, want_unit = unit_digest(block), want[16 * k : 16 * k + 16]
+            if got_unit != want_unit:
+                start = k * unit_bytes
+                raise DataError(
+                    f"{path}: content hash of unit {k} (bytes [{start}, {start + len(block)})) "
+                    f"blake2b-128:{got_unit.hex()} differs from {UNITS_NAME}'s "
+                    f"blake2b-128:{want_unit.hex()}: the shard is corrupt (fix: copy or "
+                    "prepare the dataset again)"
+                )
+            k += 1
+    got = f"{HASH_ALGO}:{whole.hexdigest()}"
     if got != digest:
         raise DataError(f"{path}: content hash {got} differs from the manifest's {digest}")
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from tensoryard.data._util import digest_bytes, digest_file, quick_digest_file
+from tensoryard.data._util import digest_bytes, quick_digest_file
 from tensoryard.data.format import (
     Manifest,
     ShardEntry,
+    digest_file_with_units,
     doc_file_name,
     shard_file_name,
     write_dataset_metadata,
@@ -88,7 +89,7 @@ def _link(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _import_one(prefix: Path, i: int, out: Path) -> tuple[str, ShardEntry, dict[str, Any]]:
+def _import_one(prefix: Path, i: int, out: Path) -> tuple[str, ShardEntry, dict[str, Any], bytes]:
     idx = read_megatron_index(prefix.with_suffix(".idx"))
     bin_path = prefix.with_suffix(".bin")
     itemsize = np.dtype(idx.dtype).itemsize
@@ -102,7 +103,7 @@ def _import_one(prefix: Path, i: int, out: Path) -> tuple[str, ShardEntry, dict[
     _link(bin_path, out / shard_file_name(i))
     doc_bytes = (idx.pointers // itemsize).astype("<u8").tobytes()
     (out / doc_file_name(i)).write_bytes(doc_bytes)
-    tokens_hash = digest_file(bin_path)
+    tokens_hash, units = digest_file_with_units(bin_path)
     entry = ShardEntry(
         name=shard_file_name(i),
         tokens=tokens,
@@ -112,7 +113,7 @@ def _import_one(prefix: Path, i: int, out: Path) -> tuple[str, ShardEntry, dict[
         quick=quick_digest_file(bin_path).hex(),
     )
     source = {"url": str(bin_path), "format": "megatron", "bytes": size, "hash": tokens_hash}
-    return idx.dtype, entry, source
+    return idx.dtype, entry, source, units
 
 
 def import_megatron(
@@ -135,7 +136,7 @@ def import_megatron(
         _import_one(Path(str(p).removesuffix(".bin").removesuffix(".idx")), i, out)
         for i, p in enumerate(prefixes)
     ]
-    dtypes = {d for d, _, _ in parts}
+    dtypes = {d for d, _, _, _ in parts}
     if len(dtypes) > 1:
         raise DataError(f"Megatron prefixes mix token widths {sorted(dtypes)}")
     if tokenizer is not None:
@@ -150,10 +151,11 @@ def import_megatron(
         }
     return write_dataset_metadata(
         out,
-        entries=[e for _, e, _ in parts],
+        entries=[e for _, e, _, _ in parts],
         dtype=dtypes.pop(),
-        shard_tokens=max(e.tokens for _, e, _ in parts),
+        shard_tokens=max(e.tokens for _, e, _, _ in parts),
         tokenizer=meta,
-        sources=[s for _, _, s in parts],
+        sources=[s for _, _, s, _ in parts],
         extra={"imported_from": "megatron"},
+        unit_digests=[u for _, _, _, u in parts],
     )

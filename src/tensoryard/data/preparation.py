@@ -39,6 +39,8 @@ from tensoryard.data.format import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
+    UnitHasher,
+    digest_file_with_units,
     doc_file_name,
     read_manifest,
     shard_file_name,
@@ -185,7 +187,8 @@ def _joined(
 
 # ---------------------------------------------------------------------------- shard writing
 class _ShardWriter:
-    """Streams tokens into fixed-size shard files; calls `on_shard` after each rename."""
+    """Streams tokens into fixed-size shard files; calls `on_shard` after each rename with the
+    shard's entry and its unit digests (units.bin), both computed while it is written."""
 
     def __init__(
         self,
@@ -193,7 +196,7 @@ class _ShardWriter:
         dtype: np.dtype[Any],
         shard_tokens: int,
         first_shard: int,
-        on_shard: Callable[[ShardEntry, int, int], None],
+        on_shard: Callable[[ShardEntry, bytes, int, int], None],
     ) -> None:
         self.out_dir = out_dir
         self.dtype = dtype
@@ -206,6 +209,7 @@ class _ShardWriter:
         self._tmp = self.out_dir / f".{shard_file_name(self.index)}.tmp"
         self._fh = open(self._tmp, "wb")  # noqa: SIM115 - spans many feed() calls
         self._hasher = new_hasher()
+        self._units = UnitHasher()
         self._head = b""
         self._tail = b""
         self._count = 0
@@ -229,6 +233,7 @@ class _ShardWriter:
         data = arr.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
         self._fh.write(data)
         self._hasher.update(data)
+        self._units.update(data)
         if len(self._head) < QUICK_BYTES:
             self._head += data[: QUICK_BYTES - len(self._head)]
         self._tail = (self._tail + data[-QUICK_BYTES:])[-QUICK_BYTES:]
@@ -263,7 +268,7 @@ class _ShardWriter:
             quick=quick_digest(self._head, tail, size).hex(),
         )
         self.index += 1
-        self.on_shard(entry, next_chunk, next_offset)
+        self.on_shard(entry, self._units.digests(), next_chunk, next_offset)
 
 
 # ---------------------------------------------------------------------------- journal
@@ -309,6 +314,14 @@ def _shard_intact(out_dir: Path, i: int, entry: ShardEntry) -> bool:
     if not (tok.exists() and doc.exists()):
         return False
     return digest_file(tok) == entry.tokens_hash and digest_file(doc) == entry.docs_hash
+
+
+def _journalled_units(out_dir: Path, i: int, rec: dict[str, Any]) -> bytes:
+    """Unit digests of a journalled shard: from the journal, or (a journal written before
+    units.bin existed) read from the shard file."""
+    if isinstance(rec.get("units"), str):
+        return bytes.fromhex(rec["units"])
+    return digest_file_with_units(out_dir / shard_file_name(i))[1]
 
 
 def _write_journal(out_dir: Path, config: dict[str, Any], records: list[dict[str, Any]]) -> Any:
@@ -390,13 +403,16 @@ def prepare(
     journal = _write_journal(out, config, records)
     dtype = token_dtype(tok.vocab_size)
     entries = [ShardEntry(**r["entry"]) for r in records]
+    units = [_journalled_units(out, i, r) for i, r in enumerate(records)]
     start_chunk, start_off = (
         (records[-1]["next_chunk"], records[-1]["next_offset"]) if records else (0, 0)
     )
 
-    def on_shard(entry: ShardEntry, next_chunk: int, next_offset: int) -> None:
+    def on_shard(entry: ShardEntry, digests: bytes, next_chunk: int, next_offset: int) -> None:
         entries.append(entry)
+        units.append(digests)
         rec = {"entry": entry.as_dict(), "next_chunk": next_chunk, "next_offset": next_offset}
+        rec["units"] = digests.hex()
         journal.write(json.dumps(rec, sort_keys=True) + "\n")
         journal.flush()
         os.fsync(journal.fileno())
@@ -431,6 +447,7 @@ def prepare(
         tokenizer=tokenizer_meta(tok),
         sources=sources,
         extra={"prepare_config": config_id, "text_field": text_field},
+        unit_digests=units,
     )
     (out / JOURNAL_NAME).unlink(missing_ok=True)
     return PrepareResult(out, man, resumed_shards=len(records), up_to_date=False)
@@ -472,7 +489,13 @@ def write_token_dataset(
     out.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(vocab_size)
     entries: list[ShardEntry] = []
-    writer = _ShardWriter(out, dtype, shard_tokens, 0, lambda e, c, o: entries.append(e))
+    units: list[bytes] = []
+
+    def on_shard(entry: ShardEntry, digests: bytes, _chunk: int, _offset: int) -> None:
+        entries.append(entry)
+        units.append(digests)
+
+    writer = _ShardWriter(out, dtype, shard_tokens, 0, on_shard)
     eos = None if eos_id is None else np.array([eos_id], dtype=dtype)
     for i, doc in enumerate(documents):
         arr = np.asarray(doc)
@@ -499,4 +522,5 @@ def write_token_dataset(
         shard_tokens=shard_tokens,
         tokenizer=meta,
         sources=[],
+        unit_digests=units,
     )
