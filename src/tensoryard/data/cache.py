@@ -54,11 +54,16 @@ from tensoryard.data.format import (
     INDEX_NAME,
     MANIFEST_NAME,
     SHARDS_NAME,
+    UNIT_DIGEST_BYTES,
+    UNITS_NAME,
     ShardEntry,
+    UnitDigests,
     doc_file_name,
     read_manifest,
     read_shard_entries,
+    read_units,
     shard_file_name,
+    unit_digest,
 )
 from tensoryard.data.stores import (
     FsspecStore,
@@ -104,12 +109,16 @@ class RemoteFile:
 
     ``key`` is the path relative to the remote root (``shard-000007.tok``); ``nbytes`` and
     ``digest`` come from the manifest. ``digest`` is ``"<algorithm>:<hex>"`` with any hashlib
-    algorithm (``blake2b:…``, ``sha256:…``); a bare hex string means sha256.
+    algorithm (``blake2b:…``, ``sha256:…``); a bare hex string means sha256. ``unit_digests``
+    (from units.bin: 16 bytes per ``unit_bytes`` block, in file order) lets ranged reads verify
+    each unit before it is used; None: only the whole file's hash is checked.
     """
 
     key: str
     nbytes: int
     digest: str
+    unit_digests: bytes | None = field(default=None, compare=False, repr=False)
+    unit_bytes: int = field(default=0, compare=False, repr=False)
 
     @property
     def algorithm(self) -> str:
@@ -150,9 +159,11 @@ class CacheConfig:
     """Read size while streaming a download to disk."""
     range_bytes: int = 1 * _MiB
     """Unit in which token shards are fetched and tracked when the store reads byte ranges
-    (S3, HDFS, WebHDFS, fsspec): a read waits only for the units that hold its samples (the
-    shard's whole content hash is checked once its last unit is in, in place of the quick
-    fingerprint of its first and last 4 KiB). 0: whole files only."""
+    (S3, HDFS, WebHDFS, fsspec): a read waits only for the units that hold its samples. With
+    the dataset's units.bin (1 MiB digests) and a multiple of its unit size, each unit is
+    verified before any reader may use it; otherwise (a dataset prepared without units.bin, or
+    another size: logged once) the shard's whole content hash is checked once its last unit is
+    in. 0: whole files only."""
     prefetch_get_bytes: int = 16 * _MiB
     """Largest request of a prefetch: consecutive missing units of a shard are fetched in one
     ranged GET of up to this many bytes."""
@@ -289,6 +300,7 @@ class FileCache:
         self._states_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        self._warned_unit_size = False
         self.dir = Path(config.cache_dir)
         self._locks = self.dir / _LOCK_DIR
         try:
@@ -384,6 +396,27 @@ class FileCache:
     def _units(self, f: RemoteFile) -> int:
         return max(1, -(-f.nbytes // self.config.range_bytes))
 
+    def _per_unit(self, f: RemoteFile) -> bool:
+        """Whether ranged units of ``f`` are verified one by one (its units.bin digests are
+        known and ``range_bytes`` is a multiple of their unit size). Otherwise the whole file
+        is hashed once its last unit is in (logged once per process when only the size is
+        at fault)."""
+        if f.unit_digests is None or f.unit_bytes < 1:
+            return False
+        if self.config.range_bytes % f.unit_bytes == 0:
+            return True
+        if not self._warned_unit_size:
+            self._warned_unit_size = True
+            log.warning(
+                "range_bytes=%d is not a multiple of the dataset's %d-byte checksum unit: "
+                "ranged shards are verified as a whole once complete, and bytes read before "
+                "that are unchecked (fix: set range_bytes to a multiple of %d)",
+                self.config.range_bytes,
+                f.unit_bytes,
+                f.unit_bytes,
+            )
+        return False
+
     def open_partial(self, f: RemoteFile, *, demand: bool = True) -> Path | None:
         """``f``'s complete file if present, else its partial file: full size, sparse, with
         a map of which ``range_bytes`` units have arrived (created under the byte budget).
@@ -456,8 +489,9 @@ class FileCache:
             if st is None:
                 if self.open_partial(f) != self.part_path(f):
                     return None
+                need = _VERIFIED if self._per_unit(f) else _FETCHED
                 try:
-                    st = _Partial(self.part_path(f), self._map_path(f), self._units(f))
+                    st = _Partial(self.part_path(f), self._map_path(f), self._units(f), need)
                 except FileNotFoundError:  # completed (renamed) between the two calls
                     return None
                 self._states[f.local_name] = st
@@ -472,8 +506,9 @@ class FileCache:
 
         Missing units are fetched now, all files at once: runs of consecutive units in one
         request each, the requests in parallel. A unit another thread or process is fetching
-        is waited for, never fetched twice. A file's content hash is verified once its last
-        unit arrives."""
+        is waited for, never fetched twice. Each unit is checked against its units.bin digest
+        before it counts as in (`_download_units`); without digests, a file's content hash is
+        verified once its last unit arrives."""
         size = self.config.range_bytes
         longest = max(1, self.config.prefetch_get_bytes // size)
         jobs: list[tuple[RemoteFile, _Partial, int, int]] = []
@@ -535,8 +570,7 @@ class FileCache:
                 j += 1
                 continue
             try:
-                fetch = functools.partial(self._download_units, f, st, j, taken, demand=False)
-                self._with_retries(f, fetch)
+                self._download_units(f, st, j, taken, demand=False)
             finally:
                 self._release(st, j, taken)
             j += taken
@@ -590,10 +624,7 @@ class FileCache:
             try:
                 todo = [j for j in units if not st.done(j)]
                 for start, count in _runs(todo, n):
-                    fetch = functools.partial(
-                        self._download_units, f, st, start, count, demand=blocking
-                    )
-                    self._with_retries(f, fetch)
+                    self._download_units(f, st, start, count, demand=blocking)
             finally:
                 fcntl.lockf(st.map_fd, fcntl.LOCK_UN, n, k, os.SEEK_SET)
         finally:
@@ -622,8 +653,38 @@ class FileCache:
     def _download_units(
         self, f: RemoteFile, st: _Partial, k: int, n: int, *, demand: bool = True
     ) -> None:
+        """Fetch units ``[k, k + n)`` into the partial file (with retries), verify each of
+        their digest blocks when the dataset has units.bin, then mark them in the map. A
+        mismatch is fetched once more; a second one marks the file bad for the node."""
         size = self.config.range_bytes
         start, stop = k * size, min(f.nbytes, (k + n) * size)
+        fetch = functools.partial(self._fetch_range, f, st, start, stop, demand)
+        self._with_retries(f, fetch)
+        checked = self._per_unit(f)
+        if checked:
+            bad = self._bad_unit(f, st, start, stop)
+            if bad is not None:
+                self.stats.checksum_mismatches += 1
+                log.warning(
+                    "checksum mismatch in %s bytes [%d, %d), fetching them again",
+                    f.key,
+                    start,
+                    stop,
+                )
+                self._with_retries(f, fetch)
+                bad = self._bad_unit(f, st, start, stop)
+                if bad is not None:
+                    self.stats.checksum_mismatches += 1
+                    self._fail_unit(f, *bad)
+        mark = _VERIFIED if checked else _FETCHED
+        os.pwrite(st.map_fd, bytes([mark]) * n, k)
+        st.mark(k, n, mark)
+
+    def _fetch_range(
+        self, f: RemoteFile, st: _Partial, start: int, stop: int, demand: bool
+    ) -> None:
+        """One request for bytes ``[start, stop)`` of ``f``, written at their offsets into the
+        partial file (by the node's fetch service when there is one, else here)."""
         pos = start
 
         def sink(chunk: bytes) -> None:
@@ -644,16 +705,59 @@ class FileCache:
             self.store.download_range(f.key, start, stop, sink, self.config.chunk_bytes)  # type: ignore[attr-defined]
         if pos != stop:
             raise TransientError(f"{self.store.url(f.key)}: range [{start}, {stop}) ended at {pos}")
-        os.pwrite(st.map_fd, b"\x01" * n, k)
-        st.mark(k, n)
         self.stats.downloads += 1
         self.stats.range_gets += 1
         self.stats.bytes_downloaded += stop - start
 
+    @staticmethod
+    def _bad_unit(
+        f: RemoteFile, st: _Partial, start: int, stop: int
+    ) -> tuple[int, bytes, bytes] | None:
+        """The first digest block of bytes ``[start, stop)`` of the partial file (read back,
+        from the page cache) that differs from units.bin: (block, got, want); None if all
+        match. ``start`` is a multiple of the block size."""
+        assert f.unit_digests is not None
+        unit = f.unit_bytes
+        for d in range(start // unit, -(-stop // unit)):
+            a = d * unit
+            data = os.pread(st.part_fd, min(unit, f.nbytes - a), a)
+            got = unit_digest(data)
+            want = f.unit_digests[UNIT_DIGEST_BYTES * d : UNIT_DIGEST_BYTES * (d + 1)]
+            if got != want:
+                return d, got, want
+        return None
+
+    def _fail_unit(self, f: RemoteFile, d: int, got: bytes, want: bytes) -> None:
+        """Mark ``f`` bad for every process of the node (as `_maybe_complete` does) after a
+        unit failed verification twice, and raise its DataError."""
+        a = d * f.unit_bytes
+        b = min(f.nbytes, a + f.unit_bytes)
+        message = (
+            f"{self.store.url(f.key)} fails verification twice: bytes [{a}, {b}) (checksum "
+            f"unit {d} of {f.unit_bytes} bytes) are blake2b-128:{got.hex()} when fetched, "
+            f"{UNITS_NAME} says blake2b-128:{want.hex()} (fix: the remote copy is corrupt or "
+            "the manifest belongs to another version of the dataset; re-upload the prepared "
+            "directory)"
+        )
+        lock = FileLock(str(self._locks / f"{f.local_name}.lock"), timeout=self._lock_wait())
+        try:
+            with lock:
+                bad = self._bad_path(f)
+                bad.parent.mkdir(exist_ok=True)
+                bad.write_text(message)
+                for path in (self.part_path(f), self._map_path(f)):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                self._states.pop(f.local_name, None)
+        except LockTimeout as exc:
+            raise self._lock_timeout_error(f) from exc
+        raise DataError(message)
+
     def _maybe_complete(self, f: RemoteFile, st: _Partial) -> None:
-        """Once every unit is in: verify the whole shard's hash and move it into place. A
-        mismatch is downloaded once more as a whole; a second one marks the file bad for every
-        process of the node (their next read raises a DataError naming it)."""
+        """Once every unit is in: verify the whole shard's hash and move it into place (no
+        rehash when every unit was verified against units.bin as it arrived). A mismatch is
+        downloaded once more as a whole; a second one marks the file bad for every process of
+        the node (their next read raises a DataError naming it)."""
         if not st.all_done():
             return
         lock = FileLock(str(self._locks / f"{f.local_name}.lock"), timeout=self._lock_wait())
@@ -662,7 +766,8 @@ class FileCache:
                 part = self.part_path(f)
                 if self.present(f) or not part.exists() or self._bad_path(f).exists():
                     return
-                got = _hash_file(f, part)
+                verified = self._per_unit(f) and st.all_verified()
+                got = f.hexdigest if verified else _hash_file(f, part)
                 if got == f.hexdigest:
                     os.fsync(st.part_fd)
                     os.replace(part, self.path(f))
@@ -848,11 +953,19 @@ class FileCache:
         return True
 
 
-class _Partial:
-    """One process's handles on a partial file and its unit map (one byte per unit, 1 when
-    the unit's bytes are in). Other processes' progress is read from the map on demand."""
+_FETCHED = 1
+"""Map byte of a unit whose bytes are in (checked only with the whole file)."""
+_VERIFIED = 2
+"""Map byte of a unit whose bytes are in and match their units.bin digests."""
 
-    def __init__(self, part: Path, map_path: Path, units: int) -> None:
+
+class _Partial:
+    """One process's handles on a partial file and its unit map (one byte per unit: 0 missing,
+    `_FETCHED` or `_VERIFIED`). A unit counts as done at ``need`` or above: where units are
+    verified one by one, a unit only fetched (by a process that did not verify it) is fetched
+    again. Other processes' progress is read from the map on demand."""
+
+    def __init__(self, part: Path, map_path: Path, units: int, need: int = _FETCHED) -> None:
         self.map_fd = os.open(map_path, os.O_RDWR)
         try:
             self.part_fd = os.open(part, os.O_RDWR)
@@ -860,26 +973,32 @@ class _Partial:
             os.close(self.map_fd)
             raise
         self.units = units
+        self.need = need
         self.known = bytearray(units)
         self.claimed: set[int] = set()
         self.cond = threading.Condition()
 
     def done(self, k: int) -> bool:
-        if self.known[k]:
+        if self.known[k] >= self.need:
             return True
-        if os.pread(self.map_fd, 1, k) == b"\x01":
-            self.known[k] = 1
+        got = os.pread(self.map_fd, 1, k)
+        if got and got[0] >= self.need:
+            self.known[k] = got[0]
             return True
         return False
 
-    def mark(self, k: int, n: int) -> None:
-        self.known[k : k + n] = b"\x01" * n
+    def mark(self, k: int, n: int, value: int = _FETCHED) -> None:
+        self.known[k : k + n] = bytes([value]) * n
 
     def all_done(self) -> bool:
-        if all(self.known):
+        if min(self.known) >= self.need:
             return True
         self.known[:] = os.pread(self.map_fd, self.units, 0).ljust(self.units, b"\0")
-        return all(self.known)
+        return min(self.known) >= self.need
+
+    def all_verified(self) -> bool:
+        """Whether every unit's map byte says verified (after `all_done` read the map)."""
+        return min(self.known) >= _VERIFIED
 
     def __del__(self) -> None:
         for fd in (self.map_fd, self.part_fd):
@@ -967,6 +1086,7 @@ class ShardCache:
         url_key = hashlib.blake2b(self.url.encode(), digest_size=10).hexdigest()
         self.meta_dir = self.files.dir / _META_DIR / url_key
         self._entries: list[ShardEntry] | None = None
+        self._units: UnitDigests | None = None
         self._itemsize = 0
         self._init_runtime()
 
@@ -993,7 +1113,7 @@ class ShardCache:
         state = {k: v for k, v in self.__dict__.items() if k in ("url", "config", "meta_dir")}
         state |= {"store": self.files.store, "sleep": self.files._sleep}
         state |= {"service": self.files.service}
-        state |= {"entries": self._entries, "itemsize": self._itemsize}
+        state |= {"entries": self._entries, "itemsize": self._itemsize, "units": self._units}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -1006,6 +1126,7 @@ class ShardCache:
             service=state["service"],
         )
         self._entries, self._itemsize = state["entries"], state["itemsize"]
+        self._units = state["units"]
         self._init_runtime()
 
     @property
@@ -1019,7 +1140,8 @@ class ShardCache:
     # -- ShardSource --------------------------------------------------------------------------
 
     def metadata_path(self, name: str) -> Path:
-        """Local copy of manifest.json, index.bin or shards.json (fetched on first use)."""
+        """Local copy of manifest.json, index.bin, shards.json or units.bin (fetched on first
+        use)."""
         self._this_process()
         self._load_metadata()
         return self.meta_dir / name
@@ -1136,19 +1258,21 @@ class ShardCache:
                 self._fetch_metadata_once_per_node()
                 manifest = read_manifest(self.meta_dir)
                 entries = read_shard_entries(self.meta_dir, manifest)
+                self._units = read_units(self.meta_dir, manifest, [e.tokens for e in entries])
                 self._itemsize = manifest.np_dtype.itemsize
                 self.config.validate(max(e.tokens for e in entries) * self._itemsize)
                 self._entries = entries
             return self._entries
 
     def _fetch_metadata_once_per_node(self) -> None:
-        """Bring manifest, index and listing up to date, once for all processes of the node.
+        """Bring manifest, index, listing and unit digests (units.bin, when the manifest lists
+        one) up to date, once for all processes of the node.
 
         The first process to come takes the node-wide lock and fetches; the ranks and
         DataLoader workers behind it find a manifest younger than ``metadata_max_age_s`` and
         read the local copies (a 1,000-rank job on 125 nodes reads the index 125 times, not
-        1,000). index.bin and shards.json are fetched only when their hash differs from the
-        manifest's, so a restarted job on a warm node reads only the manifest.
+        1,000). index.bin, shards.json and units.bin are fetched only when their hash differs
+        from the manifest's, so a restarted job on a warm node reads only the manifest.
         """
         self.meta_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.meta_dir / ".lock"), timeout=self.config.lock_timeout_s)
@@ -1162,10 +1286,10 @@ class ShardCache:
                 self.files.fetch_small(MANIFEST_NAME, manifest_path)
                 self.stats.metadata_fetches += 1
             manifest = read_manifest(self.meta_dir)
-            for name, digest in (
-                (INDEX_NAME, manifest.index_hash),
-                (SHARDS_NAME, manifest.shards_hash),
-            ):
+            wanted = [(INDEX_NAME, manifest.index_hash), (SHARDS_NAME, manifest.shards_hash)]
+            if manifest.units_hash is not None:
+                wanted.append((UNITS_NAME, manifest.units_hash))
+            for name, digest in wanted:
                 local = self.meta_dir / name
                 if not _matches(local, digest):
                     self.files.fetch_small(name, local, digest)
@@ -1177,7 +1301,16 @@ class ShardCache:
             raise DataError(f"{self.url}: shard {index} outside [0, {len(entries)})")
         e = entries[index]
         if name == shard_file_name(index):
-            return RemoteFile(name, e.tokens * self._itemsize, e.tokens_hash)
+            units = self._units
+            if units is None:
+                return RemoteFile(name, e.tokens * self._itemsize, e.tokens_hash)
+            return RemoteFile(
+                name,
+                e.tokens * self._itemsize,
+                e.tokens_hash,
+                unit_digests=units.of_shard(index),
+                unit_bytes=units.unit_bytes,
+            )
         if name == doc_file_name(index):
             return RemoteFile(name, e.documents * 8, e.docs_hash)
         raise DataError(f"{self.url}: shard {index} has no file {name!r}")
