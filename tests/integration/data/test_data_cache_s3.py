@@ -32,7 +32,7 @@ import pytest
 
 from tensoryard.data import build_loader, prepare
 from tensoryard.data.cache import CacheConfig, ShardCache, source_for_url
-from tensoryard.data.format import doc_file_name, shard_file_name
+from tensoryard.data.format import UNIT_BYTES, doc_file_name, shard_file_name, unit_digest
 from tensoryard.errors import DataError
 
 BUCKET = "tyard-data"
@@ -538,7 +538,7 @@ def test_ranged_prefetch_follows_the_announced_order_after_the_first_read(
             cache.stats.bytes_downloaded
             - sum(
                 (Path(cache.meta_dir) / n).stat().st_size
-                for n in ("manifest.json", "index.bin", "shards.json")
+                for n in ("manifest.json", "index.bin", "shards.json", "units.bin")
             )
             == 3 * shard_bytes
         )
@@ -564,8 +564,10 @@ def test_a_remote_shard_that_differs_from_the_manifest_is_an_error_naming_both_h
 ) -> None:
     original = _tok_bytes(dataset, 4)
     tampered = bytes([original[0] ^ 1]) + original[1:]
-    want = json.loads((dataset / "shards.json").read_text())["shards"][4]["tokens_hash"]
-    got = "blake2b:" + hashlib.blake2b(tampered, digest_size=32).hexdigest()
+    # One checksum unit (1 MiB) holds the whole shard: the error names its two digests.
+    assert len(original) <= UNIT_BYTES
+    want = unit_digest(original).hex()
+    got = unit_digest(tampered).hex()
     cache = _cache(proxy, tmp_path / "c", prefetch_shards=0)
     with _replaced(bucket, dataset, shard_file_name(4), tampered), cache:
         with pytest.raises(DataError) as err:
