@@ -144,9 +144,9 @@ def test_the_loader_reads_identical_batches_from_the_backend_and_from_local_disk
             break
     assert batches > 5
     source.close()  # waits for the prefetch threads: their counters are final after this
-    # The epoch reads every shard many times; each file crossed the network once: the three
+    # The epoch reads every shard many times; each file crossed the network once: the four
     # metadata files and the token shards (document offsets are not needed to train).
-    needed = ["manifest.json", "index.bin", "shards.json"]
+    needed = ["manifest.json", "index.bin", "shards.json", "units.bin"]
     needed += [shard_file_name(i) for i in range(_num_shards(dataset))]
     assert source.stats.downloads == len(needed)
     assert source.stats.bytes_downloaded == sum((dataset / n).stat().st_size for n in needed)
@@ -200,9 +200,10 @@ def test_four_ranks_on_one_node_download_each_shard_once_between_them(
         for i in range(n)
     }
     assert all(r["hashes"] == want for r in results)
-    # Each shard, and the manifest, index and listing, crossed the network once for the node.
-    assert sum(r["downloads"] for r in results) == n + 3
-    assert sum(r["meta"] for r in results) == 3
+    # Each shard, and the manifest, index, listing and unit digests, crossed the network once
+    # for the node.
+    assert sum(r["downloads"] for r in results) == n + 4
+    assert sum(r["meta"] for r in results) == 4
 
 
 def test_a_corrupt_shard_is_fetched_again_then_fails_naming_the_shard(
