@@ -13,7 +13,7 @@ Public API::
     build_loader(path_or_paths, seq_len=, global_batch=, rank=, world_size=, seed=)
         -> TokenLoader  (numpy batches, state_dict()/load_state_dict())
     build_torch_loader(..., num_workers=0) -> TorchTokenLoader (torch tensors)
-    verify_dataset(path)   # full hash check
+    verify_dataset(path)   # full hash check (and each 1 MiB unit's, with units.bin)
     write_token_dataset(out_dir, token_arrays, vocab_size=)  # already tokenized / synthetic
     import_megatron(prefixes, out_dir)  # existing Megatron .bin/.idx, linked, not copied
 

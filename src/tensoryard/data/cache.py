@@ -11,8 +11,12 @@ protocol (a JuiceFS/GPFS mount is a plain path and needs no cache). Every rank o
 * keeps the directory under a byte budget by evicting the file whose next use lies furthest in
   the future (Belady's policy, possible because the sample order is known in advance); files the
   loader still maps are never chosen, and a prefetch never pushes out a shard needed sooner;
-* verifies every download against the manifest's content hash: a mismatch is downloaded once
-  more, then raises :class:`~tensoryard.errors.DataError` naming the file and both hashes;
+* verifies what it fetches before anyone reads it: a ranged unit against its digest in the
+  dataset's units.bin (one per 1 MiB of each shard), a whole file against the manifest's
+  content hash; a dataset without units.bin (prepared before it existed) has its ranged shards
+  hashed as a whole once their last unit is in. A mismatch is fetched once more; a second one
+  marks the shard bad for the node and raises :class:`~tensoryard.errors.DataError` naming its
+  URL (and byte range) and both digests;
 * retries transient failures (connection reset, timeout, throttling, 5xx) with exponential
   backoff and turns permanent ones (no bucket, no credentials, no object) into a DataError that
   says what to fix.
