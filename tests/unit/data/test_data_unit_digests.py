@@ -29,6 +29,7 @@ from tensoryard.data.format import (
     unit_digest,
     write_dataset_metadata,
 )
+from tensoryard.data.preparation import JOURNAL_NAME
 from tensoryard.errors import DataError
 
 U = UNIT_BYTES
@@ -377,3 +378,43 @@ def test_a_unit_only_fetched_by_an_unverifying_process_is_fetched_again(
         assert store.requests_for(name, 0) == 1
         assert part.read_bytes()[:100] == _tok(clean, 0)[:100]
         assert cache.stats.checksum_mismatches == 0
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("old_journal", [False, True], ids=["journal", "journal without units"])
+def test_a_resumed_prepare_writes_the_same_units_bin(tmp_path: Path, old_journal: bool) -> None:
+    """Resumed shards take their digests from the journal, or (a journal written before
+    units.bin) from the shard files."""
+    rnd = random.Random(9)
+    src = tmp_path / "in.jsonl"
+    with src.open("w") as f:
+        for _ in range(60):
+            f.write(json.dumps({"text": "".join(rnd.choices("xyz ", k=900))}) + "\n")
+    kw: dict[str, Any] = {"shard_tokens": 5000, "chunk_bytes": 4000}
+    prepare([src], "byte", tmp_path / "clean", **kw)
+
+    def stop_midway(done: int, total: int) -> None:
+        if done > total // 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        prepare([src], "byte", tmp_path / "out", progress=stop_midway, **kw)
+    journal = tmp_path / "out" / JOURNAL_NAME
+    lines = journal.read_text().splitlines()
+    assert len(lines) > 1 and all("units" in json.loads(x) for x in lines[1:])
+    if old_journal:
+        recs = [json.loads(x) for x in lines[1:]]
+        kept = [
+            json.dumps({k: v for k, v in r.items() if k != "units"}, sort_keys=True) for r in recs
+        ]
+        journal.write_text("\n".join([lines[0], *kept]) + "\n")
+    result = prepare([src], "byte", tmp_path / "out", **kw)
+    assert result.resumed_shards > 0
+    assert (tmp_path / "out" / UNITS_NAME).read_bytes() == (
+        tmp_path / "clean" / UNITS_NAME
+    ).read_bytes()
+    assert result.manifest.units_hash == read_manifest(tmp_path / "clean").units_hash
+    verify_dataset(tmp_path / "out")
