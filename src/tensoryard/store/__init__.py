@@ -35,7 +35,7 @@ from tensoryard.store.records import (
     TokenRecord,
     UserRecord,
 )
-from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, utcnow
+from tensoryard.store.store import JOB_FIELDS, Store, default_sqlite_url, reason_gist, utcnow
 
 __all__ = [
     "CHECKPOINT_FORMATS",
@@ -75,5 +75,6 @@ __all__ = [
     "VersionLineage",
     "WebhookDeliveryRecord",
     "default_sqlite_url",
+    "reason_gist",
     "utcnow",
 ]

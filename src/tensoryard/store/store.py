@@ -72,6 +72,16 @@ _RESTAMP_AFTER_S = 1.0
 _UNSET: Any = object()  # "not given", where None is a meaningful value
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def reason_gist(reason: str) -> str:
+    """A pending reason with its numbers masked: what it says, not how many. "only 0 GPUs
+    are free (24 more held for the head of line)" and "... (40 more held ...)" have one gist:
+    the event log records a new reason when its gist changes, not at every count."""
+    return _NUMBER.sub("#", reason)
+
+
 def utcnow() -> datetime:
     """The production clock: now, timezone-aware UTC."""
     return datetime.now(UTC)
@@ -1021,7 +1031,10 @@ class Store(
         self, items: Sequence[tuple[int, str, datetime | None]], *, chunk: int = 250
     ) -> tuple[list[int], datetime]:
         """Set (job id, pending reason, ETA) for the jobs still PENDING and not being cancelled,
-        a few hundred per transaction with bulk statements; a changed reason is also an event.
+        a few hundred per transaction with bulk statements. A reason that says something new
+        (its `reason_gist` changed) is also an event; one whose counts alone moved is not (a
+        deep backlog's counts move at every pass: an event each would be thousands of rows a
+        minute).
         Returns the ids written and the one stamp they all got (their new ``changed_at``)."""
         written: list[int] = []
         now = self._now()
@@ -1063,7 +1076,7 @@ class Store(
                         **self._writer(s),
                     }
                     for job_id, old in current.items()
-                    if old != part[job_id][0]
+                    if reason_gist(old or "") != reason_gist(part[job_id][0])
                 ]
                 if events:
                     s.execute(insert(Event), events)

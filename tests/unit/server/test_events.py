@@ -172,9 +172,9 @@ def test_a_deep_backlogs_reasons_are_read_in_turns(
     written: list[int] = []
     real = world.controller._pending.decided
 
-    def counting(job: Any, reason: str, eta_s: float | None) -> None:
+    def counting(job: Any, reason: str, eta_s: float | None, now: float) -> None:
         written.append(job.id)
-        real(job, reason, eta_s)
+        real(job, reason, eta_s, now)
 
     world.controller._pending.decided = counting  # type: ignore[method-assign]
     world.cycle(1)  # every job is new: each one's first reason is read
@@ -188,3 +188,38 @@ def test_a_deep_backlogs_reasons_are_read_in_turns(
         assert 0 < len(written) < 24  # (the last turn of a round is shorter)
         turns.append(set(written))
     assert set().union(*turns) == set(waiting)  # all read again within three turns
+
+
+def test_a_reason_whose_counts_alone_moved_is_rewritten_at_most_every_refresh(
+    store: Store, tmp_path: Path
+) -> None:
+    """A deep backlog's counts ("24 more held for the head of line") move at every pass:
+    rewriting them all each pass was a fifth of the loop at 2,000 pending and an event per
+    job per pass. A counts-only change waits `_COUNTS_REFRESH_S`; a reason that says
+    something new, or a moved estimate, is written at the next pass."""
+    from tensoryard.server.control import pending as pending_mod
+    from tensoryard.server.control.index import JobIndex
+    from tensoryard.spec.job import JobSpec
+
+    store.ensure_team("default")
+    (job,) = store.create_jobs([JobSpec(name="j", command=["x.py"])], run_dir_root=tmp_path)
+    index = JobIndex(store, clock=lambda: 0.0)
+    reasons = pending_mod.PendingReasons(store=store, index=index)
+    refresh = pending_mod._COUNTS_REFRESH_S
+
+    def decide(reason: str, now: float) -> None:
+        reasons.decided(index.jobs.get(job.id) or store.get_job(job.id), reason, None, now)
+        reasons.write()
+
+    index.put(store.get_job(job.id))
+    decide("only 0 GPUs are free (24 more held for the head of line)", 100.0)
+    decide("only 0 GPUs are free (40 more held for the head of line)", 101.0)  # counts only
+    assert store.get_job(job.id).pending_reason.endswith("(24 more held for the head of line)")
+    decide("only 0 GPUs are free (8 more held for the head of line)", 100.0 + refresh)
+    assert store.get_job(job.id).pending_reason.endswith("(8 more held for the head of line)")
+    decide("quota of team default is used up (16 of 16 GPUs)", 100.0 + refresh + 1)  # new gist
+    assert store.get_job(job.id).pending_reason.startswith("quota of team default")
+    messages = [e.message for e in store.list_events(job.id) if e.kind == "pending"]
+    assert len(messages) == 2  # the first reason and the new gist; no event for counts
+    assert messages[0].endswith("(24 more held for the head of line)")
+    assert messages[1].startswith("quota of team default")

@@ -478,3 +478,8 @@ def test_pending_info_is_written_in_bulk_only_for_pending_jobs_with_an_event_per
     assert [e.kind for e in store.list_events(b.id)].count("pending") == 0  # reason unchanged
     store.set_pending_info([(a.id, "waiting for 2 CPUs", None)])  # same reason: no new event
     assert [e.kind for e in store.list_events(a.id)].count("pending") == 1
+    store.set_pending_info([(a.id, "waiting for 4 CPUs", None)])  # counts alone: no event
+    assert store.get_job(a.id).pending_reason == "waiting for 4 CPUs"
+    assert [e.kind for e in store.list_events(a.id)].count("pending") == 1
+    store.set_pending_info([(a.id, "waiting for quota", None)])  # says something new
+    assert [e.kind for e in store.list_events(a.id)].count("pending") == 2

@@ -199,7 +199,7 @@ class Scheduling:
         for job in chosen:
             info = decisions.pending.get(job.id)
             if info is not None:
-                self._pending.decided(job, info.reason, info.eta_s)
+                self._pending.decided(job, info.reason, info.eta_s, now)
                 fresh[job.id] = job.updated_at
         self._reasons_read = fresh
 
