@@ -204,10 +204,13 @@ def upload(
     return urls
 
 
+METADATA = ("manifest.json", "index.bin", "shards.json", "units.bin")
+
+
 def needed_bytes(dataset: Path) -> int:
-    """What one epoch needs from the backend: the metadata and every token shard."""
-    names = ["manifest.json", "index.bin", "shards.json"]
-    return sum((dataset / n).stat().st_size for n in names) + sum(
+    """What one epoch needs from the backend: the metadata (units.bin where the dataset has
+    one) and every token shard."""
+    return sum((dataset / n).stat().st_size for n in METADATA if (dataset / n).exists()) + sum(
         p.stat().st_size for p in dataset.glob("shard-*.tok")
     )
 
@@ -272,7 +275,8 @@ def run_arm(
         "bytes_needed": need,
         "fetched_over_needed": got / need if "://" in url else None,
         "file_reads": reads if "://" in url else None,
-        "files_needed": 3 + len(list(dataset.glob("shard-*.tok"))),
+        "files_needed": sum((dataset / n).exists() for n in METADATA)
+        + len(list(dataset.glob("shard-*.tok"))),
         "peak_rss_mb_rank_max": max(r["peak_rss_mb"] for r in ranks),
         "peak_rss_mb_worker_max": max(r["peak_rss_worker_mb"] for r in ranks),
         "fetch_service": service,

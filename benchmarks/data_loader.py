@@ -770,7 +770,7 @@ def cold_results_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     met = (
         f"each byte once per node: {'met' if once else 'not met'}; "
         f"first batch <1s: {'met' if len(fast) == len(remote) else 'not met'} "
-        f"({len(fast)} of {len(remote)} backends); "
+        f"(under 1 s: {len(fast)} of {len(remote)} backends); "
         ">=2x best peer cold tokens/s: "
         + ("not measured" if ratio is None else ("met" if ratio >= 2 else "not met"))
     )
