@@ -542,7 +542,7 @@ def verify_dataset(
         if units is None:
             _verify_file(tok, want * itemsize, entry.tokens_hash)
         else:
-            _verify_units(
+            _verify_file(
                 tok, want * itemsize, entry.tokens_hash, units.of_shard(i), units.unit_bytes
             )
         _verify_file(src.shard_path(i, doc_file_name(i)), entry.documents * 8, entry.docs_hash)
@@ -556,26 +556,24 @@ def verify_dataset(
     return man
 
 
-def _verify_file(path: Path, size: int, digest: str) -> None:
+def _verify_file(
+    path: Path, size: int, digest: str, units: bytes | None = None, unit_bytes: int = 0
+) -> None:
+    """Size and content hash of one file; with ``units`` (its units.bin digests) each unit
+    too, in the same pass."""
     try:
         got_size = path.stat().st_size
     except OSError as exc:
         raise DataError(f"{path}: missing or unreadable ({exc.strerror})") from exc
     if got_size != size:
         raise DataError(f"{path}: {got_size} bytes, the manifest says {size} (truncated?)")
-    got = digest_file(path)
+    got = digest_file(path) if units is None else _hash_checking_units(path, units, unit_bytes)
     if got != digest:
         raise DataError(f"{path}: content hash {got} differs from the manifest's {digest}")
 
 
-def _verify_units(path: Path, size: int, digest: str, want: bytes, unit_bytes: int) -> None:
-    """`_verify_file` that also checks each unit against units.bin, in the same pass."""
-    try:
-        got_size = path.stat().st_size
-    except OSError as exc:
-        raise DataError(f"{path}: missing or unreadable ({exc.strerror})") from exc
-    if got_size != size:
-        raise DataError(f"{path}: {got_size} bytes, the manifest says {size} (truncated?)")
+def _hash_checking_units(path: Path, want: bytes, unit_bytes: int) -> str:
+    """`digest_file` of ``path``, raising at the first unit whose digest differs from ``want``."""
     whole = new_hasher()
     with open(path, "rb") as f:
         k = 0
@@ -591,9 +589,7 @@ def _verify_units(path: Path, size: int, digest: str, want: bytes, unit_bytes: i
                     "prepare the dataset again)"
                 )
             k += 1
-    got = f"{HASH_ALGO}:{whole.hexdigest()}"
-    if got != digest:
-        raise DataError(f"{path}: content hash {got} differs from the manifest's {digest}")
+    return f"{HASH_ALGO}:{whole.hexdigest()}"
 
 
 def _default_source(path: str) -> ShardSource:
