@@ -426,7 +426,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="tyard-bench-serving-"))
     plane = Plane(home)
     rng = random.Random(0)
-    res: dict[str, Any] = {"machine_cpus": os.cpu_count(), "quick": quick, "home": str(home)}
+    res: dict[str, Any] = {"machine_cpus": os.cpu_count(), "quick": quick}
     try:
         opts = {"n_ctx": 2048, "n_threads": 1}
         # 1. cold start: registry -> first token. SmolLM2 is registered as a model version
