@@ -1294,9 +1294,7 @@ class ShardCache:
             if manifest.units_hash is not None:
                 wanted.append((UNITS_NAME, manifest.units_hash))
             todo = [(n, d) for n, d in wanted if not _matches(self.meta_dir / n, d)]
-            if len(todo) == 1:
-                self.files.fetch_small(todo[0][0], self.meta_dir / todo[0][0], todo[0][1])
-            elif todo:  # at once: a cold start waits for one round trip here, not three
+            if todo:  # at once: a cold start waits for one round trip here, not three
                 with ThreadPoolExecutor(len(todo), thread_name_prefix="tyard-meta") as pool:
                     fetches = [
                         pool.submit(self.files.fetch_small, name, self.meta_dir / name, digest)
@@ -1313,14 +1311,12 @@ class ShardCache:
         e = entries[index]
         if name == shard_file_name(index):
             units = self._units
-            if units is None:
-                return RemoteFile(name, e.tokens * self._itemsize, e.tokens_hash)
             return RemoteFile(
                 name,
                 e.tokens * self._itemsize,
                 e.tokens_hash,
-                unit_digests=units.of_shard(index),
-                unit_bytes=units.unit_bytes,
+                unit_digests=units.of_shard(index) if units is not None else None,
+                unit_bytes=units.unit_bytes if units is not None else 0,
             )
         if name == doc_file_name(index):
             return RemoteFile(name, e.documents * 8, e.docs_hash)
