@@ -54,15 +54,24 @@ def _executor(tmp_path: Path) -> KubernetesExecutor:
     return KubernetesExecutor(_Kube(), kind="JobSet")  # type: ignore[arg-type]
 
 
-def test_with_the_watches_an_ending_does_not_hold_the_poll(
+def _watched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[KubernetesExecutor, list[int | None], _Ending, dict[str, Any]]:
+    """An executor that reports changes (into the list), its scripted ending, and a handle
+    whose first poll said RUNNING."""
     executor = _executor(tmp_path)
     told: list[int | None] = []
     executor.report_changes(told.append)
     ending = _Ending(executor, monkeypatch)
     handle = _handle(tmp_path)
     assert executor.poll(handle).phase is AttemptPhase.RUNNING
+    return executor, told, ending, handle
+
+
+def test_with_the_watches_an_ending_does_not_hold_the_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executor, told, ending, handle = _watched(tmp_path, monkeypatch)
 
     ending.gate.clear()  # reading the logs takes a while
     ending.status = AttemptStatus(AttemptPhase.SUCCEEDED, exit_code=0)
@@ -82,12 +91,7 @@ def test_with_the_watches_an_ending_does_not_hold_the_poll(
 def test_a_failed_ending_is_raised_by_the_next_poll_and_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    executor = _executor(tmp_path)
-    told: list[int | None] = []
-    executor.report_changes(told.append)
-    ending = _Ending(executor, monkeypatch)
-    handle = _handle(tmp_path)
-    executor.poll(handle)
+    executor, told, ending, handle = _watched(tmp_path, monkeypatch)
     ending.status = AttemptStatus(AttemptPhase.FAILED, exit_code=1, reason="rank 1 exited 1")
     ending.stop_fails = True
     assert executor.poll(handle).phase is AttemptPhase.RUNNING
