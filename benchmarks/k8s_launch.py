@@ -59,8 +59,8 @@ GANGS = ((1, 0.5), (2, 0.25), (4, 0.15), (8, 0.10))  # nodes per job, share of j
 
 def gang_sizes(jobs: int, seed: int = 7) -> list[int]:
     rng = random.Random(seed)
-    sizes, weights = zip(*GANGS, strict=True)
-    return rng.choices(sizes, weights=weights, k=jobs)
+    sizes = [n for n, _ in GANGS]
+    return rng.choices(sizes, weights=[w for _, w in GANGS], k=jobs)
 
 
 PORTS = 12  # scripts/k8s-testenv's ports per environment
@@ -150,11 +150,17 @@ def make_nodes(core: Any, count: int, pool: str) -> list[str]:
 
 
 class RunningWatch:
-    """Records the first time each pod of a namespace is seen Running, per job label."""
+    """Records the first time each pod of a namespace is seen Running, per job label (and, in
+    wall-clock time for the hops below, when each pod was first seen, first Running and first
+    Succeeded)."""
 
     def __init__(self, api: Any, namespace: str) -> None:
         self.api, self.namespace = api, namespace
         self.first_running: dict[str, float] = {}
+        self.seen_at: dict[str, float] = {}  # wall clock, as the store's times
+        self.running_at: dict[str, float] = {}
+        self.done_at: dict[str, float] = {}
+        self.job_of: dict[str, str] = {}
         self.pods_of: dict[str, set[str]] = {}
         self.node_of: dict[str, str] = {}
         self.allowed: dict[str, list[str]] = {}
@@ -167,8 +173,8 @@ class RunningWatch:
 
         core = client.CoreV1Api(self.api)
         while not self._stop:
-            w = watch.Watch()
-            for event in w.stream(
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            for event in w.stream(  # type: ignore[no-untyped-call]
                 core.list_namespaced_pod, self.namespace, label_selector=LABEL_JOB_ID,
                 timeout_seconds=30,
             ):  # fmt: skip
@@ -176,7 +182,14 @@ class RunningWatch:
                 name = pod["metadata"]["name"]
                 job = pod["metadata"]["labels"][LABEL_JOB_ID]
                 self.pods_of.setdefault(job, set()).add(name)
-                if pod.get("status", {}).get("phase") in ("Running", "Succeeded"):
+                self.job_of[name] = job
+                now = time.time()
+                self.seen_at.setdefault(name, now)
+                phase = pod.get("status", {}).get("phase")
+                if phase == "Succeeded":
+                    self.done_at.setdefault(name, now)
+                if phase in ("Running", "Succeeded"):
+                    self.running_at.setdefault(name, now)
                     self.first_running.setdefault(name, time.monotonic())
                     self.node_of[name] = pod["spec"].get("nodeName", "")
                     self.allowed[name] = _affinity_nodes(pod)
@@ -221,7 +234,7 @@ def run_kubectl(api: Any, kubeconfig: Path, sizes: list[int], timeout: float) ->
 
     core = client.CoreV1Api(api)
     ns = f"bench-kubectl-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
     docs: list[dict[str, Any]] = []
     expected: dict[str, int] = {}
     for i, nodes in enumerate(sizes, start=1):
@@ -270,7 +283,7 @@ def run_tensoryard(
 
     core = client.CoreV1Api(api)
     ns = f"bench-tyard-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
     time.sleep(2)  # the namespace's default ServiceAccount
     home = Path(tempfile.mkdtemp(prefix="tyard-k8s-bench-"))
     config = ServerConfig(
@@ -316,6 +329,7 @@ def run_tensoryard(
         plane.executor.close()  # type: ignore[attr-defined]
         plane.store.close()
     calls = kube.calls - calls_before
+    hops = launch_hops(home / "tensoryard.db", watcher)
     misplaced = [
         p
         for p, node in watcher.node_of.items()
@@ -328,6 +342,68 @@ def run_tensoryard(
         "api_calls_per_job": round(calls / len(sizes), 2),
         "pods_checked": len(watcher.node_of),
         "pods_bound_elsewhere": len(misplaced),
+        "hops_s": hops,
+    }
+
+
+def launch_hops(db: Path, watcher: RunningWatch) -> dict[str, dict[str, float]]:
+    """Where a launch's time goes, per job (median, p90 and max in seconds): the store's
+    attempt times (launch started, attempt ended) against the pods' times seen by the watch.
+
+    - create: launch started -> the job's first pod exists (tensoryard's API calls, then the
+      JobSet and Job controllers);
+    - run: first pod exists -> every pod of the job Running (kube-scheduler, kwok);
+    - end: the last pod Succeeded -> the attempt's end on record (watch, ending, store);
+    - next: an end on record -> the launch started next after it (the loop's scheduling), for
+      launches after the first wave."""
+    import sqlite3
+    from datetime import UTC, datetime
+
+    def wall(text: str | None) -> float | None:
+        if not text:
+            return None
+        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT job_id, started_at, finished_at FROM attempts").fetchall()
+    pods: dict[str, list[str]] = {}
+    for pod, job in watcher.job_of.items():
+        pods.setdefault(job, []).append(pod)
+    create, run, end, starts, ends = [], [], [], [], []
+    for job_id, started, finished in rows:
+        start, stop = wall(started), wall(finished)
+        names = pods.get(str(job_id), [])
+        if start is None or not names:
+            continue
+        starts.append(start)
+        seen = min(watcher.seen_at[n] for n in names)
+        create.append(seen - start)
+        if all(n in watcher.running_at for n in names):
+            run.append(max(watcher.running_at[n] for n in names) - seen)
+        if stop is not None:
+            ends.append(stop)
+            if all(n in watcher.done_at for n in names):
+                end.append(stop - max(watcher.done_at[n] for n in names))
+    next_ = []
+    first = min(starts, default=0.0)
+    for start in starts:
+        before = [e for e in ends if e <= start]
+        if start > first + 1.0 and before:
+            next_.append(start - max(before))
+    return {
+        name: _spread(values)
+        for name, values in (("create", create), ("run", run), ("end", end), ("next", next_))
+        if values
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": round(ordered[len(ordered) // 2], 2),
+        "p90": round(ordered[int(len(ordered) * 0.9)], 2),
+        "max": round(ordered[-1], 2),
+        "n": len(ordered),
     }
 
 
@@ -343,10 +419,28 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
         f"{tyard['seconds']:.1f}s (tensoryard) vs {kubectl['seconds']:.1f}s (kubectl apply), "
         f"ratio {ratio:.2f}; {tyard['api_calls_per_job']:.1f} API calls/job; "
         f"{tyard['pods_bound_elsewhere']} of {tyard['pods_checked']} pods bound elsewhere; "
+        f"{_hops_text(tyard.get('hops_s') or {})}"
         f"load average at the end {result['load_average']}"
     )
     met = ratio <= GOAL_RATIO and tyard["pods_bound_elsewhere"] == 0
     return text, "yes" if met else "no"
+
+
+def _hops_text(hops: dict[str, dict[str, float]]) -> str:
+    if not hops:
+        return ""
+    names = {
+        "create": "launch -> pods exist",
+        "run": "pods exist -> running",
+        "end": "pods done -> ended on record",
+        "next": "ended -> next launch",
+    }
+    parts = [
+        f"{names[k]} {v['median']:.1f} s (p90 {v['p90']:.1f})"
+        for k, v in hops.items()
+        if k in names
+    ]
+    return "tensoryard per job, median: " + ", ".join(parts) + "; "
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -354,7 +448,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     sizes = gang_sizes(args.jobs)
     with test_cluster(args.kubeconfig) as kubeconfig:
-        api = config.new_client_from_config(config_file=str(kubeconfig))
+        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         core = client.CoreV1Api(api)
         pool = secrets.token_hex(3)
         nodes = make_nodes(core, args.nodes, pool)
