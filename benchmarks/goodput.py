@@ -28,8 +28,9 @@ hang detector's `health.min_stall` stays at the default (300 s) unless `--min-st
 with the default, a hang in an arm shorter than 5 minutes after it is not detected in the arm,
 and the row says so. The earlier runs (RESULTS.md, "Earlier runs") used `--min-stall 10`, a
 tuned value; a row names the value its run used. The JSON goes to
-benchmarks/results/goodput.json (committed) and the row is written from it
-(`--row-from-json` writes it again from that file).
+benchmarks/results/goodput.json (committed) and the row `goodput` is written from it
+(`--row-from-json` writes it again from that file); a run with `--min-stall N` keeps its own,
+goodput_min_stall_N.json and the row `goodput (min_stall N s)`, beside the default's.
 
     python benchmarks/goodput.py                     # 4-minute arms, the default min_stall
     python benchmarks/goodput.py --duration 60 --kill-every 25 --first-kill 15 --hang-at 45 \\
@@ -77,6 +78,21 @@ NAME = "goodput"
 EXAMPLE = ROOT / "examples" / "tiny_gpt"
 STEPS = 1_000_000  # runs until the arm's time is up
 RESULTS_JSON = Path(__file__).resolve().parent / "results" / "goodput.json"
+
+
+def row_name(min_stall: float | None) -> str:
+    """The RESULTS.md row of a run: `goodput` with the default min_stall, `goodput (min_stall
+    10 s)` with a tuned one (its JSON: results/goodput_min_stall_10.json), so a tuned run
+    stands next to the default's figure and never replaces it."""
+    return NAME if min_stall is None else f"{NAME} (min_stall {min_stall:g} s)"
+
+
+def json_path(min_stall: float | None) -> Path:
+    if min_stall is None:
+        return RESULTS_JSON
+    return RESULTS_JSON.with_name(f"goodput_min_stall_{min_stall:g}.json")
+
+
 GOAL = (
     "goodput >=95% of failure-free; recovery <10 s; hang detected <60 s; "
     "async save stall <10% of sync"
@@ -447,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json",
         type=Path,
-        default=RESULTS_JSON,
-        help="the run's JSON (default benchmarks/results/goodput.json, committed)",
+        help="the run's JSON (default benchmarks/results/goodput.json, committed; with "
+        "--min-stall N, goodput_min_stall_N.json)",
     )
     parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
     parser.add_argument(
@@ -457,10 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         help="measure nothing: write the RESULTS.md row from the JSON file of an earlier run",
     )
     args = parser.parse_args(argv)
+    args.json = args.json or json_path(args.min_stall)
     if args.row_from_json:
         earlier = json.loads(args.json.read_text())
         text, met = results_line(earlier)
-        write_results_line(NAME, earlier["command"], text, GOAL, met, date=earlier["date"][:10])
+        name = row_name(earlier["plan"].get("min_stall"))
+        write_results_line(name, earlier["command"], text, GOAL, met, date=earlier["date"][:10])
         return 0
     hang_at = args.hang_at if args.hang_at >= 0 else None
     # a kill every --kill-every seconds for the whole arm, except in the minute after the hang
@@ -495,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(met)
     if not args.no_results:
-        write_results_line(NAME, report["command"], text, GOAL, met, date=report["date"][:10])
+        name = row_name(args.min_stall)
+        write_results_line(name, report["command"], text, GOAL, met, date=report["date"][:10])
     return 0
 
 
