@@ -223,3 +223,38 @@ def test_a_reason_whose_counts_alone_moved_is_rewritten_at_most_every_refresh(
     assert len(messages) == 2  # the first reason and the new gist; no event for counts
     assert messages[0].endswith("(24 more held for the head of line)")
     assert messages[1].startswith("quota of team default")
+
+
+def test_a_reason_that_flips_back_within_the_refresh_is_not_rewritten(
+    store: Store, tmp_path: Path
+) -> None:
+    """A full queue's waiting jobs flip between two reasons as slots free and fill within a
+    second ("queue default uses 256 of its 256" <-> "only 0 GPUs are free"): each flip was an
+    UPDATE and an event per job per pass. Going back to the reason before the last change
+    waits `_COUNTS_REFRESH_S`; a third reason is written at once."""
+    from tensoryard.server.control import pending as pending_mod
+    from tensoryard.server.control.index import JobIndex
+    from tensoryard.spec.job import JobSpec
+
+    store.ensure_team("default")
+    (job,) = store.create_jobs([JobSpec(name="j", command=["x.py"])], run_dir_root=tmp_path)
+    index = JobIndex(store, clock=lambda: 0.0)
+    reasons = pending_mod.PendingReasons(store=store, index=index)
+    refresh = pending_mod._COUNTS_REFRESH_S
+    full, busy = "queue default uses 256 of its 256", "only 0 GPUs are free, no placement fits"
+
+    def decide(reason: str, now: float) -> str:
+        reasons.decided(index.jobs.get(job.id) or store.get_job(job.id), reason, None, now)
+        reasons.write()
+        return store.get_job(job.id).pending_reason
+
+    index.put(store.get_job(job.id))
+    assert decide(full, 100.0) == full
+    assert decide(busy, 100.5) == busy  # a new reason: at once
+    assert decide(full, 101.0) == busy  # back to the one before: waits
+    assert decide(busy, 101.5) == busy
+    assert decide(full, 102.0) == busy
+    assert decide(full, 100.5 + refresh) == full  # the refresh is up: written
+    assert decide("team default's quota is used up", 100.6 + refresh).startswith("team default")
+    messages = [e.message for e in store.list_events(job.id) if e.kind == "pending"]
+    assert messages == [full, busy, full, "team default's quota is used up"]

@@ -19,7 +19,11 @@ _ETA_SLACK_S = 60.0
 _COUNTS_REFRESH_S = 15.0
 """A reason whose counts alone moved ("24 more held" -> "40 more held", "140 jobs ahead" ->
 "139") is rewritten at most this often per job: a deep backlog's counts move at every pass,
-and rewriting them all each pass was a fifth of the loop's time at 2,000 pending."""
+and rewriting them all each pass was a fifth of the loop's time at 2,000 pending. A reason
+that goes back to what it said before its last change ("queue default uses 256 of its 256"
+-> "only 0 GPUs are free" -> "queue default uses ..." as slots free and fill within a
+second) waits as long: a full queue flipped its waiting jobs' reasons at every pass, an
+UPDATE and an event per job each time (16,000 events for 200 jobs in benchmarks/k8s_launch)."""
 _PENDING_WRITES_PER_CYCLE = 500
 
 
@@ -39,6 +43,7 @@ class PendingReasons:
         self._index = index
         self._to_write: dict[int, tuple[str, datetime | None]] = {}
         self._queued_at: dict[int, float] = {}  # job -> when its reason was last queued
+        self._before: dict[int, str] = {}  # job -> the gist its reason had before that
         self._pruned_at = 0.0
         self._restart_notes: dict[tuple[int, int], str] = {}  # (job, attempts) -> note
 
@@ -48,25 +53,29 @@ class PendingReasons:
     def decided(self, job: JobRecord, reason: str, eta_s: float | None, now: float) -> None:
         """The scheduler's reason and estimated start for a pending job; queued for writing
         when they changed (a requeued job's reason is prefixed with what is happening). A
-        reason that says the same with other counts is queued at most once per
-        `_COUNTS_REFRESH_S` per job."""
+        reason that says the same with other counts, or goes back to what it said before its
+        last change, is queued at most once per `_COUNTS_REFRESH_S` per job."""
         eta = utc(round(eta_s)) if eta_s is not None else None
         if job.attempts:  # requeued: say what happened and where it resumes, then why
             reason = f"{self._restarting_note(job)}; {reason}"
+        old_gist, new_gist = reason_gist(job.pending_reason), reason_gist(reason)
+        recent = now - self._queued_at.get(job.id, -_COUNTS_REFRESH_S) < _COUNTS_REFRESH_S
         says_more = job.pending_reason != reason and (
-            reason_gist(job.pending_reason) != reason_gist(reason)
-            or now - self._queued_at.get(job.id, -_COUNTS_REFRESH_S) >= _COUNTS_REFRESH_S
+            (old_gist != new_gist and new_gist != self._before.get(job.id)) or not recent
         )
         queued = job.id in self._to_write and job.pending_reason != reason
         if says_more or queued or _eta_moved(job.pending_eta, eta):
             self._to_write[job.id] = (reason, eta)
             self._queued_at[job.id] = now
+            if old_gist != new_gist:
+                self._before[job.id] = old_gist
             if now - self._pruned_at >= _COUNTS_REFRESH_S:
                 # jobs gone or written long ago: forgetting one costs one early rewrite at most
                 self._pruned_at = now
                 self._queued_at = {
                     k: t for k, t in self._queued_at.items() if now - t < _COUNTS_REFRESH_S
                 }
+                self._before = {k: g for k, g in self._before.items() if k in self._queued_at}
         else:
             self._to_write.pop(job.id, None)  # an older change not yet written
 
