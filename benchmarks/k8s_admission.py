@@ -32,9 +32,11 @@ as many jobs per second as Kueue, with allocation no worse.
     python benchmarks/k8s_admission.py --nodes 32 --jobs 400 --order tensoryard,kueue,limit
     python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --no-results-line --json /tmp/a.json
 
-A run's JSON goes to benchmarks/results/k8s_admission_<nodes>x<jobs>.json (committed) and its
-row, `k8s_admission (<nodes>x<jobs>)`, is written from it; `--row-from-json` (with the same
---nodes and --jobs) writes the row again from that file.
+A run with a Kueue arm keeps its JSON in benchmarks/results/k8s_admission_kueue_<nodes>x<jobs>.json
+(committed) and writes its row, `k8s_admission (<nodes>x<jobs>)`, from it; a run of tensoryard and
+the limit alone keeps it in k8s_admission_<nodes>x<jobs>.json, its row `k8s_admission vs limit
+(<nodes>x<jobs>)`. `--row-from-json` (with the same --nodes, --jobs and --order) writes the row
+again from that file.
 """
 
 from __future__ import annotations
@@ -635,7 +637,8 @@ def main() -> None:
     parser.add_argument(
         "--json",
         type=Path,
-        help="the run's JSON (default benchmarks/results/k8s_admission_<nodes>x<jobs>.json)",
+        help="the run's JSON (default benchmarks/results/k8s_admission_kueue_<nodes>x<jobs>.json"
+        " with a Kueue arm, else k8s_admission_<nodes>x<jobs>.json)",
     )
     parser.add_argument(
         "--row-from-json",
@@ -658,9 +661,9 @@ def main() -> None:
         "--no-results-line", action="store_true", help="Do not write benchmarks/RESULTS.md."
     )
     args = parser.parse_args()
-    args.json = (
-        args.json
-        or Path(__file__).resolve().parent / "results" / f"{NAME}_{args.nodes}x{args.jobs}.json"
+    kueue = "_kueue" if "kueue" in args.order.split(",") else ""
+    args.json = args.json or (
+        Path(__file__).resolve().parent / "results" / f"{NAME}{kueue}_{args.nodes}x{args.jobs}.json"
     )
     if args.row_from_json:
         stored = json.loads(args.json.read_text())
