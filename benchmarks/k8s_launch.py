@@ -208,6 +208,61 @@ class RunningWatch:
         self._stop = True
 
 
+class OwnersWatch:
+    """When each job's JobSet (created by tensoryard) and its first Job (created by the JobSet
+    controller) were first seen, wall clock, by job label: splits a launch's "create" hop."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.jobset_at: dict[str, float] = {}
+        self.job_at: dict[str, float] = {}
+        self._stop = False
+        self._name_to_job: dict[str, str] = {}
+        self._lock = threading.Lock()
+        for target in (self._jobsets, self._jobs):
+            threading.Thread(target=target, daemon=True).start()
+
+    def _jobsets(self) -> None:
+        from kubernetes import client, watch
+
+        custom = client.CustomObjectsApi(self.api)
+        while not self._stop:
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            for event in w.stream(  # type: ignore[no-untyped-call]
+                custom.list_namespaced_custom_object, "jobset.x-k8s.io", "v1alpha2",
+                self.namespace, "jobsets", label_selector=LABEL_JOB_ID, timeout_seconds=30,
+            ):  # fmt: skip
+                meta = event["raw_object"]["metadata"]
+                with self._lock:
+                    self._name_to_job[meta["name"]] = meta["labels"][LABEL_JOB_ID]
+                    self.jobset_at.setdefault(meta["labels"][LABEL_JOB_ID], time.time())
+                if self._stop:
+                    w.stop()
+
+    def _jobs(self) -> None:
+        from kubernetes import client, watch
+
+        batch = client.BatchV1Api(self.api)
+        while not self._stop:
+            w = watch.Watch()  # type: ignore[no-untyped-call]
+            for event in w.stream(  # type: ignore[no-untyped-call]
+                batch.list_namespaced_job, self.namespace, timeout_seconds=30
+            ):
+                labels = event["raw_object"]["metadata"].get("labels") or {}
+                now = time.time()
+                with self._lock:
+                    job = labels.get(LABEL_JOB_ID) or self._name_to_job.get(
+                        labels.get("jobset.sigs.k8s.io/jobset-name", "")
+                    )
+                    if job:
+                        self.job_at.setdefault(job, now)
+                if self._stop:
+                    w.stop()
+
+    def stop(self) -> None:
+        self._stop = True
+
+
 def _affinity_nodes(pod: dict[str, Any]) -> list[str]:
     try:
         terms = pod["spec"]["affinity"]["nodeAffinity"][
@@ -301,6 +356,7 @@ def run_tensoryard(
     tune_process()  # as `tyard server` does (the GIL switch interval, a frozen heap)
     kube = plane.executor.kube  # type: ignore[attr-defined]
     watcher = RunningWatch(api, ns)
+    owners = OwnersWatch(api, ns)
     plane.controller.start()
     http = TestClient(plane.app(), headers={"Authorization": f"Bearer {plane.admin_token}"})
     specs = [
@@ -325,11 +381,12 @@ def run_tensoryard(
         last = wait_started(watcher, expected, timeout)
     finally:
         watcher.stop()
+        owners.stop()
         plane.controller.stop()
         plane.executor.close()  # type: ignore[attr-defined]
         plane.store.close()
     calls = kube.calls - calls_before
-    hops = launch_hops(home / "tensoryard.db", watcher)
+    hops = launch_hops(home / "tensoryard.db", watcher, owners)
     misplaced = [
         p
         for p, node in watcher.node_of.items()
@@ -346,12 +403,16 @@ def run_tensoryard(
     }
 
 
-def launch_hops(db: Path, watcher: RunningWatch) -> dict[str, dict[str, float]]:
+def launch_hops(
+    db: Path, watcher: RunningWatch, owners: OwnersWatch | None = None
+) -> dict[str, dict[str, float]]:
     """Where a launch's time goes, per job (median, p90 and max in seconds): the store's
     attempt times (launch started, attempt ended) against the pods' times seen by the watch.
 
     - create: launch started -> the job's first pod exists (tensoryard's API calls, then the
-      JobSet and Job controllers);
+      JobSet and Job controllers), split into launch started -> JobSet exists (tensoryard:
+      `jobset`), JobSet -> its first Job exists (the JobSet controller: `job`) and that Job ->
+      its first pod (the Job controller: `pod`);
     - run: first pod exists -> every pod of the job Running (kube-scheduler, kwok);
     - end: the last pod Succeeded -> the attempt's end on record (watch, ending, store);
     - next: an end on record -> the launch started next after it (the loop's scheduling), for
@@ -370,6 +431,7 @@ def launch_hops(db: Path, watcher: RunningWatch) -> dict[str, dict[str, float]]:
     for pod, job in watcher.job_of.items():
         pods.setdefault(job, []).append(pod)
     create, run, end, starts, ends = [], [], [], [], []
+    split: dict[str, list[float]] = {"jobset": [], "job": [], "pod": []}
     for job_id, started, finished in rows:
         start, stop = wall(started), wall(finished)
         names = pods.get(str(job_id), [])
@@ -378,6 +440,12 @@ def launch_hops(db: Path, watcher: RunningWatch) -> dict[str, dict[str, float]]:
         starts.append(start)
         seen = min(watcher.seen_at[n] for n in names)
         create.append(seen - start)
+        js = owners.jobset_at.get(str(job_id)) if owners else None
+        jb = owners.job_at.get(str(job_id)) if owners else None
+        if js is not None and jb is not None:
+            split["jobset"].append(js - start)
+            split["job"].append(jb - js)
+            split["pod"].append(seen - jb)
         if all(n in watcher.running_at for n in names):
             run.append(max(watcher.running_at[n] for n in names) - seen)
         if stop is not None:
@@ -392,7 +460,13 @@ def launch_hops(db: Path, watcher: RunningWatch) -> dict[str, dict[str, float]]:
             next_.append(start - max(before))
     return {
         name: _spread(values)
-        for name, values in (("create", create), ("run", run), ("end", end), ("next", next_))
+        for name, values in (
+            ("create", create),
+            *((f"create.{k}", v) for k, v in split.items()),
+            ("run", run),
+            ("end", end),
+            ("next", next_),
+        )
         if values
     }
 
@@ -429,17 +503,32 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
 def _hops_text(hops: dict[str, dict[str, float]]) -> str:
     if not hops:
         return ""
-    names = {
-        "create": "launch -> pods exist",
-        "run": "pods exist -> running",
-        "end": "pods done -> ended on record",
-        "next": "ended -> next launch",
-    }
-    parts = [
-        f"{names[k]} {v['median']:.1f} s (p90 {v['p90']:.1f})"
-        for k, v in hops.items()
-        if k in names
-    ]
+
+    def one(key: str, name: str) -> str:
+        v = hops[key]
+        return f"{name} {v['median']:.1f} s (p90 {v['p90']:.1f})"
+
+    parts = []
+    if "create" in hops:
+        split = [
+            one(k, name)
+            for k, name in (
+                ("create.jobset", "launch -> JobSet exists"),
+                ("create.job", "JobSet -> Job (the JobSet controller)"),
+                ("create.pod", "Job -> pod"),
+            )
+            if k in hops
+        ]
+        parts.append(
+            one("create", "launch -> pods exist") + (f" [{', '.join(split)}]" if split else "")
+        )
+    for key, name in (
+        ("run", "pods exist -> running"),
+        ("end", "pods done -> ended on record"),
+        ("next", "ended -> next launch"),
+    ):
+        if key in hops:
+            parts.append(one(key, name))
     return "tensoryard per job, median: " + ", ".join(parts) + "; "
 
 
