@@ -64,6 +64,8 @@ def gang_sizes(jobs: int, seed: int = 7) -> list[int]:
 
 
 PORTS = 12  # scripts/k8s-testenv's ports per environment
+CONTROLLER_QPS_ENV = "TYARD_K8S_CONTROLLER_QPS"  # scripts/k8s-testenv: kube-controller-manager
+UPSTREAM_QPS = 20  # kube-controller-manager's --kube-api-qps default
 
 
 @contextmanager
@@ -488,12 +490,15 @@ def summary(result: dict[str, Any]) -> tuple[str, str]:
     """The RESULTS.md row's result and met columns, from a run's JSON."""
     tyard, kubectl = result["tensoryard"], result["kubectl"]
     ratio = result["ratio_tensoryard_to_kubectl"]
+    qps = result.get("controller_qps", UPSTREAM_QPS)
     text = (
         f"{result['jobs']} jobs on {result['nodes']}x8 fake GPUs: all pods running after "
         f"{tyard['seconds']:.1f}s (tensoryard) vs {kubectl['seconds']:.1f}s (kubectl apply), "
         f"ratio {ratio:.2f}; {tyard['api_calls_per_job']:.1f} API calls/job; "
         f"{tyard['pods_bound_elsewhere']} of {tyard['pods_checked']} pods bound elsewhere; "
         f"{_hops_text(tyard.get('hops_s') or {})}"
+        f"kube-controller-manager client QPS {qps}"
+        f"{' (upstream default)' if qps == UPSTREAM_QPS else ''}; "
         f"load average at the end {result['load_average']}"
     )
     met = ratio <= GOAL_RATIO and tyard["pods_bound_elsewhere"] == 0
@@ -536,6 +541,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client, config
 
     sizes = gang_sizes(args.jobs)
+    if args.controller_qps is not None:
+        if args.kubeconfig is not None:
+            raise SystemExit("--controller-qps: only for a test cluster this script starts")
+        os.environ[CONTROLLER_QPS_ENV] = str(args.controller_qps)
     with test_cluster(args.kubeconfig) as kubeconfig:
         api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         core = client.CoreV1Api(api)
@@ -557,6 +566,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "gpus": args.nodes * 8,
         "jobs": args.jobs,
         "gang_sizes": {str(n): sizes.count(n) for n, _ in GANGS},
+        "controller_qps": args.controller_qps or UPSTREAM_QPS,
         "kubectl": kubectl,
         "tensoryard": tyard,
         "ratio_tensoryard_to_kubectl": round(tyard["seconds"] / kubectl["seconds"], 3),
@@ -573,7 +583,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", type=Path, help="A running test cluster (default: start one)."
     )
     parser.add_argument("--timeout", type=float, default=1800, help="Seconds per side.")
+    parser.add_argument(
+        "--controller-qps",
+        type=int,
+        help="Requests a second each kube-controller-manager controller may send (the Job "
+        f"controller's among them) in the test cluster this script starts (default: upstream's "
+        f"{UPSTREAM_QPS}); the run keeps its own JSON and row.",
+    )
+
+
+def json_name(args: argparse.Namespace) -> str:
+    qps = args.controller_qps
+    return NAME if qps in (None, UPSTREAM_QPS) else f"{NAME}_controller_qps_{qps}"
+
+
+def row_name(result: dict[str, Any]) -> str:
+    qps = result.get("controller_qps", UPSTREAM_QPS)
+    return NAME if qps == UPSTREAM_QPS else f"{NAME} (controller QPS {qps})"
 
 
 if __name__ == "__main__":
-    benchmark_main(NAME, __doc__, GOAL, measure, summary, add_arguments)
+    benchmark_main(
+        NAME, __doc__, GOAL, measure, summary, add_arguments, json_name=json_name, row_name=row_name
+    )
