@@ -11,10 +11,13 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,19 @@ def write_results_line(
                 end += 1
             lines.insert(end + 1, line)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """One private temporary directory for everything a run makes with `tempfile` (homes,
+    manifests, run directories), removed when the run ends, whatever happened."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    before, tempfile.tempdir = tempfile.tempdir, str(root)
+    try:
+        yield root
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def benchmark_main(

@@ -55,7 +55,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import provenance, write_results_line  # noqa: E402
+from _results import provenance, scratch, write_results_line  # noqa: E402
 from k8s_launch import GANGS, create_fake_nodes, gang_sizes, test_cluster  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import LABEL_JOB_ID  # noqa: E402
@@ -680,7 +680,7 @@ def main() -> None:
     sizes = [min(n, args.nodes) for n in gang_sizes(args.jobs, seed=args.seed)]
     teams = [f"team-{i}" for i in range(args.teams)]
     arms: dict[str, Any] = {}
-    with test_cluster(args.kubeconfig, "--kueue") as kubeconfig:
+    with scratch("tyard-adm-"), test_cluster(args.kubeconfig, "--kueue") as kubeconfig:
         api = config.new_client_from_config(config_file=str(kubeconfig))
         pool = secrets.token_hex(3)
         inv = inventory(args.nodes, args.teams, "default")

@@ -42,7 +42,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import benchmark_main, provenance  # noqa: E402
+from _results import benchmark_main, provenance, scratch  # noqa: E402
 
 from tensoryard.executors.kubernetes.manifests import (  # noqa: E402
     LABEL_JOB_ID,
@@ -545,7 +545,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.kubeconfig is not None:
             raise SystemExit("--controller-qps: only for a test cluster this script starts")
         os.environ[CONTROLLER_QPS_ENV] = str(args.controller_qps)
-    with test_cluster(args.kubeconfig) as kubeconfig:
+    with scratch("tyard-k8s-launch-"), test_cluster(args.kubeconfig) as kubeconfig:
         api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         core = client.CoreV1Api(api)
         pool = secrets.token_hex(3)
