@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.unit.server.test_controller import world as world  # the fixture
 
 from tensoryard.executors.base import AttemptPhase, AttemptStatus, ReportsChanges
 from tensoryard.executors.local.exits import ExitWatch
+from tensoryard.server.control.pending import _COUNTS_REFRESH_S
 from tensoryard.spec.states import JobState
 from tensoryard.store import Store
 
@@ -190,6 +192,27 @@ def test_a_deep_backlogs_reasons_are_read_in_turns(
     assert set().union(*turns) == set(waiting)  # all read again within three turns
 
 
+def _one_job_reasons(store: Store, tmp_path: Path) -> tuple[int, Callable[[str, float], str]]:
+    """One pending job and `decide(reason, now)`: the scheduler decides `reason` at `now`, the
+    pass writes what is queued, and the stored reason comes back."""
+    from tensoryard.server.control.index import JobIndex
+    from tensoryard.server.control.pending import PendingReasons
+    from tensoryard.spec.job import JobSpec
+
+    store.ensure_team("default")
+    (job,) = store.create_jobs([JobSpec(name="j", command=["x.py"])], run_dir_root=tmp_path)
+    index = JobIndex(store, clock=lambda: 0.0)
+    reasons = PendingReasons(store=store, index=index)
+    index.put(store.get_job(job.id))
+
+    def decide(reason: str, now: float) -> str:
+        reasons.decided(index.jobs.get(job.id) or store.get_job(job.id), reason, None, now)
+        reasons.write()
+        return store.get_job(job.id).pending_reason
+
+    return job.id, decide
+
+
 def test_a_reason_whose_counts_alone_moved_is_rewritten_at_most_every_refresh(
     store: Store, tmp_path: Path
 ) -> None:
@@ -197,29 +220,16 @@ def test_a_reason_whose_counts_alone_moved_is_rewritten_at_most_every_refresh(
     rewriting them all each pass was a fifth of the loop at 2,000 pending and an event per
     job per pass. A counts-only change waits `_COUNTS_REFRESH_S`; a reason that says
     something new, or a moved estimate, is written at the next pass."""
-    from tensoryard.server.control import pending as pending_mod
-    from tensoryard.server.control.index import JobIndex
-    from tensoryard.spec.job import JobSpec
-
-    store.ensure_team("default")
-    (job,) = store.create_jobs([JobSpec(name="j", command=["x.py"])], run_dir_root=tmp_path)
-    index = JobIndex(store, clock=lambda: 0.0)
-    reasons = pending_mod.PendingReasons(store=store, index=index)
-    refresh = pending_mod._COUNTS_REFRESH_S
-
-    def decide(reason: str, now: float) -> None:
-        reasons.decided(index.jobs.get(job.id) or store.get_job(job.id), reason, None, now)
-        reasons.write()
-
-    index.put(store.get_job(job.id))
+    job_id, decide = _one_job_reasons(store, tmp_path)
+    refresh = _COUNTS_REFRESH_S
     decide("only 0 GPUs are free (24 more held for the head of line)", 100.0)
-    decide("only 0 GPUs are free (40 more held for the head of line)", 101.0)  # counts only
-    assert store.get_job(job.id).pending_reason.endswith("(24 more held for the head of line)")
-    decide("only 0 GPUs are free (8 more held for the head of line)", 100.0 + refresh)
-    assert store.get_job(job.id).pending_reason.endswith("(8 more held for the head of line)")
-    decide("quota of team default is used up (16 of 16 GPUs)", 100.0 + refresh + 1)  # new gist
-    assert store.get_job(job.id).pending_reason.startswith("quota of team default")
-    messages = [e.message for e in store.list_events(job.id) if e.kind == "pending"]
+    shown = decide("only 0 GPUs are free (40 more held for the head of line)", 101.0)  # counts
+    assert shown.endswith("(24 more held for the head of line)")
+    shown = decide("only 0 GPUs are free (8 more held for the head of line)", 100.0 + refresh)
+    assert shown.endswith("(8 more held for the head of line)")
+    shown = decide("quota of team default is used up (16 of 16 GPUs)", 101.0 + refresh)  # new
+    assert shown.startswith("quota of team default")
+    messages = [e.message for e in store.list_events(job_id) if e.kind == "pending"]
     assert len(messages) == 2  # the first reason and the new gist; no event for counts
     assert messages[0].endswith("(24 more held for the head of line)")
     assert messages[1].startswith("quota of team default")
@@ -232,23 +242,9 @@ def test_a_reason_that_flips_back_within_the_refresh_is_not_rewritten(
     second ("queue default uses 256 of its 256" <-> "only 0 GPUs are free"): each flip was an
     UPDATE and an event per job per pass. Going back to the reason before the last change
     waits `_COUNTS_REFRESH_S`; a third reason is written at once."""
-    from tensoryard.server.control import pending as pending_mod
-    from tensoryard.server.control.index import JobIndex
-    from tensoryard.spec.job import JobSpec
-
-    store.ensure_team("default")
-    (job,) = store.create_jobs([JobSpec(name="j", command=["x.py"])], run_dir_root=tmp_path)
-    index = JobIndex(store, clock=lambda: 0.0)
-    reasons = pending_mod.PendingReasons(store=store, index=index)
-    refresh = pending_mod._COUNTS_REFRESH_S
+    job_id, decide = _one_job_reasons(store, tmp_path)
+    refresh = _COUNTS_REFRESH_S
     full, busy = "queue default uses 256 of its 256", "only 0 GPUs are free, no placement fits"
-
-    def decide(reason: str, now: float) -> str:
-        reasons.decided(index.jobs.get(job.id) or store.get_job(job.id), reason, None, now)
-        reasons.write()
-        return store.get_job(job.id).pending_reason
-
-    index.put(store.get_job(job.id))
     assert decide(full, 100.0) == full
     assert decide(busy, 100.5) == busy  # a new reason: at once
     assert decide(full, 101.0) == busy  # back to the one before: waits
@@ -256,5 +252,5 @@ def test_a_reason_that_flips_back_within_the_refresh_is_not_rewritten(
     assert decide(full, 102.0) == busy
     assert decide(full, 100.5 + refresh) == full  # the refresh is up: written
     assert decide("team default's quota is used up", 100.6 + refresh).startswith("team default")
-    messages = [e.message for e in store.list_events(job.id) if e.kind == "pending"]
+    messages = [e.message for e in store.list_events(job_id) if e.kind == "pending"]
     assert messages == [full, busy, full, "team default's quota is used up"]
