@@ -14,7 +14,11 @@ Measured for each: seconds from the first submission until every job's pods have
 Running (a watch records the first time each pod runs), and for tensoryard the API calls its
 executor and cluster view made per job (watch streams not counted), and whether any pod was
 bound to a node other than the one tensoryard chose. Goal: tensoryard's time <= 1.2 x
-kubectl's, and no pod bound elsewhere.
+kubectl's, and no pod bound elsewhere. For tensoryard also where each launch's time goes, per
+job (`launch_hops`: its calls, the JobSet controller, the Job controller, the pods' start, the
+ending on record, the next launch). `--controller-qps N` starts the test cluster with
+kube-controller-manager's client QPS at N instead of upstream's 20; that run keeps its own JSON
+(k8s_launch_controller_qps_N.json) and row.
 
     python benchmarks/k8s_launch.py            # 128 x 1000; JSON in benchmarks/results/, the row
     python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --no-results-line --json /tmp/k8s.json
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,6 +155,19 @@ def make_nodes(core: Any, count: int, pool: str) -> list[str]:
     return create_fake_nodes(core, names, pool, labels=switches)
 
 
+def _watch(stopped: Callable[[], bool], list_fn: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    """Every object a watch of `list_fn` reports (as a plain dict), restarting the watch every
+    30 s, until `stopped()`."""
+    from kubernetes import watch
+
+    while not stopped():
+        w = watch.Watch()  # type: ignore[no-untyped-call]
+        for event in w.stream(list_fn, *args, timeout_seconds=30, **kwargs):  # type: ignore[no-untyped-call]
+            yield event["raw_object"]
+            if stopped():
+                w.stop()  # type: ignore[no-untyped-call]
+
+
 class RunningWatch:
     """Records the first time each pod of a namespace is seen Running, per job label (and, in
     wall-clock time for the hops below, when each pod was first seen, first Running and first
@@ -171,32 +188,27 @@ class RunningWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         core = client.CoreV1Api(self.api)
-        while not self._stop:
-            w = watch.Watch()  # type: ignore[no-untyped-call]
-            for event in w.stream(  # type: ignore[no-untyped-call]
-                core.list_namespaced_pod, self.namespace, label_selector=LABEL_JOB_ID,
-                timeout_seconds=30,
-            ):  # fmt: skip
-                pod = event["raw_object"]
-                name = pod["metadata"]["name"]
-                job = pod["metadata"]["labels"][LABEL_JOB_ID]
-                self.pods_of.setdefault(job, set()).add(name)
-                self.job_of[name] = job
-                now = time.time()
-                self.seen_at.setdefault(name, now)
-                phase = pod.get("status", {}).get("phase")
-                if phase == "Succeeded":
-                    self.done_at.setdefault(name, now)
-                if phase in ("Running", "Succeeded"):
-                    self.running_at.setdefault(name, now)
-                    self.first_running.setdefault(name, time.monotonic())
-                    self.node_of[name] = pod["spec"].get("nodeName", "")
-                    self.allowed[name] = _affinity_nodes(pod)
-                if self._stop:
-                    w.stop()
+        for pod in _watch(
+            lambda: self._stop, core.list_namespaced_pod, self.namespace,
+            label_selector=LABEL_JOB_ID,
+        ):  # fmt: skip
+            name = pod["metadata"]["name"]
+            job = pod["metadata"]["labels"][LABEL_JOB_ID]
+            self.pods_of.setdefault(job, set()).add(name)
+            self.job_of[name] = job
+            now = time.time()
+            self.seen_at.setdefault(name, now)
+            phase = pod.get("status", {}).get("phase")
+            if phase == "Succeeded":
+                self.done_at.setdefault(name, now)
+            if phase in ("Running", "Succeeded"):
+                self.running_at.setdefault(name, now)
+                self.first_running.setdefault(name, time.monotonic())
+                self.node_of[name] = pod["spec"].get("nodeName", "")
+                self.allowed[name] = _affinity_nodes(pod)
 
     def started(self, expected: dict[str, int]) -> int:
         """How many jobs have had all `expected[job]` pods running."""
@@ -225,41 +237,31 @@ class OwnersWatch:
             threading.Thread(target=target, daemon=True).start()
 
     def _jobsets(self) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         custom = client.CustomObjectsApi(self.api)
-        while not self._stop:
-            w = watch.Watch()  # type: ignore[no-untyped-call]
-            for event in w.stream(  # type: ignore[no-untyped-call]
-                custom.list_namespaced_custom_object, "jobset.x-k8s.io", "v1alpha2",
-                self.namespace, "jobsets", label_selector=LABEL_JOB_ID, timeout_seconds=30,
-            ):  # fmt: skip
-                meta = event["raw_object"]["metadata"]
-                with self._lock:
-                    self._name_to_job[meta["name"]] = meta["labels"][LABEL_JOB_ID]
-                    self.jobset_at.setdefault(meta["labels"][LABEL_JOB_ID], time.time())
-                if self._stop:
-                    w.stop()
+        for jobset in _watch(
+            lambda: self._stop, custom.list_namespaced_custom_object, "jobset.x-k8s.io",
+            "v1alpha2", self.namespace, "jobsets", label_selector=LABEL_JOB_ID,
+        ):  # fmt: skip
+            meta = jobset["metadata"]
+            with self._lock:
+                self._name_to_job[meta["name"]] = meta["labels"][LABEL_JOB_ID]
+                self.jobset_at.setdefault(meta["labels"][LABEL_JOB_ID], time.time())
 
     def _jobs(self) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         batch = client.BatchV1Api(self.api)
-        while not self._stop:
-            w = watch.Watch()  # type: ignore[no-untyped-call]
-            for event in w.stream(  # type: ignore[no-untyped-call]
-                batch.list_namespaced_job, self.namespace, timeout_seconds=30
-            ):
-                labels = event["raw_object"]["metadata"].get("labels") or {}
-                now = time.time()
-                with self._lock:
-                    job = labels.get(LABEL_JOB_ID) or self._name_to_job.get(
-                        labels.get("jobset.sigs.k8s.io/jobset-name", "")
-                    )
-                    if job:
-                        self.job_at.setdefault(job, now)
-                if self._stop:
-                    w.stop()
+        for obj in _watch(lambda: self._stop, batch.list_namespaced_job, self.namespace):
+            labels = obj["metadata"].get("labels") or {}
+            now = time.time()
+            with self._lock:
+                job = labels.get(LABEL_JOB_ID) or self._name_to_job.get(
+                    labels.get("jobset.sigs.k8s.io/jobset-name", "")
+                )
+                if job:
+                    self.job_at.setdefault(job, now)
 
     def stop(self) -> None:
         self._stop = True
