@@ -34,7 +34,7 @@ goodput_min_stall_N.json and the row `goodput (min_stall N s)`, beside the defau
 
     python benchmarks/goodput.py                     # 4-minute arms, the default min_stall
     python benchmarks/goodput.py --duration 60 --kill-every 25 --first-kill 15 --hang-at 45 \\
-        --min-stall 10 --no-results --json /tmp/goodput.json        # a smoke run
+        --min-stall 10 --no-results --json PATH        # a smoke run
     python benchmarks/goodput.py --duration 1200 --kill-every 240 --first-kill 240 \\
         --hang-at 600                                 # the schedule (20 minutes)
     python benchmarks/goodput.py --duration 1200 --kill-every 240 --first-kill 240 \\
