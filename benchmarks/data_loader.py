@@ -30,7 +30,7 @@ and writes its own row, data_loader_workers, from benchmarks/results/data_loader
 
     python benchmarks/data_loader.py
     python benchmarks/data_loader.py --worker-arms   # JSON: results/data_loader_workers.json
-    python benchmarks/data_loader.py --json /tmp/q.json --quick --only tensoryard,memcpy
+    python benchmarks/data_loader.py --json PATH --quick --only tensoryard,memcpy
 """
 
 from __future__ import annotations
