@@ -17,7 +17,7 @@ of the three (its idle CPU, submit p99 and next job over SQLite's, same run).
 
     python benchmarks/control_plane.py          # JSON in benchmarks/results/, row in RESULTS.md
     python benchmarks/control_plane.py --levels 20000    # the goal's backlog only
-    python benchmarks/control_plane.py --quick --json /tmp/cp.json   # smoke run, 1 minute
+    python benchmarks/control_plane.py --quick --json PATH   # smoke run, 1 minute
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ next attempt reports (every rank has loaded the checkpoint and run one step toge
 Goals (issue 37): detection <= 10 s after the API shows the fault, recovery <= 30 s with a spare.
 
     python benchmarks/failures.py                    # every mode x 3
-    python benchmarks/failures.py --repeats 1 --no-results-line --json /tmp/f.json
+    python benchmarks/failures.py --repeats 1 --no-results-line --json PATH
 """
 
 from __future__ import annotations

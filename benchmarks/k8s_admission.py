@@ -30,7 +30,7 @@ as many jobs per second as Kueue, with allocation no worse.
 
     python benchmarks/k8s_admission.py                  # 128 x 2000
     python benchmarks/k8s_admission.py --nodes 32 --jobs 400 --order tensoryard,kueue,limit
-    python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --no-results-line --json /tmp/a.json
+    python benchmarks/k8s_admission.py --nodes 16 --jobs 100 --no-results-line --json PATH
 
 A run with a Kueue arm keeps its JSON in benchmarks/results/k8s_admission_kueue_<nodes>x<jobs>.json
 (committed) and writes its row, `k8s_admission (<nodes>x<jobs>)`, from it; a run of tensoryard and

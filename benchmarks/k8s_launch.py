@@ -21,7 +21,7 @@ kube-controller-manager's client QPS at N instead of upstream's 20; that run kee
 (k8s_launch_controller_qps_N.json) and row.
 
     python benchmarks/k8s_launch.py            # 128 x 1000; JSON in benchmarks/results/, the row
-    python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --no-results-line --json /tmp/k8s.json
+    python benchmarks/k8s_launch.py --nodes 32 --jobs 100 --no-results-line --json PATH
 """
 
 from __future__ import annotations

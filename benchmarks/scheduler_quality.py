@@ -18,7 +18,7 @@ window and configuration, and in the multi-team runs no team with demand below i
 entitlement for more than 10 minutes. Every ratio is reported, met or not.
 
     python benchmarks/scheduler_quality.py [--workers N]   # JSON in benchmarks/results/
-    python benchmarks/scheduler_quality.py --quick --json /tmp/q.json
+    python benchmarks/scheduler_quality.py --quick --json PATH
     python benchmarks/scheduler_quality.py --row-from-json   # the row and section, from the JSON
 
 A full run writes its JSON to benchmarks/results/scheduler_quality.json (committed) and, from it,

@@ -23,7 +23,7 @@ for Kueue, kube-scheduler, Slurm and Volcano, with no source and measured on oth
 those ratios were dropped. The same-run comparisons with Kueue are in k8s_admission.py.
 
     python benchmarks/scheduler_throughput.py       # JSON in benchmarks/results/, row in RESULTS.md
-    python benchmarks/scheduler_throughput.py --quick --no-results-line --json /tmp/t.json
+    python benchmarks/scheduler_throughput.py --quick --no-results-line --json PATH
 """
 
 from __future__ import annotations

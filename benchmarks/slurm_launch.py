@@ -15,7 +15,7 @@ the repeats are compared: ratio tensoryard/sbatch and the difference in seconds.
 34): the platform adds under 10% and under 0.5 s.
 
     python benchmarks/slurm_launch.py                       # 1, 2, 4 nodes x 3 repeats
-    python benchmarks/slurm_launch.py --repeats 1 --no-results-line --json /tmp/s.json
+    python benchmarks/slurm_launch.py --repeats 1 --no-results-line --json PATH
 """
 
 from __future__ import annotations
