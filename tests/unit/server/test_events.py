@@ -80,6 +80,57 @@ def test_between_full_passes_only_the_jobs_named_are_polled(events: World) -> No
     assert events.state(b) is not JobState.RUNNING
 
 
+def test_an_attempt_waiting_in_an_external_queue_waits_for_its_event(events: World) -> None:
+    """A starting attempt is polled every cycle, unless its last poll found it waiting in an
+    external queue (Kueue): then, like a running one, it waits for the watch event that its
+    admission brings, or the full pass (which also checks its starting timeout)."""
+    executor = events.executor
+    assert isinstance(executor, ReportingExecutor)
+    queued = AttemptStatus(AttemptPhase.STARTING, reason="waiting in Kueue", queued=True)
+    executor.default = queued
+    a, b = events.submit("a"), events.submit("b")
+    events.cycle(2, advance=0.1)
+    assert events.state(a) is JobState.STARTING and events.state(b) is JobState.STARTING
+    events.cycle(1, advance=11.0)  # a full pass long after their last poll: both polled
+    assert sorted(executor.polled[-2:]) == sorted([events.key(a), events.key(b)])
+    executor.polled.clear()
+    events.cycle(3, advance=0.1)
+    assert executor.polled == []
+    # a timed full pass leaves attempts seen queued within _QUEUED_RESYNC_S for a later one
+    events.cycle(1, advance=3.0)
+    assert executor.polled == []
+    # b is admitted and its pods are starting: not queued any more, polled each cycle
+    executor.statuses[events.key(b)] = [AttemptStatus(AttemptPhase.STARTING)]
+    executor.tell(b)
+    events.cycle(3, advance=0.1)
+    assert executor.polled == [events.key(b)] * 3
+    # a is admitted and runs: its watch event brings the poll that sees it
+    executor.polled.clear()
+    executor.statuses[events.key(a)] = [AttemptStatus(AttemptPhase.RUNNING)]
+    executor.tell(a)
+    events.cycle(1, advance=0.1)
+    assert executor.polled.count(events.key(a)) == 1
+    assert events.state(a) is JobState.RUNNING
+    # a missed event is repaired by a full pass, within _QUEUED_RESYNC_S
+    executor.statuses[events.key(b)] = [queued]
+    events.cycle(1, advance=0.1)  # b polled (not known queued yet): queued again
+    executor.polled.clear()
+    executor.statuses[events.key(b)] = [AttemptStatus(AttemptPhase.RUNNING)]
+    events.cycle(1, advance=2.5)  # a full pass, too soon after b's last poll
+    assert events.key(b) not in executor.polled
+    assert events.state(b) is JobState.STARTING
+    events.cycle(1, advance=8.0)
+    assert executor.polled.count(events.key(b)) == 1
+    assert events.state(b) is JobState.RUNNING
+    # a relist (a change the executor cannot name) polls every attempt, queued or not
+    c = events.submit("c")
+    events.cycle(2, advance=0.1)
+    executor.polled.clear()
+    executor.tell(None)
+    events.cycle(1, advance=0.1)
+    assert events.key(c) in executor.polled
+
+
 def test_an_unknown_change_polls_every_attempt(events: World) -> None:
     executor = events.executor
     assert isinstance(executor, ReportingExecutor)

@@ -24,6 +24,11 @@ from tensoryard.store import AttemptRecord, JobRecord, Store
 
 __all__ = ["Reconciler"]
 
+# A timed full pass polls an attempt waiting in an external queue at most this often: its
+# admission is a watch event, and polling a Kueue backlog of thousands every resync_interval_s
+# cost the loop a core (its starting timeout counts from the last poll that saw it queued).
+_QUEUED_RESYNC_S = 10.0
+
 
 class Reconciler:
     """Polls the live attempts; remembers since when each one's polls have been failing."""
@@ -53,6 +58,10 @@ class Reconciler:
         self._outcome = outcome
         self._check_fence = check_fence
         self._poll_failing_since: dict[AttemptKey, float] = {}
+        # Starting attempts whose last poll found them waiting in an external queue (Kueue),
+        # and when: their admission comes as a watch event, so they wait for one like running
+        # attempts, and the timed full pass looks at them only every _QUEUED_RESYNC_S.
+        self._queued: dict[AttemptKey, float] = {}
         # Events (see `changed`): off until the executor reports changes; then the jobs it
         # named since the last pass, or every job when it could not say which.
         self.events = False
@@ -63,6 +72,7 @@ class Reconciler:
 
     def reset(self) -> None:
         self._poll_failing_since.clear()
+        self._queued.clear()
         self.changed(None)
 
     def changed(self, job_id: int | None) -> None:
@@ -87,6 +97,11 @@ class Reconciler:
                 return
         else:
             self._last_full = now
+            if self._queued:  # attempts that ended or left STARTING since the last full pass
+                starting = {(j.id, j.attempts) for j in live if j.state is JobState.STARTING}
+                self._queued = {k: t for k, t in self._queued.items() if k in starting}
+            if self.events and not everything and self._queued:
+                live = [job for job in live if not self._queued_recently(job, changed, now)]
         attempts = self._store.current_attempts([j.id for j in live] if partial else None)
         for job in live:
             attempt = attempts.get(job.id)
@@ -102,11 +117,25 @@ class Reconciler:
 
     def _due(self, job: JobRecord, changed: set[int]) -> bool:
         """Between full passes: the jobs the executor named, and those whose attempt needs
-        looking at every cycle (starting, being stopped or cancelled, failing to poll)."""
-        if job.id in changed or job.state is JobState.STARTING or job.cancel_requested:
+        looking at every cycle (starting, unless its last poll found it waiting in an external
+        queue; being stopped or cancelled; failing to poll). A queued attempt's admission comes
+        as a watch event, and its starting timeout counts from the last poll that saw it
+        queued: polling a Kueue backlog of thousands every cycle made a cycle take seconds."""
+        if job.id in changed or job.cancel_requested:
             return True
-        number = job.attempts
-        return self._stopper.sent((job.id, number)) or (job.id, number) in self._poll_failing_since
+        key = (job.id, job.attempts)
+        if job.state is JobState.STARTING and key not in self._queued:
+            return True
+        return self._stopper.sent(key) or key in self._poll_failing_since
+
+    def _queued_recently(self, job: JobRecord, changed: set[int], now: float) -> bool:
+        """In a timed full pass: the attempt waits in an external queue, nothing was said of
+        it, and a poll saw it queued within _QUEUED_RESYNC_S (it is left for a later pass)."""
+        key = (job.id, job.attempts)
+        seen = self._queued.get(key)
+        if seen is None or not 0 <= now - seen < _QUEUED_RESYNC_S:
+            return False
+        return not self._due(job, changed)
 
     def _reconcile_one(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
         key = (job.id, attempt.number)
@@ -127,6 +156,10 @@ class Reconciler:
             if silent and not self._stopper.sent(key):
                 status = self._end_on_lost_nodes(job, attempt, silent)
         if status is not None:
+            if status.queued and not status.finished:
+                self._queued[key] = now
+            else:
+                self._queued.pop(key, None)
             self._health.note_polled(key, queued=status.queued, now=now)
             self._outcome.apply(job, attempt, status)
 
