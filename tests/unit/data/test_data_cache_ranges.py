@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.unit.data.recording_store import RecordingStore
 
 from tensoryard.data import build_loader, prepare
 from tensoryard.data.cache import CacheConfig, FsspecStore, ShardCache
@@ -35,28 +36,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "ds"
 
 
-class _Recording(FsspecStore):
-    """The real file:// store, recording each request and optionally altering range bytes."""
-
-    def __init__(self, root: str, alter: Callable[[bytes], bytes] | None = None) -> None:
-        super().__init__(root)
-        self.calls: list[tuple[str, int, int]] = []
-        self.alter = alter
-
-    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
-        self.calls.append((key, 0, -1))
-        super().download(key, sink, chunk_bytes)
-
-    def download_range(
-        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
-    ) -> None:
-        self.calls.append((key, start, stop))
-        alter = self.alter
-        super().download_range(
-            key, start, stop, (lambda b: sink(alter(b))) if alter else sink, chunk_bytes
-        )
-
-
 def _cache(dataset: Path, cache_dir: Path, store: Any = None, **config: Any) -> ShardCache:
     cfg = CacheConfig(cache_dir=cache_dir, range_bytes=UNIT, prefetch_get_bytes=4 * UNIT, **config)
     return ShardCache(dataset.as_uri(), cfg, store=store)
@@ -67,7 +46,7 @@ def _shard_bytes(dataset: Path, i: int) -> bytes:
 
 
 def test_a_read_waits_only_for_the_units_it_touches(dataset: Path, tmp_path: Path) -> None:
-    store = _Recording(dataset.as_uri())
+    store = RecordingStore(dataset.as_uri())
     with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
         name = shard_file_name(1)
         path = cache.partial_path(1, name)
@@ -85,7 +64,7 @@ def test_a_read_waits_only_for_the_units_it_touches(dataset: Path, tmp_path: Pat
 
 
 def test_ranks_on_a_node_fetch_each_unit_once(dataset: Path, tmp_path: Path) -> None:
-    stores = [_Recording(dataset.as_uri()) for _ in range(3)]
+    stores = [RecordingStore(dataset.as_uri()) for _ in range(3)]
     caches = [_cache(dataset, tmp_path / "node", s, prefetch_shards=0) for s in stores]
     name = shard_file_name(0)
     for k, cache in enumerate(caches):
@@ -118,7 +97,7 @@ def test_a_shard_is_verified_and_moved_into_place_when_its_last_unit_arrives(
 def test_prefetch_fetches_the_rest_of_the_announced_shards_in_large_requests(
     dataset: Path, tmp_path: Path
 ) -> None:
-    store = _Recording(dataset.as_uri())
+    store = RecordingStore(dataset.as_uri())
     with _cache(dataset, tmp_path / "c", store, prefetch_shards=2) as cache:
         cache.metadata_path("manifest.json")
         cache.hint([0, 1])
@@ -140,7 +119,7 @@ def test_a_contended_prefetch_fetches_the_free_stretches_of_its_run_in_one_reque
 ) -> None:
     """Another reader holds unit 5: the run [4, 8) is fetched as [4, 5) and [6, 8), not unit
     by unit, and unit 5 is left to its holder."""
-    store = _Recording(dataset.as_uri())
+    store = RecordingStore(dataset.as_uri())
     with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
         name = shard_file_name(0)
         cache.partial_path(0, name)
@@ -163,10 +142,14 @@ def _flip(b: bytes) -> bytes:
     return bytes([b[0] ^ 0xFF]) + b[1:] if b else b
 
 
+def _spoil(key: str, start: int, b: bytes) -> bytes:
+    return _flip(b)
+
+
 def test_a_corrupt_ranged_shard_is_fetched_once_more_as_a_whole(
     dataset: Path, tmp_path: Path
 ) -> None:
-    store = _Recording(dataset.as_uri(), alter=_flip)  # ranges corrupt, whole file fine
+    store = RecordingStore(dataset.as_uri(), alter=_spoil)  # ranges corrupt, whole file fine
     with _cache(dataset, tmp_path / "c", store, prefetch_shards=0) as cache:
         name = shard_file_name(3)
         cache.partial_path(3, name)
@@ -177,20 +160,20 @@ def test_a_corrupt_ranged_shard_is_fetched_once_more_as_a_whole(
 
 
 def test_a_shard_corrupt_twice_fails_every_reader_naming_it(dataset: Path, tmp_path: Path) -> None:
-    class Corrupt(_Recording):
+    class Corrupt(RecordingStore):
         def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
             super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
 
     node = tmp_path / "node"
     name = shard_file_name(4)
     n = len(_shard_bytes(dataset, 4))
-    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0) as a:
+    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_spoil), prefetch_shards=0) as a:
         a.partial_path(4, name)
         with pytest.raises(DataError, match=rf"{name} fails verification twice.*re-upload"):
             a.ensure_ranges(4, [(0, n)])
         assert a.stats.checksum_mismatches == 2
     # Another rank of the node reading that shard gets the same error, not bad bytes.
-    b = _cache(dataset, node, _Recording(dataset.as_uri()), prefetch_shards=0)
+    b = _cache(dataset, node, RecordingStore(dataset.as_uri()), prefetch_shards=0)
     with pytest.raises(DataError, match=rf"{name} fails verification twice"):
         b.partial_path(4, name)
     b.close()
@@ -199,7 +182,7 @@ def test_a_shard_corrupt_twice_fails_every_reader_naming_it(dataset: Path, tmp_p
 def test_the_loader_reads_the_same_batches_through_ranged_reads(
     dataset: Path, tmp_path: Path
 ) -> None:
-    store = _Recording(dataset.as_uri())
+    store = RecordingStore(dataset.as_uri())
     cache = _cache(dataset, tmp_path / "c", store, prefetch_shards=0)
     cached = build_loader(dataset.as_uri(), seq_len=64, global_batch=4, sources=[cache])
     local = build_loader(dataset, seq_len=64, global_batch=4)
@@ -222,7 +205,7 @@ def test_the_first_read_of_a_ranged_shard_fetches_its_samples_units_only(
     whole-file hash checks the shard once it completes."""
     from tensoryard.data.dataset import TokenDataset
 
-    store = _Recording(dataset.as_uri())
+    store = RecordingStore(dataset.as_uri())
     cache = _cache(dataset, tmp_path / "c", store, prefetch_shards=0)
     data = TokenDataset(cache)
     n = int(data._starts[2] - data._starts[1])
@@ -245,12 +228,12 @@ def test_a_ranged_shard_that_differs_from_the_manifest_fails_its_reader_once_com
     whose bytes differ (every time) fails the read that completes it, naming the shard."""
     from tensoryard.data.dataset import TokenDataset
 
-    class Corrupt(_Recording):
+    class Corrupt(RecordingStore):
         def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
             super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
 
     cache = _cache(
-        dataset, tmp_path / "c", Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0
+        dataset, tmp_path / "c", Corrupt(dataset.as_uri(), alter=_spoil), prefetch_shards=0
     )
     data = TokenDataset(cache)
     n = int(data._starts[7] - data._starts[6])
@@ -267,14 +250,14 @@ def test_range_settings_are_checked(tmp_path: Path) -> None:
 
 
 def test_a_bad_shard_mark_expires_so_a_later_job_tries_again(dataset: Path, tmp_path: Path) -> None:
-    class Corrupt(_Recording):
+    class Corrupt(RecordingStore):
         def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
             super().download(key, (lambda b: sink(_flip(b))) if key.endswith(".tok") else sink, 8)
 
     node = tmp_path / "node"
     name = shard_file_name(5)
     n = len(_shard_bytes(dataset, 5))
-    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_flip), prefetch_shards=0) as a:
+    with _cache(dataset, node, Corrupt(dataset.as_uri(), alter=_spoil), prefetch_shards=0) as a:
         a.partial_path(5, name)
         with pytest.raises(DataError, match="fails verification twice"):
             a.ensure_ranges(5, [(0, n)])
@@ -282,7 +265,7 @@ def test_a_bad_shard_mark_expires_so_a_later_job_tries_again(dataset: Path, tmp_
     assert len(marks) == 1
     old = time.time() - 301  # older than metadata_max_age_s (300 s)
     os.utime(marks[0], (old, old))
-    with _cache(dataset, node, _Recording(dataset.as_uri()), prefetch_shards=0) as b:
+    with _cache(dataset, node, RecordingStore(dataset.as_uri()), prefetch_shards=0) as b:
         b.partial_path(5, name)
         b.ensure_ranges(5, [(0, n)])
         f = b._file(5, name)
@@ -300,7 +283,7 @@ def test_a_shard_whose_last_unit_another_process_fetched_is_not_downloaded_again
     from tensoryard.data.cache import FileCache
 
     name = shard_file_name(2)
-    first_store = _Recording(dataset.as_uri())
+    first_store = RecordingStore(dataset.as_uri())
     with _cache(dataset, tmp_path / "node", first_store, prefetch_shards=0) as first:
         first.partial_path(2, name)
         # The first process is stopped between its last unit and the rename.
@@ -308,7 +291,7 @@ def test_a_shard_whose_last_unit_another_process_fetched_is_not_downloaded_again
         first.ensure_ranges(2, [(0, len(_shard_bytes(dataset, 2)))])
         monkeypatch.undo()
         assert len(list((tmp_path / "node").rglob("*.part"))) == 1  # all units in, not moved
-        second_store = _Recording(dataset.as_uri())
+        second_store = RecordingStore(dataset.as_uri())
         with _cache(dataset, tmp_path / "node", second_store, prefetch_shards=0) as second:
             got = second.shard_path(2, name).read_bytes()
             assert got == _shard_bytes(dataset, 2)

@@ -8,16 +8,16 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.unit.data.recording_store import RecordingStore
 
 from tensoryard.data import cache as cache_mod
 from tensoryard.data import open_dataset, prepare, verify_dataset, write_token_dataset
-from tensoryard.data.cache import CacheConfig, FsspecStore, ShardCache
+from tensoryard.data.cache import CacheConfig, ShardCache
 from tensoryard.data.format import (
     UNIT_BYTES,
     UNITS_NAME,
@@ -72,33 +72,6 @@ def _strip_units(directory: Path) -> None:
         sources=man.sources,
         extra=man.extra,
     )
-
-
-class _Store(FsspecStore):
-    """The file:// store, recording every request; `alter(key, start, data)` may change the
-    bytes a ranged request returns."""
-
-    def __init__(self, root: str, alter: Callable[[str, int, bytes], bytes] | None = None) -> None:
-        super().__init__(root)
-        self.calls: list[tuple[str, int, int]] = []
-        self.alter = alter
-
-    def download(self, key: str, sink: Callable[[bytes], None], chunk_bytes: int) -> None:
-        self.calls.append((key, 0, -1))
-        super().download(key, sink, chunk_bytes)
-
-    def download_range(
-        self, key: str, start: int, stop: int, sink: Callable[[bytes], None], chunk_bytes: int
-    ) -> None:
-        self.calls.append((key, start, stop))
-        buf = bytearray()
-        super().download_range(key, start, stop, buf.extend, chunk_bytes)
-        data = bytes(buf) if self.alter is None else self.alter(key, start, bytes(buf))
-        sink(data)
-
-    def requests_for(self, key: str, offset: int) -> int:
-        """Ranged requests of `key` whose range holds byte `offset`."""
-        return sum(1 for k, a, b in self.calls if k == key and a <= offset < b)
 
 
 def _cache(root: Path, node: Path, store: Any, **config: Any) -> ShardCache:
@@ -213,7 +186,7 @@ def test_a_corrupt_unit_is_refetched_once_then_fails_naming_the_shard(
     bad_at = U + 12_345  # unit 1 of shard 1
     _flip(remote / shard_file_name(1), bad_at)
     rehashed = _count_rehashes(monkeypatch)
-    store = _Store(remote.as_uri())
+    store = RecordingStore(remote.as_uri())
     name = shard_file_name(1)
     with _cache(remote, tmp_path / "node", store) as cache:
         ds = open_dataset(remote.as_uri(), source=cache)
@@ -238,7 +211,7 @@ def test_a_corrupt_unit_is_refetched_once_then_fails_naming_the_shard(
         assert rehashed == []
         ds.close()
     # another process of the node gets the same error without fetching anything
-    other = _Store(remote.as_uri())
+    other = RecordingStore(remote.as_uri())
     with _cache(remote, tmp_path / "node", other) as cache2:
         with pytest.raises(DataError, match=rf"{name} fails verification twice.*\[{U}, "):
             cache2.partial_path(1, name)
@@ -259,7 +232,7 @@ def test_a_transient_corruption_costs_one_refetch_and_serves_the_right_bytes(
         return data
 
     rehashed = _count_rehashes(monkeypatch)
-    store = _Store(clean.as_uri(), alter=once)
+    store = RecordingStore(clean.as_uri(), alter=once)
     with _cache(clean, tmp_path / "node", store) as cache:
         cache.partial_path(0, name)
         n = len(_tok(clean, 0))
@@ -297,7 +270,7 @@ def test_the_fetch_service_path_is_verified_too(clean: Path, tmp_path: Path) -> 
             pass
 
     service = Service()
-    store = _Store(clean.as_uri())
+    store = RecordingStore(clean.as_uri())
     with _cache(clean, tmp_path / "node", store) as cache:
         cache.files.service = service  # type: ignore[assignment]
         cache.partial_path(2, name)
@@ -313,7 +286,7 @@ def test_an_old_dataset_without_units_is_verified_as_a_whole(
     remote = _copy(clean, tmp_path / "remote")
     _strip_units(remote)
     rehashed = _count_rehashes(monkeypatch)
-    store = _Store(remote.as_uri())
+    store = RecordingStore(remote.as_uri())
     with _cache(remote, tmp_path / "node", store) as cache:
         name = shard_file_name(0)
         assert cache._file(0, name).unit_digests is None
@@ -324,7 +297,7 @@ def test_an_old_dataset_without_units_is_verified_as_a_whole(
     # damage in the middle of a shard: whole hash fails, a whole download fails, an error
     _flip(remote / shard_file_name(3), 5)
     _flip(remote / shard_file_name(1), U + 3)
-    store = _Store(remote.as_uri())
+    store = RecordingStore(remote.as_uri())
     with _cache(remote, tmp_path / "node2", store) as cache:
         name = shard_file_name(1)
         cache.partial_path(1, name)
@@ -339,7 +312,7 @@ def test_a_range_size_off_the_unit_size_falls_back_to_the_whole_hash_with_one_wa
     clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     rehashed = _count_rehashes(monkeypatch)
-    store = _Store(clean.as_uri())
+    store = RecordingStore(clean.as_uri())
     with (
         caplog.at_level(logging.WARNING, logger="tensoryard.data.cache"),
         _cache(clean, tmp_path / "node", store, range_bytes=U // 2) as c,
@@ -360,7 +333,7 @@ def test_a_unit_only_fetched_by_an_unverifying_process_is_fetched_again(
     """A partial file left by a version without per-unit checks (map byte 1) is not trusted."""
     name = shard_file_name(0)
     node = tmp_path / "node"
-    with _cache(clean, node, _Store(clean.as_uri())) as first:
+    with _cache(clean, node, RecordingStore(clean.as_uri())) as first:
         first.partial_path(0, name)
         f = first._file(0, name)
         map_path = first.files._map_path(f)
@@ -371,7 +344,7 @@ def test_a_unit_only_fetched_by_an_unverifying_process_is_fetched_again(
     map_bytes = bytearray(map_path.read_bytes())
     map_bytes[0] = 1
     map_path.write_bytes(bytes(map_bytes))
-    store = _Store(clean.as_uri())
+    store = RecordingStore(clean.as_uri())
     with _cache(clean, node, store) as cache:
         cache.partial_path(0, name)
         cache.ensure_ranges(0, [(0, 100)])
