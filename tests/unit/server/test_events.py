@@ -131,6 +131,32 @@ def test_an_attempt_waiting_in_an_external_queue_waits_for_its_event(events: Wor
     assert events.key(c) in executor.polled
 
 
+def test_a_long_external_queue_is_polled_in_shares_oldest_first(
+    events: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timed full pass polls a long queue's attempts a share at a time (resync_interval_s
+    / _QUEUED_RESYNC_S of the queue), the longest unpolled first, so every one is looked at
+    about every _QUEUED_RESYNC_S and no pass polls the whole queue."""
+    from tensoryard.server.control import reconcile
+
+    monkeypatch.setattr(reconcile, "_QUEUED_MIN_PER_PASS", 1)
+    executor = events.executor
+    assert isinstance(executor, ReportingExecutor)
+    executor.default = AttemptStatus(AttemptPhase.STARTING, reason="in Kueue", queued=True)
+    ids = [events.submit(f"j{i}") for i in range(4)]  # (the test world's node has 4 slots)
+    events.cycle(2, advance=0.1)
+    assert all(events.state(i) is JobState.STARTING for i in ids)
+    seen: list[list[str]] = []
+    for _ in range(9):  # full passes 2 s apart: 1 of the 4 each (2 s / 10 s of the queue)
+        executor.polled.clear()
+        events.cycle(1, advance=2.0)
+        seen.append(list(executor.polled))
+    assert seen[:4] == [[]] * 4  # polled within _QUEUED_RESYNC_S: left alone
+    assert all(len(polled) == 1 for polled in seen[4:8])  # then one a pass, oldest first
+    assert sorted(k for polled in seen[4:8] for k in polled) == sorted(events.key(i) for i in ids)
+    assert seen[8] == []  # each was polled within the last 10 s
+
+
 def test_an_unknown_change_polls_every_attempt(events: World) -> None:
     executor = events.executor
     assert isinstance(executor, ReportingExecutor)
