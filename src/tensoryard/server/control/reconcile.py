@@ -88,6 +88,7 @@ class Reconciler:
 
     def reconcile(self, now: float) -> None:
         live = self._index.in_states(JobState.STARTING, JobState.RUNNING)
+        every = len(live)
         with self._changed_lock:
             changed, everything = self._changed, self._changed_all
             self._changed, self._changed_all = set(), False
@@ -105,7 +106,8 @@ class Reconciler:
                 self._queued = {k: t for k, t in self._queued.items() if k in starting}
             if self.events and not everything and self._queued:
                 live = self._spread_queued(live, changed, now)
-        attempts = self._store.current_attempts([j.id for j in live] if partial else None)
+        # (the attempts of the jobs looked at; the store reads them all when that is cheaper)
+        attempts = self._store.current_attempts([j.id for j in live] if len(live) < every else None)
         for job in live:
             attempt = attempts.get(job.id)
             if attempt is None or attempt.finished_at is not None:
