@@ -29,7 +29,8 @@ __all__ = ["Reconciler"]
 # admission is a watch event, and polling a Kueue backlog of thousands every resync_interval_s
 # cost the loop a core (its starting timeout counts from the last poll that saw it queued).
 _QUEUED_RESYNC_S = 10.0
-# ... and at most this many, or the share of the queue that keeps each within that interval.
+# A pass polls at least this many of them when they are due (else the share of the queue that
+# keeps each within that interval, whichever is larger).
 _QUEUED_MIN_PER_PASS = 64
 
 
