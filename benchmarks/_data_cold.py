@@ -16,9 +16,9 @@ listing), once with the node-wide metadata cache and once with every rank fetchi
 
 Every arm runs ``reps`` times (``--reps``, 3 by default), interleaved (every arm once, then
 again), each run with an empty cache and a fresh fetch service; an arm reports its median run
-and its worst. One run per arm, as before 2026-12-08, left the first batch to chance: over six
-runs of the HDFS arm alone on this machine its slowest rank took 0.46-0.96 s, and single full
-runs gave 0.65, 1.06 and 1.08 s.
+and its worst. One run per arm, as before, left the first batch to chance: over six
+runs of the HDFS arm alone on this machine its slowest rank took 0.46-0.96 s, and single runs
+of the benchmark gave 0.65, 1.06 and 1.08 s.
 
 The tensoryard arms run with the defaults: the node fetch service (``tensoryard.data.fetchd``)
 serves HDFS and the fsspec stores, and S3 with static keys is read by every process over the

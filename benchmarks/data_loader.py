@@ -629,6 +629,8 @@ def main() -> None:
         args.cold_backends = [b for b in COLD_BACKENDS if b in chosen]
         if len(chosen) < len(COLD_BACKENDS):
             name += "_" + "_".join(args.cold_backends)
+        if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):  # its own row and JSON
+            name += f"_{args.ranks}x{args.workers}_{args.cold_mb}mb"
     name = "data_loader_workers" if args.worker_arms else name
     args.json = args.json or HERE / "results" / f"{name}.json"
     if args.row_from_json:
@@ -687,11 +689,9 @@ def cold_run(args: argparse.Namespace) -> dict[str, Any]:
 
         result = _data_cold.run_cold(cfg, progress=step)
     subset = args.cold_backends != list(COLD_BACKENDS)
-    tail = "_".join(args.cold_backends) if subset else ""
-    command = (
-        "python benchmarks/data_loader.py --cold --json benchmarks/results/data_loader_cold"
-        + (f"_{tail}.json --cold-backends {','.join(args.cold_backends)}" if subset else ".json")
-    )
+    command = f"python benchmarks/data_loader.py --cold --json benchmarks/results/{args.json.name}"
+    if subset:
+        command += f" --cold-backends {','.join(args.cold_backends)}"
     if (args.ranks, args.workers, args.cold_mb) != (8, 2, 64):
         command += f" --ranks {args.ranks} --workers {args.workers} --cold-mb {args.cold_mb}"
     if args.reps != 3:
