@@ -330,6 +330,7 @@ def prepare_peers(
                 check=True,
                 capture_output=True,
                 timeout=cfg["timeout_s"],
+                env=os.environ | {"TMPDIR": str(_private_tmp(work / f"tmp-{name}"))},
             )
         except (RuntimeError, subprocess.SubprocessError) as exc:
             err = getattr(exc, "stderr", b"") or b""
@@ -340,6 +341,11 @@ def prepare_peers(
             client.upload_file(str(f), BUCKET, f"peers/{name}/{f.relative_to(local)}")
         out[name] = (python, f"s3://{BUCKET}/peers/{name}", sum(f.stat().st_size for f in files))
     return out
+
+
+def _private_tmp(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _peer_port() -> int:
@@ -368,6 +374,9 @@ def run_peer_arm(
     work.mkdir(parents=True)
     penv = os.environ | CREDS
     penv |= {
+        # The peers' default chunk directories and lock files go to the temporary directory
+        # (litdata: <tmp>/chunks, streaming: <tmp>/000000_*_filelock): the arm's own.
+        "TMPDIR": str(_private_tmp(work / "tmp")),
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": env["MOTO_ENDPOINT"],
         "S3_ENDPOINT_URL": env["MOTO_ENDPOINT"],

@@ -36,12 +36,14 @@ and writes its own row, data_loader_workers, from benchmarks/results/data_loader
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -126,9 +128,23 @@ def python_for(loader: str) -> Path:
     return Path(sys.executable)
 
 
+_TMP: list[str] = []
+
+
+def private_tmp() -> str:
+    """This run's own temporary directory (removed at exit), the TMPDIR of every loader it
+    starts: litdata and mosaicml-streaming put their default chunk directories and lock files
+    in the system's temporary directory otherwise (``/tmp/chunks``, ``/tmp/000000_*``)."""
+    if not _TMP:
+        _TMP.append(tempfile.mkdtemp(prefix=f"tensoryard-{os.getuid()}-loaders-"))
+        atexit.register(shutil.rmtree, _TMP[0], True)
+    return _TMP[0]
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env |= {
+        "TMPDIR": private_tmp(),
         "HF_DATASETS_CACHE": str(DATA / "hf-cache"),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
