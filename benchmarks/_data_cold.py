@@ -463,23 +463,25 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
             urls = upload(dataset, env, which)
             peers = prepare_peers(dataset, work, env, cfg)
 
-            def arm(name: str, rep: int, run: Callable[[Path], dict[str, Any]]) -> None:
+            def arm(name: str, rep: int, run: Callable[..., dict[str, Any]]) -> None:
+                """Run arm ``name`` once (``run``: every argument but ``work``)."""
                 if progress is not None:
                     progress(f"{name} (run {rep + 1} of {reps})")
-                runs.setdefault(name, []).append(run(work / f"arm-{rep}-{len(runs)}"))
+                runs.setdefault(name, []).append(run(work=work / f"arm-{rep}-{len(runs)}"))
 
             # Interleaved (every arm once, then again): a slow spell of the machine lands on
             # all arms, not on the runs of one.
             for rep in range(reps):
-                arm("local (page cache)", rep, lambda w: run_arm(str(dataset), {}, w, cfg, dataset))
+                mine = functools.partial(run_arm, cfg=cfg, dataset=dataset)
+                arm("local (page cache)", rep, functools.partial(mine, str(dataset), {}))
                 for name, (url, options) in urls.items():
-                    arm(name, rep, functools.partial(_arm_at, url, options, cfg, dataset))
+                    arm(name, rep, functools.partial(mine, url, options))
                 # The same S3 arm through the node's fetch service: what the service changes.
                 url, options = urls["s3 (moto)"]
                 arm(
                     "s3 (moto), through the fetch service",
                     rep,
-                    functools.partial(_arm_at, url, options, cfg, dataset, service=True),
+                    functools.partial(mine, url, options, service=True),
                 )
                 for name, got in peers.items():
                     if isinstance(got, str):
@@ -489,7 +491,9 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
                     arm(
                         f"{name} (s3, moto)",
                         rep,
-                        functools.partial(_peer_arm_at, name, python, remote, needed, cfg, env),
+                        functools.partial(
+                            run_peer_arm, name, python, remote, needed, cfg=cfg, env=env
+                        ),
                     )
             hdfs = urls.get("hdfs (hdfs-native)")
             index = None if hdfs is None else thousand_ranks(hdfs[0], work, cfg["nodes"], 8)
@@ -497,29 +501,6 @@ def run_cold(cfg: dict[str, Any], progress: Any = None) -> dict[str, Any]:
         return {"arms": arms, "thousand_rank_start": index, "config": cfg, "goal": goal(arms)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _arm_at(
-    url: str,
-    options: dict[str, Any],
-    cfg: dict[str, Any],
-    dataset: Path,
-    work: Path,
-    service: bool | None = None,
-) -> dict[str, Any]:
-    return run_arm(url, options, work, cfg, dataset, service=service)
-
-
-def _peer_arm_at(
-    name: str,
-    python: Path,
-    remote: str,
-    needed: int,
-    cfg: dict[str, Any],
-    env: dict[str, str],
-    work: Path,
-) -> dict[str, Any]:
-    return run_peer_arm(name, python, remote, needed, work, cfg, env)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
